@@ -1,0 +1,41 @@
+# Every target creates or updates .venv from pyproject.toml + requirements.lock first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export MPLBACKEND ?= Agg
+
+.PHONY: demo test lint docs bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[test,docs]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m lineax_seq demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lineax_seq tests benchmarks tutorials
+	$(VENV)/bin/ruff format --check lineax_seq tests benchmarks tutorials
+
+test: lint
+	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+bench: $(STAMP)
+	$(PY) benchmarks/ssm.py
+	$(PY) benchmarks/data.py
+	$(PY) benchmarks/koopman.py
+	$(PY) benchmarks/bst.py
+	$(PY) benchmarks/bigs.py
+
+clean:
+	rm -rf $(VENV) site .pytest_cache

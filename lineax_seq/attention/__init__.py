@@ -1,0 +1,3 @@
+"""`lineax_seq.attention`."""
+
+__all__: list[str] = []

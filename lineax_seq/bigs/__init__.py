@@ -1,0 +1,3 @@
+"""`lineax_seq.bigs`."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""`lineax_seq.bst`."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""`lineax_seq.data`."""
+
+__all__: list[str] = []

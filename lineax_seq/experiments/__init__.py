@@ -1,0 +1,1 @@
+"""Command-line experiments behind `python -m lineax_seq` (not part of the library API)."""

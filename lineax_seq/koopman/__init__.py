@@ -1,0 +1,3 @@
+"""`lineax_seq.koopman`."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""`lineax_seq.ssm`."""
+
+__all__: list[str] = []

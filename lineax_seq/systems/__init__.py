@@ -1,0 +1,3 @@
+"""`lineax_seq.systems`."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""`lineax_seq.training`."""
+
+__all__: list[str] = []

@@ -1,0 +1,29 @@
+"""Shared test configuration.
+
+* 8 host CPU devices, so sharding tests can build meshes (must be set before JAX starts).
+* Strict dtype promotion: implicit float32 -> complex64 / int -> float mixes are errors.
+* Shared PRNG keys; keep shapes small, since compile time dominates the suite.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import jax.random as jr  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture
+def key():
+    return jr.key(0)
+
+
+@pytest.fixture
+def getkey():
+    """Return a function that yields a fresh key on every call."""
+    keys = iter(jr.split(jr.key(1234), 10_000))
+    return lambda: next(keys)
