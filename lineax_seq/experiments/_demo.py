@@ -1,0 +1,49 @@
+"""`python -m lineax_seq demo`: train small models of every family end to end.
+
+Each section is the `demo(out_dir, *, small)` function of one experiment module; it
+trains for real, prints its figures against a trivial baseline and saves plots.
+"""
+
+import argparse
+import importlib
+import pathlib
+import time
+
+# (name, module): run in this order.
+SECTIONS = (
+    ("s4d", "lineax_seq.experiments._s4d"),
+    ("koopman", "lineax_seq.experiments._koopman"),
+    ("bigs", "lineax_seq.experiments._bigs"),
+    ("bst", "lineax_seq.experiments._bst"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("outputs/demo"),
+        help="directory for plots and metrics (default: outputs/demo)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=[name for name, _ in SECTIONS],
+        action="append",
+        help="run only this section (repeatable)",
+    )
+    parser.add_argument("--small", action="store_true", help="tiny sizes, for smoke tests")
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = args.only or [name for name, _ in SECTIONS]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, module_name in SECTIONS:
+        if name not in chosen:
+            continue
+        print(f"\n=== demo: {name} ===", flush=True)
+        start = time.perf_counter()
+        module = importlib.import_module(module_name)
+        module.demo(args.out / name, small=args.small)
+        print(f"=== {name} done in {time.perf_counter() - start:.0f} s ===", flush=True)
+    print(f"\nplots and metrics saved under {args.out}/")
+    return 0
