@@ -1,0 +1,202 @@
+"""Vector fields and initial-condition samplers of the chapter-1 dynamical systems."""
+
+import abc
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, PRNGKeyArray, Scalar
+
+
+class DynamicalSystem(eqx.Module):
+    """An ODE `dx/dt = f(t, x, u)` with a sampler of initial conditions.
+
+    Subclasses define `state_dim`, `action_dim` (0 for autonomous systems), the default
+    sampling interval `dt`, `vector_field` and `sample_initial`. `args` of the vector
+    field is the control input `u` (`Float[Array, "action_dim"]`) or `None`.
+    """
+
+    state_dim: ClassVar[int]
+    action_dim: ClassVar[int] = 0
+    dt: eqx.AbstractVar[float]
+
+    @abc.abstractmethod
+    def vector_field(
+        self, t: Scalar | float, x: Float[Array, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
+        """The time derivative `dx/dt` at state `x` (and control `args`)."""
+
+    @abc.abstractmethod
+    def sample_initial(self, key: PRNGKeyArray, num: int) -> Float[Array, "num state_dim"]:
+        """`num` initial conditions drawn from the paper's distribution."""
+
+
+class ParabolicAttractor(DynamicalSystem):
+    """`dx1/dt = mu x1`, `dx2/dt = lam (x2 - x1^2)`: a slow manifold `x2 = x1^2`.
+
+    Admits the closed-form Koopman embedding `(x1, x2, x1^2)`. Initial conditions
+    `x1, x2 ~ U[-1, 1]` (section 1.4.1).
+    """
+
+    state_dim: ClassVar[int] = 2
+    mu: float = -0.1
+    lam: float = -1.0
+    dt: float = 0.01
+
+    def vector_field(self, t, x, args):
+        return jnp.stack([self.mu * x[0], self.lam * (x[1] - x[0] ** 2)])
+
+    def sample_initial(self, key, num):
+        return jr.uniform(key, (num, 2), minval=-1.0, maxval=1.0)
+
+
+class Duffing(DynamicalSystem):
+    """Unforced, undamped Duffing oscillator `x'' = x - x^3`; state `(x, x')`.
+
+    Two centres at `(+-1, 0)` and a saddle at the origin. Initial conditions
+    `x ~ U[-2, 2]`, `x' ~ U[-1, 1]`. The energy `v^2/2 - x^2/2 + x^4/4` is conserved.
+    """
+
+    state_dim: ClassVar[int] = 2
+    dt: float = 0.01
+
+    def vector_field(self, t, x, args):
+        return jnp.stack([x[1], x[0] - x[0] ** 3])
+
+    def sample_initial(self, key, num):
+        lo = jnp.array([-2.0, -1.0])
+        return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
+
+
+class LotkaVolterra(DynamicalSystem):
+    """Predator-prey `x1' = alpha x1 - beta x1 x2`, `x2' = delta x1 x2 - gamma x2`.
+
+    All four rates default to 0.2; initial conditions `x1, x2 ~ U[0.02, 3]`. The
+    quantity `delta x1 - gamma log x1 + beta x2 - alpha log x2` is conserved.
+    """
+
+    state_dim: ClassVar[int] = 2
+    alpha: float = 0.2
+    beta: float = 0.2
+    gamma: float = 0.2
+    delta: float = 0.2
+    dt: float = 0.01
+
+    def vector_field(self, t, x, args):
+        x1, x2 = x[0], x[1]
+        return jnp.stack(
+            [self.alpha * x1 - self.beta * x1 * x2, self.delta * x1 * x2 - self.gamma * x2]
+        )
+
+    def sample_initial(self, key, num):
+        return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
+
+    def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
+        """The conserved quantity `delta x1 - gamma log x1 + beta x2 - alpha log x2`."""
+        x1, x2 = x[..., 0], x[..., 1]
+        return (
+            self.delta * x1 - self.gamma * jnp.log(x1) + self.beta * x2 - self.alpha * jnp.log(x2)
+        )
+
+
+class Pendulum(DynamicalSystem):
+    """Frictionless pendulum `theta'' = -(g / length) sin(theta)`; state `(theta, omega)`.
+
+    `theta = 0` hangs down; the pole is released at rest within `max_offset_deg`
+    (default 10 degrees) of the inverted position `theta = pi` (section 1.4.1).
+    `energy` is conserved.
+    """
+
+    state_dim: ClassVar[int] = 2
+    g: float = 9.81
+    length: float = 1.0
+    max_offset_deg: float = 10.0
+    dt: float = 0.01
+
+    def vector_field(self, t, x, args):
+        return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0])])
+
+    def sample_initial(self, key, num):
+        offset = math.radians(self.max_offset_deg)
+        theta = math.pi + jr.uniform(key, (num,), minval=-offset, maxval=offset)
+        return jnp.stack([theta, jnp.zeros_like(theta)], axis=-1)
+
+    def energy(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
+        """Energy per unit `m length^2`: `omega^2 / 2 - (g / length) cos(theta)`."""
+        return 0.5 * x[..., 1] ** 2 - (self.g / self.length) * jnp.cos(x[..., 0])
+
+
+class ControlledPendulum(DynamicalSystem):
+    """Damped pendulum driven by a torque `u`: `theta'' = -(g/l) sin(theta) - b omega + u`.
+
+    One control input (`action_dim = 1`), passed as `args` to `vector_field`. Initial
+    conditions: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`; `sample_actions` draws torques
+    `U[-max_torque, max_torque]`, held constant over each sampling interval.
+    """
+
+    state_dim: ClassVar[int] = 2
+    action_dim: ClassVar[int] = 1
+    g: float = 9.81
+    length: float = 1.0
+    damping: float = 0.1
+    max_torque: float = 2.0
+    dt: float = 0.01
+
+    def vector_field(self, t, x, args):
+        u = jnp.zeros(()) if args is None else args[0]
+        return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
+
+    def sample_initial(self, key, num):
+        lo = jnp.array([-math.pi, -1.0])
+        return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
+
+    def sample_actions(
+        self, key: PRNGKeyArray, num: int, steps: int
+    ) -> Float[Array, "num steps 1"]:
+        """Random piecewise-constant torques, one per sampling interval."""
+        return jr.uniform(key, (num, steps, 1), minval=-self.max_torque, maxval=self.max_torque)
+
+
+class Lorenz63(DynamicalSystem):
+    """Lorenz '63 `x' = sigma (y - x)`, `y' = x (rho - z) - y`, `z' = x y - beta z`.
+
+    Chaotic at the original parameters (10, 28, 8/3); initial conditions
+    `(0, 1, 1.05) + N(0, 1)`; sampled every `dt = 0.02`.
+    """
+
+    state_dim: ClassVar[int] = 3
+    sigma: float = 10.0
+    rho: float = 28.0
+    beta: float = 8.0 / 3.0
+    dt: float = 0.02
+
+    def vector_field(self, t, x, args):
+        return jnp.stack(
+            [
+                self.sigma * (x[1] - x[0]),
+                x[0] * (self.rho - x[2]) - x[1],
+                x[0] * x[1] - self.beta * x[2],
+            ]
+        )
+
+    def sample_initial(self, key, num):
+        return jnp.array([0.0, 1.0, 1.05]) + jr.normal(key, (num, 3))
+
+
+SYSTEMS: dict[str, type[DynamicalSystem]] = {
+    "parabolic": ParabolicAttractor,
+    "pendulum": Pendulum,
+    "duffing": Duffing,
+    "lotka_volterra": LotkaVolterra,
+    "lorenz": Lorenz63,
+    "controlled_pendulum": ControlledPendulum,
+}
+
+
+def get_system(name: str) -> DynamicalSystem:
+    """The system called `name` (one of `SYSTEMS`) with the paper's parameters."""
+    if name not in SYSTEMS:
+        raise ValueError(f"system={name!r} is not one of {sorted(SYSTEMS)}")
+    return SYSTEMS[name]()
