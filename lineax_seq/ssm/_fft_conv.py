@@ -1,0 +1,74 @@
+"""Long convolutions via the real FFT."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+
+def _fft_size(minimum: int) -> int:
+    """Smallest `2^a 3^b 5^c >= minimum` (sizes the FFT libraries handle fastest)."""
+    best = 1 << max(minimum - 1, 0).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            size = p35
+            while size < minimum:
+                size *= 2
+            best = min(best, size)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def fft_conv(
+    u: Float[Array, "length channels"],
+    k: Float[Array, "kc length"],
+    k_backward: Float[Array, "kc length"] | None = None,
+) -> Float[Array, "length channels"]:
+    """Causal or bidirectional long convolution of each channel with its own kernel.
+
+    Causal (`k_backward=None`):
+
+    `y[t, c] = sum_{j=0}^{t} k[c, j] u[t - j, c]`.
+
+    Bidirectional: the forward kernel covers lags `0, 1, ..., L-1` (the past and the
+    present) and the backward kernel lags `-1, -2, ..., -(L-1)` (the future), so lag 0
+    is counted once, from `k`:
+
+    `y[t, c] = sum_{j=0}^{t} k[c, j] u[t - j, c]`
+    `+ sum_{j=0}^{L-2-t} k_backward[c, j] u[t + 1 + j, c]`.
+
+    (`k_backward[c, L-1]` is never used.) This is the convolution that a forward SSM
+    plus a backward SSM over the strictly-future inputs compute.
+
+    Zero-padded to an FFT length `>= 2L`, so there is no circular wrap-around.
+
+    **Arguments:**
+
+    - `u`: input of shape `(length, channels)`.
+    - `k`: forward kernel of shape `(kc, length)`, `kc` either `channels` (one kernel
+        per channel) or `1` (one kernel shared by all channels).
+    - `k_backward`: optional backward kernel of the same shape as `k`.
+
+    **Returns:**
+
+    The output, of shape `(length, channels)`, in `u`'s dtype.
+    """
+    length, channels = u.shape
+    if k.shape[0] not in (1, channels):
+        raise ValueError(f"k must have 1 or channels={channels} rows, got k.shape={k.shape}")
+    n = _fft_size(2 * length)
+    if k_backward is None:
+        k_full = k
+    else:
+        if k_backward.shape != k.shape:
+            raise ValueError(
+                f"k_backward must have the shape of k={k.shape}, got {k_backward.shape}"
+            )
+        # Circular index n - 1 - j is lag -(j + 1).
+        pad = jnp.zeros((k.shape[0], n - 2 * length), k.dtype)
+        k_full = jnp.concatenate([k, pad, k_backward[:, ::-1]], axis=-1)
+    u_f = jnp.fft.rfft(u, n=n, axis=0)
+    k_f = jnp.fft.rfft(k_full, n=n, axis=-1).T
+    y = jnp.fft.irfft(u_f * k_f, n=n, axis=0)[:length]
+    return y.astype(u.dtype)

@@ -1,0 +1,129 @@
+"""Implicit long-convolution filters (Hyena-style, the BST paper's "UNSTRUCT")."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, PRNGKeyArray
+
+
+class HyenaFilter(eqx.Module):
+    """Implicitly parameterised long convolution filter (BST eq. 2.3.4, after Hyena).
+
+    `K[c, l] = exp(-alpha_c tau_l) * FFN(PositionalEncoding(l))[c]`, `tau_l = l / max_length`.
+
+    - `PositionalEncoding(l) = [tau_l, cos(2 pi f_k l / max_length), -sin(2 pi f_k l / max_length)]`
+        with `(emb_dim - 1) / 2` frequencies `f_k` spread over `[1e-4, (emb_dim - 3) / 2]`.
+    - `FFN`: `depth` hidden layers of width `order`, each a linear map followed by a sine
+        activation `sin(w * x)` with a learned frequency `w` per unit (initialised to
+        `frequency`), then a linear map to `channels` outputs without bias.
+    - The decay rates `alpha_c` are fixed (not trained) and spread linearly over the
+        channels, from `ln(1 / target) / slow_decay` to `ln(1 / target) / fast_decay`:
+        the fastest channel has decayed to `target` at `tau = fast_decay`.
+    - `bias` (`(channels,)`) is the skip term of the convolution,
+        `y = fft_conv(u, filt(L)) + bias * u`, as in the paper's pseudocode.
+
+    **Lengths.** The filter is tied to `max_length` through `tau`, but every feature is
+    defined at every position, so `filt(length)` works for any `length`. Up to
+    `max_length` it is the filter that was trained. Beyond it the filter
+    *extrapolates*: `tau > 1` is outside the training range of the FFN, and the
+    decay keeps shrinking the tail. The BST paper reports that such unstructured
+    filters generalise worse to longer sequences than S4 kernels; prefer
+    [`lineax_seq.S4DKernel`][] when evaluating far beyond the training length.
+    """
+
+    layers: tuple[eqx.nn.Linear, ...]
+    frequencies: tuple[Float[Array, " order"], ...]
+    output: eqx.nn.Linear
+    decay: Float[Array, " channels"]
+    bias: Float[Array, " channels"]
+    channels: int = eqx.field(static=True)
+    max_length: int = eqx.field(static=True)
+    emb_dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        channels: int,
+        *,
+        order: int = 64,
+        max_length: int,
+        emb_dim: int = 33,
+        depth: int = 2,
+        frequency: float = 1.0,
+        fast_decay: float = 0.3,
+        slow_decay: float = 1.5,
+        target: float = 1e-2,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `channels`: number of filters.
+        - `order`: width of the FFN's hidden layers.
+        - `max_length`: the (training) length that positions are normalised by.
+        - `emb_dim`: size of the positional encoding (odd, >= 3).
+        - `depth`: number of hidden (linear + sine) layers, >= 1.
+        - `frequency`: initial frequency of the sine activations.
+        - `fast_decay`, `slow_decay`: fraction of `max_length` after which the fastest /
+            slowest channel has decayed to `target`, `0 < fast_decay <= slow_decay`.
+        - `target`: the decayed magnitude, in `(0, 1)`.
+        - `key`: a `jax.random.key`.
+        """
+        for name, value in (("channels", channels), ("order", order), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
+        if not isinstance(emb_dim, int) or emb_dim < 3 or emb_dim % 2 == 0:
+            raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got depth={depth!r}")
+        if not (0 < fast_decay <= slow_decay):
+            raise ValueError(
+                f"need 0 < fast_decay <= slow_decay, got fast_decay={fast_decay!r}, "
+                f"slow_decay={slow_decay!r}"
+            )
+        if not (0 < target < 1):
+            raise ValueError(f"target must be in (0, 1), got target={target!r}")
+        keys = jr.split(key, depth + 2)
+        sizes = [emb_dim] + [order] * depth
+        pairs = zip(sizes[:-1], sizes[1:], keys[:depth], strict=True)
+        self.layers = tuple(eqx.nn.Linear(i, o, key=k) for i, o, k in pairs)
+        self.frequencies = tuple(jnp.full((order,), frequency) for _ in range(depth))
+        self.output = eqx.nn.Linear(order, channels, use_bias=False, key=keys[depth])
+        rate = math.log(1 / target)
+        self.decay = jnp.linspace(rate / slow_decay, rate / fast_decay, channels)
+        self.bias = jr.normal(keys[depth + 1], (channels,))
+        self.channels = channels
+        self.max_length = max_length
+        self.emb_dim = emb_dim
+
+    def positional_encoding(self, length: int) -> Float[Array, "length emb_dim"]:
+        """The positional features `[tau, cos, -sin]` of positions `0, ..., length - 1`."""
+        position = jnp.arange(length, dtype=jnp.float32)
+        tau = position / self.max_length
+        bands = (self.emb_dim - 1) // 2
+        f = jnp.linspace(1e-4, bands - 1, bands)
+        phase = 2 * jnp.pi * tau[:, None] * f
+        return jnp.concatenate([tau[:, None], jnp.cos(phase), -jnp.sin(phase)], axis=-1)
+
+    def __call__(self, length: int) -> Float[Array, "channels length"]:
+        """Evaluate the filter.
+
+        **Arguments:**
+
+        - `length`: filter length (any positive Python integer; see the class docs for
+            lengths beyond `max_length`).
+
+        **Returns:**
+
+        The filters, of shape `(channels, length)`.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"length must be a positive integer, got length={length!r}")
+        h = self.positional_encoding(length)
+        for layer, w in zip(self.layers, self.frequencies, strict=True):
+            h = jnp.sin(w * jax.vmap(layer)(h))
+        h = jax.vmap(self.output)(h).T
+        tau = jnp.arange(length, dtype=jnp.float32) / self.max_length
+        decay = jax.lax.stop_gradient(self.decay)
+        return jnp.exp(-decay[:, None] * tau) * h

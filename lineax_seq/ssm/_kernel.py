@@ -1,0 +1,215 @@
+"""Diagonal state-space (S4D) convolution kernels."""
+
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array, Complex, Float, PRNGKeyArray
+
+_INITS = ("lin", "inv", "real", "legs")
+_DISCRETIZATIONS = ("zoh", "bilinear")
+
+
+def _legs_imag(state_size: int) -> np.ndarray:
+    """Positive imaginary parts of the eigenvalues of the normal HiPPO-LegS matrix.
+
+    The normal part of HiPPO-LegS is `-1/2 I + S`, with `S` skew-symmetric,
+    `S[n, k] = -sqrt(2n + 1) sqrt(2k + 1) / 2` for `n > k` (and `-S[k, n]` above the
+    diagonal). Its eigenvalues are `-1/2 + i w`, in conjugate pairs; the `N/2` positive
+    `w` are returned in ascending order.
+    """
+    q = np.sqrt(2.0 * np.arange(state_size) + 1.0)
+    lower = np.tril(np.outer(q, q), k=-1) / 2
+    skew = lower.T - lower
+    # `i S` is Hermitian: its real eigenvalues `v` give the eigenvalues `-i v` of `S`.
+    v = np.linalg.eigvalsh(1j * skew)
+    # They come in pairs +-w: sorting |v| lists each w twice.
+    return np.sort(np.abs(v))[::2]
+
+
+def _init_a(init: str, state_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(Re A, Im A)` of the `N/2` modes for one channel, as float64 numpy arrays."""
+    modes = state_size // 2
+    n = np.arange(modes, dtype=np.float64)
+    if init == "lin":
+        return np.full(modes, -0.5), np.pi * n
+    if init == "inv":
+        return np.full(modes, -0.5), (state_size / np.pi) * (state_size / (2 * n + 1) - 1)
+    if init == "real":
+        return -(n + 1), np.zeros(modes)
+    return np.full(modes, -0.5), _legs_imag(state_size)
+
+
+def _block_size(length: int) -> int:
+    """Power of two near `sqrt(length)` (at least 16): the inner block of the powers."""
+    return max(16, 1 << math.ceil(math.log2(max(length, 1)) / 2))
+
+
+class S4DKernel(eqx.Module):
+    """Diagonal state-space (S4D) convolution kernel.
+
+    Each of `channels` independent SSMs has a diagonal continuous-time state matrix
+    `A` with `modes = state_size / 2` eigenvalues (one per conjugate pair), input
+    vector `B`, output vector `C` and step size `dt`. After discretisation
+    (`Abar`, `Bbar`) the length-`L` convolution kernel is
+
+    `K[c, l] = 2 Re( sum_n C[c, n] Bbar[c, n] Abar[c, n]^l )`, `l = 0, ..., L - 1`,
+
+    so that `y = K * u` is the output of `x_l = Abar x_{l-1} + Bbar u_l`,
+    `y_l = 2 Re(C x_l)` (the conjugate half of the state is implicit).
+
+    Initialisations of `A` (S4D paper): `"lin"` `A_n = -1/2 + i pi n`; `"inv"`
+    `A_n = -1/2 + i (N/pi) (N/(2n+1) - 1)`; `"real"` `A_n = -(n+1)`; `"legs"` the
+    eigenvalues of the normal part of HiPPO-LegS (`-1/2 + i w_n`). `B` starts at ones,
+    `C` is complex normal (variance 1/2 per part), `log dt` is uniform in
+    `[log dt_min, log dt_max]` per channel.
+
+    All parameters are real arrays: `Re A = -exp(log_neg_real_a)` stays negative
+    (a stable system) under any optimiser; `B`, `C` are stored as real and imaginary
+    parts.
+
+    The kernel can be evaluated at any length at call time. It is computed by powers
+    in blocks: with `L = M * P`, `Abar^(P m + j) = Abar^(P m) Abar^j` needs only
+    `M + P` complex exponentials per mode, and the sum over modes is a real matrix
+    product, so no `(channels, modes, length)` complex array is ever formed.
+    """
+
+    log_neg_real_a: Float[Array, "channels modes"]
+    imag_a: Float[Array, "channels modes"]
+    b_real: Float[Array, "channels modes"]
+    b_imag: Float[Array, "channels modes"]
+    c_real: Float[Array, "channels modes"]
+    c_imag: Float[Array, "channels modes"]
+    log_dt: Float[Array, " channels"]
+    state_size: int = eqx.field(static=True)
+    channels: int = eqx.field(static=True)
+    init: str = eqx.field(static=True)
+    discretization: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        state_size: int = 64,
+        channels: int = 1,
+        *,
+        init: Literal["lin", "inv", "real", "legs"] = "lin",
+        discretization: Literal["zoh", "bilinear"] = "zoh",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `state_size`: the state size `N` (even; `N/2` complex modes are stored).
+        - `channels`: number of independent kernels (`1` for one kernel shared by all
+            features, as BiGS does; `dim` for one per feature, as S4D layers usually do).
+        - `init`: initialisation of `A`: `"lin"`, `"inv"`, `"real"` or `"legs"`.
+        - `discretization`: `"zoh"` (zero-order hold) or `"bilinear"`.
+        - `dt_min`, `dt_max`: range of the log-uniform initial step size,
+            `0 < dt_min < dt_max`.
+        - `key`: a `jax.random.key` for `C` and `dt`.
+        """
+        if (
+            isinstance(state_size, bool)
+            or not isinstance(state_size, int)
+            or state_size < 2
+            or state_size % 2
+        ):
+            raise ValueError(
+                f"state_size must be a positive even integer (N/2 complex modes are "
+                f"stored), got state_size={state_size!r}"
+            )
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"channels must be a positive integer, got channels={channels!r}")
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got init={init!r}")
+        if discretization not in _DISCRETIZATIONS:
+            raise ValueError(
+                f"discretization must be one of {_DISCRETIZATIONS}, "
+                f"got discretization={discretization!r}"
+            )
+        if not (0 < dt_min < dt_max):
+            raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
+        modes = state_size // 2
+        real_a, imag_a = _init_a(init, state_size)
+        c_key, dt_key = jr.split(key)
+        c = jr.normal(c_key, (2, channels, modes)) * math.sqrt(0.5)
+        self.log_neg_real_a = jnp.broadcast_to(
+            jnp.asarray(np.log(-real_a), jnp.float32), (channels, modes)
+        )
+        self.imag_a = jnp.broadcast_to(jnp.asarray(imag_a, jnp.float32), (channels, modes))
+        self.b_real = jnp.ones((channels, modes))
+        self.b_imag = jnp.zeros((channels, modes))
+        self.c_real, self.c_imag = c[0], c[1]
+        self.log_dt = jr.uniform(
+            dt_key, (channels,), minval=math.log(dt_min), maxval=math.log(dt_max)
+        )
+        self.state_size = state_size
+        self.channels = channels
+        self.init = init
+        self.discretization = discretization
+
+    def _discretize(
+        self,
+    ) -> tuple[Complex[Array, "channels modes"], Complex[Array, "channels modes"]]:
+        """`(log Abar, C Bbar)`: `Abar^l = exp(l log Abar)` is exact in `l`."""
+        a = jax.lax.complex(-jnp.exp(self.log_neg_real_a), self.imag_a)
+        b = jax.lax.complex(self.b_real, self.b_imag)
+        c = jax.lax.complex(self.c_real, self.c_imag)
+        dt = jnp.exp(self.log_dt)[:, None].astype(a.dtype)
+        dta = dt * a
+        if self.discretization == "zoh":
+            log_abar = dta
+            bbar = jnp.expm1(dta) / a * b
+        else:
+            half = dta / 2
+            log_abar = jnp.log((1 + half) / (1 - half))
+            bbar = dt * b / (1 - half)
+        return log_abar, c * bbar
+
+    def discretize(
+        self,
+    ) -> tuple[Complex[Array, "channels modes"], Complex[Array, "channels modes"]]:
+        """The discrete system.
+
+        **Returns:**
+
+        `(Abar, CB)`, both complex of shape `(channels, modes)`, with
+        `CB = C * Bbar`, so that `K[c, l] = 2 Re(sum_n CB[c, n] * Abar[c, n] ** l)` and
+        the recurrence `x_l = Abar x_{l-1} + u_l`, `y_l = 2 Re(sum_n CB x_l)` reproduces
+        the convolution.
+        """
+        log_abar, cb = self._discretize()
+        return jnp.exp(log_abar), cb
+
+    def __call__(self, length: int) -> Float[Array, "channels length"]:
+        """Evaluate the kernel.
+
+        **Arguments:**
+
+        - `length`: kernel length `L` (any positive Python integer, fixed at trace time).
+
+        **Returns:**
+
+        The real kernel `K`, of shape `(channels, length)`.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"length must be a positive integer, got length={length!r}")
+        log_abar, cb = self._discretize()
+        block = min(_block_size(length), length)
+        num_blocks = -(-length // block)
+        j = jnp.arange(block, dtype=jnp.float32)
+        m = jnp.arange(num_blocks, dtype=jnp.float32) * block
+        cdtype = log_abar.dtype
+        # Abar^j for the inner block (channels, modes, P); (C Bbar) Abar^(P m) for the
+        # outer one (channels, M, modes). Both from exp of the exact log: no error growth.
+        inner = jnp.exp(log_abar[:, :, None] * j.astype(cdtype))
+        outer = cb[:, None, :] * jnp.exp(log_abar[:, None, :] * m[:, None].astype(cdtype))
+        # 2 Re(outer @ inner) as one real batched matmul over [real; imag] modes.
+        lhs = jnp.concatenate([outer.real, -outer.imag], axis=-1)
+        rhs = jnp.concatenate([inner.real, inner.imag], axis=1)
+        k = 2 * jnp.einsum("cmn,cnj->cmj", lhs, rhs, precision=jax.lax.Precision.HIGHEST)
+        return k.reshape(self.channels, num_blocks * block)[:, :length]

@@ -1,0 +1,163 @@
+"""The S4D layer: diagonal SSM convolution + skip, with a recurrent mode."""
+
+from collections.abc import Callable
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
+
+from ._fft_conv import fft_conv
+from ._kernel import S4DKernel
+
+
+class S4D(eqx.Module):
+    """S4D layer: a diagonal SSM per feature, run as a long FFT convolution.
+
+    `y = act(K * x + D x)`, then optionally a gated linear unit
+    `glu(W y + b)` (`W: dim -> 2 dim`), as in the S4/S4D blocks. With the defaults
+    (`activation=None`, `glu=False`) the layer is linear in `x`.
+
+    `K` is an [`lineax_seq.S4DKernel`][] with `channels` kernels: `channels=dim`
+    gives every feature its own SSM, `channels=1` shares one kernel across all features
+    (as BiGS does). With `bidirectional=True` a second kernel runs backwards in time
+    over the strictly-future inputs (see [`lineax_seq.fft_conv`][] for the lag
+    convention).
+
+    Causal layers also run recurrently, one step at a time, via
+    [`lineax_seq.S4D.init_state`][] and [`lineax_seq.S4D.step`][]; this reproduces
+    `__call__` exactly (up to float rounding), e.g. for autoregressive generation.
+    """
+
+    kernel: S4DKernel
+    kernel_backward: S4DKernel | None
+    skip: Float[Array, " dim"]
+    glu: eqx.nn.Linear | None
+    dim: int = eqx.field(static=True)
+    bidirectional: bool = eqx.field(static=True)
+    activation: Callable[[Array], Array] | None = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        state_size: int = 64,
+        channels: int | None = None,
+        bidirectional: bool = False,
+        init: Literal["lin", "inv", "real", "legs"] = "lin",
+        discretization: Literal["zoh", "bilinear"] = "zoh",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        activation: Callable[[Array], Array] | None = None,
+        glu: bool = False,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: number of features of the input and output.
+        - `state_size`: SSM state size `N` (even).
+        - `channels`: number of kernels, `dim` (default, one per feature) or `1` (shared).
+        - `bidirectional`: add a backward kernel (no recurrent mode then).
+        - `init`, `discretization`, `dt_min`, `dt_max`: passed to
+            [`lineax_seq.S4DKernel`][].
+        - `activation`: optional elementwise function applied after the skip, e.g.
+            `jax.nn.gelu`.
+        - `glu`: add an output linear map `dim -> 2 dim` followed by `jax.nn.glu`.
+        - `key`: a `jax.random.key`.
+        """
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got dim={dim!r}")
+        channels = dim if channels is None else channels
+        if channels not in (1, dim):
+            raise ValueError(f"channels must be 1 or dim={dim}, got channels={channels!r}")
+        k_key, kb_key, d_key, g_key = jr.split(key, 4)
+        options = dict(init=init, discretization=discretization, dt_min=dt_min, dt_max=dt_max)
+        self.kernel = S4DKernel(state_size, channels, key=k_key, **options)
+        self.kernel_backward = (
+            S4DKernel(state_size, channels, key=kb_key, **options) if bidirectional else None
+        )
+        self.skip = jr.normal(d_key, (dim,))
+        self.glu = eqx.nn.Linear(dim, 2 * dim, key=g_key) if glu else None
+        self.dim = dim
+        self.bidirectional = bidirectional
+        self.activation = activation
+
+    def _check_features(self, size: int, name: str) -> None:
+        if size != self.dim:
+            raise ValueError(f"{name} must have dim={self.dim} features, got {size}")
+
+    def _output(self, y: Float[Array, "*length dim"]) -> Float[Array, "*length dim"]:
+        if self.activation is not None:
+            y = self.activation(y)
+        if self.glu is not None:
+            linear = self.glu if y.ndim == 1 else jax.vmap(self.glu)
+            y = jax.nn.glu(linear(y), axis=-1)
+        return y
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+        """Apply the layer to a whole sequence (convolution mode).
+
+        **Arguments:**
+
+        - `x`: input sequence of shape `(length, dim)`, any length.
+
+        **Returns:**
+
+        The output sequence, of shape `(length, dim)`.
+        """
+        self._check_features(x.shape[-1], "x")
+        length = x.shape[0]
+        k = self.kernel(length)
+        k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
+        y = fft_conv(x, k, k_backward) + self.skip * x
+        return self._output(y)
+
+    def init_state(self) -> Complex[Array, "dim modes"]:
+        """The zero recurrent state (before the first input).
+
+        **Returns:**
+
+        A complex array of shape `(dim, state_size // 2)`.
+        """
+        if self.bidirectional:
+            raise ValueError(
+                "bidirectional=True S4D layers have no recurrent mode (the backward kernel "
+                "needs the future inputs)"
+            )
+        modes = self.kernel.state_size // 2
+        dtype = jax.lax.complex(self.kernel.c_real, self.kernel.c_imag).dtype
+        return jnp.zeros((self.dim, modes), dtype)
+
+    @jaxtyped(typechecker=beartype)
+    def step(
+        self, state: Complex[Array, "dim modes"], x_t: Float[Array, " dim"]
+    ) -> tuple[Complex[Array, "dim modes"], Float[Array, " dim"]]:
+        """Advance the recurrence by one input (recurrent mode).
+
+        `state_t = Abar state_{t-1} + x_t`, `y_t = 2 Re(sum_n CB state_t) + D x_t`, then
+        the activation / GLU: iterating it from `init_state()` gives exactly
+        `__call__` on the whole sequence.
+
+        **Arguments:**
+
+        - `state`: the state from `init_state()` or the previous `step`, `(dim, modes)`.
+        - `x_t`: the input at this step, of shape `(dim,)`.
+
+        **Returns:**
+
+        `(state, y_t)`: the new state and the output at this step, of shape `(dim,)`.
+        """
+        if self.bidirectional:
+            raise ValueError(
+                "bidirectional=True S4D layers have no recurrent mode (the backward kernel "
+                "needs the future inputs)"
+            )
+        self._check_features(x_t.shape[-1], "x_t")
+        abar, cb = self.kernel.discretize()
+        state = abar * state + x_t.astype(state.dtype)[:, None]
+        y = 2 * jnp.sum((cb * state).real, axis=-1) + self.skip * x_t
+        return state, self._output(y.astype(x_t.dtype))
