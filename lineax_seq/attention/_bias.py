@@ -1,0 +1,140 @@
+"""T5-style bucketed relative position bias."""
+
+import math
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+
+def relative_position_bucket(
+    relative_position: Int[Array, "*shape"],
+    *,
+    bidirectional: bool,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Int[Array, "*shape"]:
+    """Map relative positions `key_position - query_position` to T5 buckets.
+
+    Half of the buckets (per direction) hold exact distances `0, 1, ..., max_exact - 1`,
+    the rest are logarithmically spaced up to `max_distance`; larger distances share the
+    last bucket. Causal (`bidirectional=False`): keys in the future (positive relative
+    position) share bucket 0 with distance 0 (they are normally masked out anyway).
+    Bidirectional: the upper half of the buckets holds keys in the future.
+
+    **Arguments:**
+
+    - `relative_position`: integer array of `key_position - query_position`.
+    - `bidirectional`: whether future keys get their own buckets.
+    - `num_buckets`: total number of buckets (even when `bidirectional`).
+    - `max_distance`: distances at or beyond this share the last bucket.
+
+    **Returns:**
+
+    Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`.
+    """
+    n = -relative_position  # distance into the past
+    offset = jnp.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        offset = jnp.where(n < 0, num_buckets, 0)
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    # log-spaced buckets for max_exact <= n < max_distance; n is clipped to >= 1 inside the
+    # log only to avoid log(0) in the branch that `where` discards.
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
+        max_distance / max_exact
+    )
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(n.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return offset + jnp.where(n < max_exact, n, large)
+
+
+class RelativePositionBias(eqx.Module):
+    """T5 relative position bias: one learned scalar per (bucket, head).
+
+    The bias for query position `i` and key position `j` is `table[bucket(j - i), h]`,
+    added to the attention logits of head `h`. Query positions are
+    `query_offset + arange(query_length)` and key positions are `arange(key_length)`,
+    so a query block that sits after `query_offset` cached keys (sliding-window blocks,
+    incremental decoding) gets the right distances.
+    """
+
+    embedding: Float[Array, "num_buckets num_heads"]
+    num_heads: int = eqx.field(static=True)
+    num_buckets: int = eqx.field(static=True)
+    max_distance: int = eqx.field(static=True)
+    bidirectional: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = False,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `num_heads`: number of attention heads (one bias per head).
+        - `num_buckets`: number of distance buckets (T5: 32).
+        - `max_distance`: distance beyond which all keys share the last bucket (T5: 128).
+        - `bidirectional`: separate buckets for keys after the query (encoders).
+        - `key`: PRNG key for the (small, normal) initialisation.
+        """
+        if num_heads < 1:
+            raise ValueError(f"`num_heads` must be >= 1, got {num_heads}.")
+        min_buckets = 4 if bidirectional else 2
+        if num_buckets < min_buckets or (bidirectional and num_buckets % 2):
+            raise ValueError(
+                f"`num_buckets` must be >= {min_buckets}"
+                + (" and even when bidirectional" if bidirectional else "")
+                + f", got {num_buckets}."
+            )
+        if max_distance <= num_buckets // (4 if bidirectional else 2):
+            raise ValueError(
+                f"`max_distance` must exceed the exact-bucket range, got {max_distance} "
+                f"with num_buckets={num_buckets}."
+            )
+        self.embedding = 0.02 * jr.normal(key, (num_buckets, num_heads))
+        self.num_heads = num_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+
+    def buckets(
+        self, query_length: int, key_length: int, *, query_offset: int = 0
+    ) -> Int[Array, "query_length key_length"]:
+        """Bucket index of every (query, key) pair; see `__call__` for the positions."""
+        q_pos = query_offset + jnp.arange(query_length)
+        k_pos = jnp.arange(key_length)
+        return relative_position_bucket(
+            k_pos[None, :] - q_pos[:, None],
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+
+    def __call__(
+        self, query_length: int, key_length: int, *, query_offset: int = 0
+    ) -> Float[Array, "heads query_length key_length"]:
+        """Additive attention bias.
+
+        **Arguments:**
+
+        - `query_length`: number of queries.
+        - `key_length`: number of keys (key positions `0 .. key_length - 1`).
+        - `query_offset`: position of the first query (e.g. the number of cached keys in
+          front of the query block).
+
+        **Returns:**
+
+        The bias, shape `(num_heads, query_length, key_length)`, ready for the `bias=`
+        argument of [`lineax_seq.MultiHeadAttention`][].
+        """
+        buckets = self.buckets(query_length, key_length, query_offset=query_offset)
+        return jnp.moveaxis(self.embedding[buckets], -1, 0)

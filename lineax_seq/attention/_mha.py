@@ -1,0 +1,129 @@
+"""Multi-head (self- and cross-) attention on `jax.nn.dot_product_attention`."""
+
+import equinox as eqx
+import jax
+import jax.random as jr
+from einops import rearrange
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+
+def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
+    y = x @ layer.weight.T
+    return y if layer.bias is None else y + layer.bias
+
+
+class MultiHeadAttention(eqx.Module):
+    """Multi-head attention with optional cross-attention, masks and additive bias.
+
+    Queries come from `x` (`dim` features); keys and values from `context` (`kv_dim`
+    features, default `dim`), or from `x` itself for self-attention. The attention
+    itself is `jax.nn.dot_product_attention`, so GPUs get fused kernels.
+
+    The projections are also available one by one (`queries`, `keys_values`,
+    `merge_heads`) for layers that arrange heads themselves (sliding-window blocks, the
+    Block-State Transformer cell).
+    """
+
+    query_proj: eqx.nn.Linear
+    key_proj: eqx.nn.Linear
+    value_proj: eqx.nn.Linear
+    output_proj: eqx.nn.Linear | None
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    kv_dim: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kv_dim: int | None = None,
+        use_bias: bool = False,
+        output_projection: bool = True,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: query (and output) feature size; must be divisible by `num_heads`.
+        - `num_heads`: number of heads, each of size `dim // num_heads`.
+        - `kv_dim`: feature size of the cross-attention `context` (default `dim`).
+        - `use_bias`: whether the projections have biases.
+        - `output_projection`: if `False`, `__call__` returns the concatenated heads
+          without the final `dim x dim` projection (for layers that mix several
+          attention outputs with one projection).
+        - `key`: PRNG key for the initialisation.
+        """
+        if dim < 1 or num_heads < 1:
+            raise ValueError(f"`dim` and `num_heads` must be >= 1, got {dim} and {num_heads}.")
+        if dim % num_heads:
+            raise ValueError(
+                f"`num_heads`={num_heads} must divide `dim`={dim} (head size dim // num_heads)."
+            )
+        kv_dim = dim if kv_dim is None else kv_dim
+        if kv_dim < 1:
+            raise ValueError(f"`kv_dim` must be >= 1, got {kv_dim}.")
+        kq, kk, kv, ko = jr.split(key, 4)
+        self.query_proj = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
+        self.key_proj = eqx.nn.Linear(kv_dim, dim, use_bias=use_bias, key=kk)
+        self.value_proj = eqx.nn.Linear(kv_dim, dim, use_bias=use_bias, key=kv)
+        self.output_proj = (
+            eqx.nn.Linear(dim, dim, use_bias=use_bias, key=ko) if output_projection else None
+        )
+        self.dim = dim
+        self.num_heads = num_heads
+        self.kv_dim = kv_dim
+        self.head_dim = dim // num_heads
+
+    def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
+        """Project `x` to per-head queries."""
+        return rearrange(_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
+
+    def keys_values(
+        self, context: Float[Array, "k kv_dim"]
+    ) -> tuple[Float[Array, "k heads head_dim"], Float[Array, "k heads head_dim"]]:
+        """Project `context` to per-head keys and values."""
+        k = rearrange(_linear(self.key_proj, context), "k (h d) -> k h d", h=self.num_heads)
+        v = rearrange(_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
+        return k, v
+
+    def merge_heads(self, out: Float[Array, "q heads head_dim"]) -> Float[Array, "q dim"]:
+        """Concatenate heads and apply the output projection (if any)."""
+        out = rearrange(out, "q h d -> q (h d)")
+        return out if self.output_proj is None else _linear(self.output_proj, out)
+
+    def __call__(
+        self,
+        x: Float[Array, "q dim"],
+        context: Float[Array, "k kv_dim"] | None = None,
+        *,
+        mask: Bool[Array, "q k"] | Bool[Array, "heads q k"] | None = None,
+        bias: Float[Array, "heads q k"] | None = None,
+    ) -> Float[Array, "q dim"]:
+        """Attend from `x` to `context` (or to `x` itself).
+
+        **Arguments:**
+
+        - `x`: queries' inputs, shape `(q, dim)`.
+        - `context`: keys'/values' inputs, shape `(k, kv_dim)`; `None` means `x`
+          (self-attention, which needs `kv_dim == dim`).
+        - `mask`: boolean, `True` where a query may attend to a key; shape `(q, k)` or
+          `(heads, q, k)`. Every query must see at least one key.
+        - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
+          [`lineax_seq.RelativePositionBias`][]).
+
+        **Returns:**
+
+        Shape `(q, dim)`.
+        """
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
+        context = x if context is None else context
+        if context.shape[-1] != self.kv_dim:
+            raise ValueError(
+                f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
+            )
+        q = self.queries(x)
+        k, v = self.keys_values(context)
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+        return self.merge_heads(out)

@@ -1,0 +1,146 @@
+"""Causal sliding-window attention computed block by block, all blocks at once."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from einops import rearrange
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from ._bias import RelativePositionBias
+from ._mha import MultiHeadAttention
+
+
+def check_blocks(length: int, window: int, name: str = "x") -> int:
+    """Return the number of blocks of `window` in `length`, or raise a clear error."""
+    if length < window:
+        raise ValueError(
+            f"`window`={window} is larger than the sequence length {length} of `{name}`."
+        )
+    if length % window:
+        raise ValueError(
+            f"The sequence length {length} of `{name}` must be a multiple of "
+            f"`window`={window} (pad it, or use {length - length % window} or "
+            f"{length + window - length % window})."
+        )
+    return length // window
+
+
+def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
+    """Which keys of `[previous block, current block]` each query of a block sees.
+
+    Query `r` of a block sits at frame position `window + r`; key `c` (frame position
+    `c`) is visible iff `0 <= (window + r) - c < window`: the query itself and the
+    `window - 1` tokens before it.
+    """
+    r = jnp.arange(window)[:, None]
+    c = jnp.arange(2 * window)[None, :]
+    return (c > r) & (c <= window + r)
+
+
+def sliding_window_attention(
+    q: Float[Array, "length heads head_dim"],
+    k: Float[Array, "length heads head_dim"],
+    v: Float[Array, "length heads head_dim"],
+    *,
+    window: int,
+    bias: Float[Array, "heads w 2*w"] | None = None,
+) -> Float[Array, "length heads head_dim"]:
+    """Causal sliding-window attention, batched over blocks of `window` tokens.
+
+    The sequence is cut into `length / window` blocks. Each block's queries attend to
+    the keys/values of the previous block and of their own block (a differentiable
+    cache, as in Transformer-XL / Block-Recurrent Transformers) under a mask that lets
+    token `i` see tokens `i - window + 1, ..., i`: every token sees the `window` most
+    recent tokens. All blocks go through one `jax.nn.dot_product_attention` call with
+    the blocks as the batch axis, so the cost is `O(length * window)` and nothing of
+    size `(length, length)` is ever built.
+
+    **Arguments:**
+
+    - `q`, `k`, `v`: per-head queries, keys and values, shape `(length, heads, head_dim)`.
+    - `window`: the block size `W`; `length` must be a multiple of it.
+    - `bias`: additive bias for the `(window, 2 * window)` block frame (queries at frame
+      positions `window .. 2*window - 1`), e.g.
+      `RelativePositionBias(...)(window, 2 * window, query_offset=window)`.
+
+    **Returns:**
+
+    Attention outputs, shape `(length, heads, head_dim)`.
+    """
+    num_blocks = check_blocks(q.shape[0], window, "q")
+    q, k, v = (rearrange(a, "(n w) h d -> n w h d", w=window) for a in (q, k, v))
+
+    def with_previous(a):
+        previous = jnp.concatenate([jnp.zeros_like(a[:1]), a[:-1]])
+        return jnp.concatenate([previous, a], axis=1)  # (n, 2w, h, d)
+
+    mask = sliding_window_mask(window)
+    first = jnp.arange(num_blocks)[:, None, None, None] == 0
+    mask = mask & ~(first & (jnp.arange(2 * window) < window))  # block 0 has no previous
+    out = jax.nn.dot_product_attention(
+        q, with_previous(k), with_previous(v), bias=None if bias is None else bias[None], mask=mask
+    )
+    return rearrange(out, "n w h d -> (n w) h d")
+
+
+class SlidingWindowAttention(eqx.Module):
+    """Causal sliding-window self-attention with a T5 relative position bias.
+
+    Every token attends to itself and the `window - 1` tokens before it; the work is
+    done block-parallel by [`lineax_seq.sliding_window_attention`][].
+    """
+
+    attention: MultiHeadAttention
+    relative_bias: RelativePositionBias
+    window: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window: int,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        output_projection: bool = True,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: feature size; divisible by `num_heads`.
+        - `num_heads`: number of heads.
+        - `window`: block / window size `W`.
+        - `num_buckets`, `max_distance`: of the relative position bias.
+        - `output_projection`: as in [`lineax_seq.MultiHeadAttention`][].
+        - `key`: PRNG key.
+        """
+        if window < 1:
+            raise ValueError(f"`window` must be >= 1, got {window}.")
+        ka, kb = jr.split(key)
+        self.attention = MultiHeadAttention(
+            dim, num_heads, output_projection=output_projection, key=ka
+        )
+        self.relative_bias = RelativePositionBias(
+            num_heads, num_buckets=num_buckets, max_distance=max_distance, key=kb
+        )
+        self.window = window
+
+    def heads(self, x: Float[Array, "length dim"]) -> Float[Array, "length heads head_dim"]:
+        """Per-head attention outputs before merging heads."""
+        q = self.attention.queries(x)
+        k, v = self.attention.keys_values(x)
+        bias = self.relative_bias(self.window, 2 * self.window, query_offset=self.window)
+        return sliding_window_attention(q, k, v, window=self.window, bias=bias)
+
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+        """**Arguments:**
+
+        - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+
+        **Returns:**
+
+        Shape `(length, dim)`.
+        """
+        check_blocks(x.shape[0], self.window)
+        return self.attention.merge_heads(self.heads(x))

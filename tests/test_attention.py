@@ -1,0 +1,126 @@
+"""Attention building blocks: oracles against plain softmax attention and direct T5 buckets."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import jax.test_util
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+
+
+def softmax_attention(q, k, v, allowed, bias):
+    """Plain reference: q (Tq, H, D), k/v (Tk, H, D), allowed (Tq, Tk), bias (H, Tq, Tk)."""
+    logits = jnp.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1]) + bias
+    logits = jnp.where(allowed[None], logits, -jnp.inf)
+    weights = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("hqk,khd->qhd", weights, v)
+
+
+def t5_bucket(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """Direct scalar transcription of the T5 bucketing rule."""
+    n = -rel
+    ret = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            ret += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    large = max_exact + int(
+        math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
+    return ret + min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_relative_position_buckets_match_reference(bidirectional):
+    rel = np.arange(-400, 401)
+    got = np.asarray(ls.relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional))
+    want = np.array([t5_bucket(int(r), bidirectional, 32, 128) for r in rel])
+    np.testing.assert_array_equal(got, want)
+    assert got.min() >= 0 and got.max() < 32
+
+
+def test_relative_position_bias_offset_and_shape(key):
+    rpb = ls.RelativePositionBias(3, key=key)
+    full = rpb(10, 10)
+    assert full.shape == (3, 10, 10)
+    # Queries 6..9 against all keys equal the bottom rows of the full matrix.
+    np.testing.assert_allclose(rpb(4, 10, query_offset=6), full[:, 6:], rtol=0, atol=0)
+    np.testing.assert_allclose(full[:, 5, 2], rpb.embedding[3], rtol=0, atol=0)  # distance 3
+
+
+def test_multi_head_attention_matches_softmax_reference(getkey):
+    dim, heads, kv_dim = 12, 3, 5
+    mha = ls.MultiHeadAttention(dim, heads, kv_dim=kv_dim, use_bias=True, key=getkey())
+    x = jr.normal(getkey(), (7, dim))
+    ctx = jr.normal(getkey(), (9, kv_dim))
+    mask = jr.bernoulli(getkey(), 0.7, (7, 9)).at[:, 0].set(True)
+    bias = jr.normal(getkey(), (heads, 7, 9))
+    got = mha(x, ctx, mask=mask, bias=bias)
+
+    lin = lambda layer, a: a @ layer.weight.T + layer.bias
+    split = lambda a: a.reshape(a.shape[0], heads, dim // heads)
+    q, k, v = (
+        split(lin(mha.query_proj, x)),
+        split(lin(mha.key_proj, ctx)),
+        split(lin(mha.value_proj, ctx)),
+    )
+    out = softmax_attention(q, k, v, mask, bias).reshape(7, dim)
+    np.testing.assert_allclose(got, lin(mha.output_proj, out), rtol=1e-5, atol=1e-5)
+
+
+def test_multi_head_attention_gradients(getkey):
+    mha = ls.MultiHeadAttention(8, 2, key=getkey())
+    x = jr.normal(getkey(), (4, 8))
+    mask = jnp.tril(jnp.ones((4, 4), bool))
+    jax.test_util.check_grads(lambda x: mha(jnp.asarray(x), mask=mask), (x,), order=1, modes="rev")
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_sliding_window_attention_matches_dense_reference(getkey, window):
+    length, heads, d = 16, 2, 3
+    q, k, v = (jr.normal(getkey(), (length, heads, d)) for _ in range(3))
+    rpb = ls.RelativePositionBias(heads, key=getkey())
+    bias = rpb(window, 2 * window, query_offset=window)
+    got = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
+
+    i = np.arange(length)[:, None]
+    j = np.arange(length)[None, :]
+    allowed = jnp.asarray((i - j >= 0) & (i - j < window))  # the `window` latest tokens
+    want = softmax_attention(q, k, v, allowed, rpb(length, length))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_window_module_is_causal(getkey):
+    layer = ls.SlidingWindowAttention(8, 2, 4, key=getkey())
+    x = jr.normal(getkey(), (16, 8))
+    y = layer(x)
+    x2 = x.at[9:].set(jr.normal(getkey(), (7, 8)))
+    np.testing.assert_allclose(layer(x2)[:9], y[:9], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(layer(x2)[9:], y[9:])
+
+
+def test_attention_bad_input(key):
+    with pytest.raises(ValueError, match="num_heads"):
+        ls.MultiHeadAttention(10, 3, key=key)
+    with pytest.raises(ValueError, match="num_buckets"):
+        ls.RelativePositionBias(2, num_buckets=5, bidirectional=True, key=key)
+    with pytest.raises(ValueError, match="window"):
+        ls.SlidingWindowAttention(8, 2, 0, key=key)
+    layer = ls.SlidingWindowAttention(8, 2, 4, key=key)
+    with pytest.raises(ValueError, match="multiple of `window`=4"):
+        layer(jnp.zeros((10, 8)))
+    with pytest.raises(ValueError, match="larger than the sequence length"):
+        layer(jnp.zeros((2, 8)))
+    mha = ls.MultiHeadAttention(8, 2, kv_dim=3, key=key)
+    with pytest.raises(ValueError, match="kv_dim=3"):
+        mha(jnp.zeros((2, 8)), jnp.zeros((2, 4)))
