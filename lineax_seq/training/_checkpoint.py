@@ -1,0 +1,436 @@
+"""Atomic checkpoints: arrays via `eqx.tree_serialise_leaves` plus a JSON manifest."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import time
+import uuid
+import warnings
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.random as jr
+import jax.tree_util as jtu
+import numpy as np
+from jax.experimental import multihost_utils
+from jaxtyping import PRNGKeyArray, PyTree
+
+FORMAT = "lineax_seq.checkpoint/1"
+ARRAYS = "arrays.eqx"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupt, or does not match the model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """The contents of a loaded checkpoint.
+
+    **Fields:**
+
+    - `path`: the checkpoint directory.
+    - `step`: number of train steps taken when it was written.
+    - `model`: the model.
+    - `opt_state`: the optimiser state.
+    - `key`: the run's PRNG key.
+    - `data_state`: the data iterator's state (JSON-compatible), or `None`.
+    - `extra`: user metadata saved with it (JSON-compatible dict).
+    """
+
+    path: pathlib.Path
+    step: int
+    model: PyTree
+    opt_state: PyTree
+    key: PRNGKeyArray
+    data_state: Any
+    extra: dict
+
+
+# ---------------------------------------------------------------- JSON of iterator states
+
+
+def _to_json(x: Any) -> Any:
+    if isinstance(x, bytes):
+        return {"__bytes__": base64.b64encode(x).decode("ascii")}
+    if isinstance(x, dict):
+        return {str(k): _to_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_json(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+    return x
+
+
+def _from_json(x: Any) -> Any:
+    if isinstance(x, dict):
+        if set(x) == {"__bytes__"}:
+            return base64.b64decode(x["__bytes__"])
+        if set(x) == {"__ndarray__", "dtype"}:
+            return np.asarray(x["__ndarray__"], dtype=x["dtype"])
+        return {k: _from_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_from_json(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _leaf_specs(tree: PyTree) -> list[dict]:
+    """Path, shape and dtype of every leaf that `tree_serialise_leaves` writes."""
+    specs = []
+    for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
+        if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)):
+            specs.append(
+                {"path": jtu.keystr(path), "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+            )
+        elif eqx.is_array_like(leaf):
+            specs.append({"path": jtu.keystr(path), "shape": [], "dtype": type(leaf).__name__})
+    return specs
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+class _HashingWriter:
+    def __init__(self, f):
+        self.f = f
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, b) -> int:
+        self.hash.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+
+def _host_tree(tree: PyTree) -> PyTree:
+    """Bring every array to host memory (gathering shards across processes if needed)."""
+
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            return np.asarray(x.addressable_data(0))
+        if isinstance(x, jax.Array):
+            return np.asarray(x)
+        return x
+
+    return jax.tree.map(get, tree)
+
+
+def _step_dirs(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in directory.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
+    """Checkpoint directories (`step_XXXXXXXX`) below `directory`, oldest first.
+
+    **Arguments:**
+
+    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][].
+
+    **Returns:**
+
+    A list of paths, sorted by step (empty if there are none).
+    """
+    return [p for _, p in _step_dirs(pathlib.Path(directory))]
+
+
+# ---------------------------------------------------------------- save
+
+
+def save_checkpoint(
+    directory: str | pathlib.Path,
+    step: int,
+    *,
+    model: PyTree,
+    opt_state: PyTree = None,
+    key: PRNGKeyArray | None = None,
+    data_state: Any = None,
+    extra: dict | None = None,
+    keep: int | None = 3,
+) -> pathlib.Path:
+    """Write a checkpoint atomically and keep only the last `keep`.
+
+    The arrays (`eqx.tree_serialise_leaves` of model, optimiser state and key) and a
+    JSON manifest (step, leaf paths/shapes/dtypes, SHA-256 of the arrays file, data
+    iterator state, `extra`) are written into a temporary directory, fsync'ed, then
+    renamed to `directory/step_XXXXXXXX` in one atomic step: a crash at any moment
+    leaves either the complete new checkpoint or none, never a partial one. In a
+    multi-process run every process must call this (sharded arrays are gathered) and
+    process 0 writes.
+
+    **Arguments:**
+
+    - `directory`: where checkpoints live (created if needed).
+    - `step`: the number of train steps taken.
+    - `model`: the model (any PyTree).
+    - `opt_state`: the optimiser state.
+    - `key`: the run's PRNG key (typed `jax.random.key` or raw `uint32` key).
+    - `data_state`: the data iterator's `get_state()` (JSON-compatible; bytes and
+        NumPy arrays allowed), or `None`.
+    - `extra`: small JSON-compatible metadata (e.g. the config).
+    - `keep`: number of most recent checkpoints to keep (`None`: keep all).
+
+    **Returns:**
+
+    The path of the new checkpoint directory.
+    """
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep={keep} must be >= 1 or None.")
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0.")
+    directory = pathlib.Path(directory)
+    key_impl = None
+    key_data = None
+    if key is not None:
+        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key_impl = str(jr.key_impl(key))
+            key_data = jr.key_data(key)
+        else:
+            key_data = key
+    tree = {"model": model, "opt_state": opt_state, "key": key_data}
+    tree = _host_tree(tree)
+    if jax.process_index() != 0:
+        return directory / f"step_{step:08d}"
+
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step_{step:08d}"
+    tmp = directory / f".tmp-step_{step:08d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    with open(tmp / ARRAYS, "wb") as f:
+        writer = _HashingWriter(f)
+        eqx.tree_serialise_leaves(writer, tree)
+        _fsync(f)
+    manifest = {
+        "format": FORMAT,
+        "step": int(step),
+        "time": time.time(),
+        "arrays": ARRAYS,
+        "bytes": writer.size,
+        "sha256": writer.hash.hexdigest(),
+        "key_impl": key_impl,
+        "leaves": _leaf_specs(tree),
+        "data_state": _to_json(data_state),
+        "extra": extra or {},
+    }
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1)
+        _fsync(f)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (e.g. after a resume): swap it out
+        old = directory / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(directory)
+    # Clean up: temporary directories of interrupted saves, and old checkpoints.
+    for p in directory.iterdir():
+        if p.name.startswith((".tmp-step_", ".old-step_")) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+    if keep is not None:
+        for _, p in _step_dirs(directory)[:-keep]:
+            shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+# ---------------------------------------------------------------- load
+
+
+def _read_manifest(path: pathlib.Path) -> dict:
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"Checkpoint {path}: manifest file {mpath} is missing.")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"Checkpoint manifest {mpath} is truncated or corrupt: {e}") from e
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"Checkpoint manifest {mpath} has format {manifest.get('format')!r}, "
+            f"expected {FORMAT!r}."
+        )
+    return manifest
+
+
+def _verify_arrays(path: pathlib.Path, manifest: dict) -> pathlib.Path:
+    apath = path / manifest["arrays"]
+    if not apath.is_file():
+        raise CheckpointError(f"Checkpoint {path}: arrays file {apath} is missing.")
+    size = apath.stat().st_size
+    if size != manifest["bytes"]:
+        raise CheckpointError(
+            f"Checkpoint arrays file {apath} is truncated or corrupt: {size} bytes on disk, "
+            f"{manifest['bytes']} expected."
+        )
+    h = hashlib.sha256()
+    with open(apath, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != manifest["sha256"]:
+        raise CheckpointError(
+            f"Checkpoint arrays file {apath} is corrupt: its SHA-256 does not match the manifest."
+        )
+    return apath
+
+
+def _check_structure(path: pathlib.Path, manifest: dict, like: PyTree) -> None:
+    saved = manifest["leaves"]
+    expected = _leaf_specs(like)
+    mfile = path / MANIFEST
+    saved_by_path = {s["path"]: s for s in saved}
+    expected_by_path = {s["path"]: s for s in expected}
+    for s in expected:
+        other = saved_by_path.get(s["path"])
+        if other is None:
+            raise CheckpointError(
+                f"Checkpoint {mfile} does not match the model/optimiser given: leaf "
+                f"{s['path']} (shape {tuple(s['shape'])}) is not in the checkpoint."
+            )
+        if other["shape"] != s["shape"] or other["dtype"] != s["dtype"]:
+            raise CheckpointError(
+                f"Checkpoint {mfile} does not match the model/optimiser given: leaf "
+                f"{s['path']} has shape {tuple(other['shape'])} dtype {other['dtype']} in "
+                f"the checkpoint but shape {tuple(s['shape'])} dtype {s['dtype']} in the "
+                "model/optimiser given."
+            )
+    for s in saved:
+        if s["path"] not in expected_by_path:
+            raise CheckpointError(
+                f"Checkpoint {mfile} does not match the model/optimiser given: the "
+                f"checkpoint has leaf {s['path']} (shape {tuple(s['shape'])}) that the "
+                "model/optimiser given lacks."
+            )
+    if [s["path"] for s in saved] != [s["path"] for s in expected]:
+        raise CheckpointError(
+            f"Checkpoint {mfile} does not match the model/optimiser given: same leaves "
+            "but in a different order."
+        )
+
+
+def load_checkpoint(
+    path: str | pathlib.Path,
+    *,
+    model: PyTree,
+    opt_state: PyTree = None,
+) -> Checkpoint:
+    """Load and verify a checkpoint written by [`lineax_seq.save_checkpoint`][].
+
+    The arrays file is checked against the manifest (size and SHA-256) and every leaf
+    path, shape and dtype against the templates before anything is deserialised.
+
+    **Arguments:**
+
+    - `path`: a checkpoint directory (`.../step_XXXXXXXX`), or the directory holding
+        them, in which case the newest one is loaded.
+    - `model`: a model of the same structure (values are ignored;
+        `eqx.filter_eval_shape(Model, ...)` avoids allocating one).
+    - `opt_state`: an optimiser state of the same structure (or `None` if none was saved).
+
+    **Returns:**
+
+    A [`lineax_seq.Checkpoint`][].
+
+    **Raises:**
+
+    [`lineax_seq.CheckpointError`][] naming the file and the problem when the
+    checkpoint is missing, truncated, corrupt or of a different model shape.
+    """
+    path = pathlib.Path(path)
+    if not _STEP_DIR.match(path.name):
+        dirs = list_checkpoints(path)
+        if not dirs:
+            raise CheckpointError(f"No checkpoint (step_XXXXXXXX directory) found in {path}.")
+        path = dirs[-1]
+    if not path.is_dir():
+        raise CheckpointError(f"Checkpoint directory {path} does not exist.")
+    manifest = _read_manifest(path)
+    apath = _verify_arrays(path, manifest)
+    key_impl = manifest["key_impl"]
+    key_like = None
+    for spec in manifest["leaves"]:
+        if spec["path"] == "['key']":
+            key_like = jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
+    like = {"model": model, "opt_state": opt_state, "key": key_like}
+    _check_structure(path, manifest, like)
+    try:
+        tree = eqx.tree_deserialise_leaves(apath, like)
+    except Exception as e:  # defensive: hashes matched, so this is a format mismatch
+        raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
+    key = tree["key"]
+    if key is not None and key_impl is not None:
+        key = jr.wrap_key_data(key, impl=key_impl)
+    return Checkpoint(
+        path=path,
+        step=int(manifest["step"]),
+        model=tree["model"],
+        opt_state=tree["opt_state"],
+        key=key,
+        data_state=_from_json(manifest["data_state"]),
+        extra=manifest["extra"],
+    )
+
+
+def load_latest_checkpoint(
+    directory: str | pathlib.Path,
+    *,
+    model: PyTree,
+    opt_state: PyTree = None,
+) -> Checkpoint | None:
+    """Load the newest intact checkpoint in `directory`, skipping corrupt ones.
+
+    A truncated or corrupt checkpoint is skipped with a warning and the previous one
+    is loaded; a checkpoint of a different model shape raises (an older one would not
+    match either).
+
+    **Arguments:**
+
+    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][].
+    - `model`, `opt_state`: templates, as for [`lineax_seq.load_checkpoint`][].
+
+    **Returns:**
+
+    A [`lineax_seq.Checkpoint`][], or `None` if the directory holds none.
+    """
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            manifest = _read_manifest(path)
+            _verify_arrays(path, manifest)
+        except CheckpointError as e:
+            warnings.warn(f"Skipping checkpoint: {e}", stacklevel=2)
+            continue
+        return load_checkpoint(path, model=model, opt_state=opt_state)
+    return None

@@ -1,0 +1,302 @@
+"""AdamW with learning-rate schedules, clipping, accumulation and parameter groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+import optax
+from jaxtyping import PyTree
+
+SCHEDULES = ("cosine", "linear", "constant")
+DEFAULT_GROUP = "default"
+
+
+def make_schedule(
+    peak_lr: float,
+    *,
+    schedule: str = "cosine",
+    warmup_steps: int = 0,
+    total_steps: int | None = None,
+    init_lr: float = 0.0,
+    end_lr: float = 0.0,
+) -> optax.Schedule:
+    """Learning-rate schedule: linear warmup to `peak_lr`, then a decay.
+
+    **Arguments:**
+
+    - `peak_lr`: learning rate reached at the end of the warmup.
+    - `schedule`: shape of the decay after the warmup: `"cosine"` (cosine decay to
+        `end_lr` at `total_steps`), `"linear"` (linear decay to `end_lr` at
+        `total_steps`) or `"constant"` (stay at `peak_lr`).
+    - `warmup_steps`: number of optimiser updates of linear warmup from `init_lr`.
+    - `total_steps`: optimiser update at which the decay reaches `end_lr`; required
+        for `"cosine"` and `"linear"`, ignored for `"constant"`.
+    - `init_lr`: learning rate at update 0 (when `warmup_steps > 0`).
+    - `end_lr`: final learning rate of the decaying schedules.
+
+    **Returns:**
+
+    An `optax.Schedule`, mapping the update count to a learning rate.
+
+    **Raises:**
+
+    `ValueError` for an unknown `schedule`, a negative `warmup_steps`, or a missing or
+    too small `total_steps`.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} must be >= 0.")
+    if peak_lr < 0:
+        raise ValueError(f"peak_lr={peak_lr} must be >= 0.")
+    if schedule == "constant":
+        if warmup_steps == 0:
+            return optax.constant_schedule(peak_lr)
+        return optax.join_schedules(
+            [
+                optax.linear_schedule(init_lr, peak_lr, warmup_steps),
+                optax.constant_schedule(peak_lr),
+            ],
+            [warmup_steps],
+        )
+    if total_steps is None or total_steps <= warmup_steps:
+        raise ValueError(
+            f"total_steps={total_steps} must be an integer > warmup_steps={warmup_steps} "
+            f"for schedule={schedule!r}."
+        )
+    if schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_lr, peak_lr, warmup_steps, total_steps, end_value=end_lr
+        )
+    decay = optax.linear_schedule(peak_lr, end_lr, total_steps - warmup_steps)
+    if warmup_steps == 0:
+        return decay
+    return optax.join_schedules(
+        [optax.linear_schedule(init_lr, peak_lr, warmup_steps), decay], [warmup_steps]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+    """A group of parameters with its own learning rate and weight decay.
+
+    Select the members in exactly one of two ways:
+
+    - `match`: a regular expression searched in the parameter's path (as written by
+        `jax.tree_util.keystr`, e.g. `".layers[0].kernel.log_dt"`), or a predicate
+        `(path: str, leaf: Array) -> bool`.
+    - `where`: an `equinox.tree_at`-style selector, `lambda model: model.dynamics` or
+        `lambda model: (model.encoder, model.decoder.bias)`; every array below the
+        selected nodes belongs to the group.
+
+    **Fields:**
+
+    - `match`: regex or predicate, see above.
+    - `where`: selector, see above.
+    - `learning_rate`: peak learning rate of the group (the schedule's shape is shared
+        by all groups); `None` keeps the optimiser's base learning rate.
+    - `weight_decay`: decoupled weight decay of the group; `None` keeps the base one.
+    """
+
+    match: str | Callable[[str, Any], bool] | None = None
+    where: Callable[[PyTree], Any] | None = None
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+
+    def __post_init__(self):
+        if (self.match is None) == (self.where is None):
+            raise ValueError(
+                "ParamGroup needs exactly one of `match` (regex or predicate on the path) "
+                f"or `where` (selector on the model); got match={self.match!r}, "
+                f"where={self.where!r}."
+            )
+        if self.learning_rate is not None and self.learning_rate < 0:
+            raise ValueError(f"learning_rate={self.learning_rate} must be >= 0.")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0.")
+
+
+def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
+    for name, group in groups.items():
+        if name == DEFAULT_GROUP:
+            raise ValueError(
+                f"groups: the name {DEFAULT_GROUP!r} is reserved for the parameters that "
+                "no group selects; choose another name."
+            )
+        if not isinstance(group, ParamGroup):
+            raise ValueError(f"groups[{name!r}]={group!r} must be a ParamGroup.")
+
+
+def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
+    """Label every inexact-array leaf of a model with the name of its parameter group.
+
+    Groups are tried in order and the first one that selects a leaf wins; leaves that
+    no group selects get the label `"default"`. Leaves that are not inexact arrays
+    (integers, static fields, functions) become `None` and are not optimised.
+
+    **Arguments:**
+
+    - `model`: the model (any PyTree), or its `eqx.filter(model, eqx.is_inexact_array)`.
+    - `groups`: mapping of group name to [`lineax_seq.ParamGroup`][].
+
+    **Returns:**
+
+    A PyTree with the structure of `eqx.filter(model, eqx.is_inexact_array)` whose
+    leaves are group names: the `param_labels` of `optax.multi_transform`.
+    """
+    _check_groups(groups)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    paths_leaves, treedef = jtu.tree_flatten_with_path(params)
+    paths = [jtu.keystr(p) for p, _ in paths_leaves]
+    labels: list[str | None] = [None] * len(paths)
+    # `where` groups: mark the selected subtrees of an index tree.
+    index_tree = jtu.tree_unflatten(treedef, list(range(len(paths))))
+    selected: dict[str, set[int]] = {}
+    for name, group in groups.items():
+        if group.where is None:
+            continue
+        marker = object()
+        try:
+            marked = eqx.tree_at(
+                group.where,
+                index_tree,
+                replace_fn=lambda node, marker=marker: jax.tree.map(lambda _: marker, node),
+            )
+        except Exception as e:
+            raise ValueError(
+                f"groups[{name!r}].where could not select nodes of the model: {e}"
+            ) from e
+        flat = jtu.tree_leaves(marked)
+        if len(flat) != len(paths):
+            raise ValueError(
+                f"groups[{name!r}].where changed the number of parameters it selects "
+                "(it must select existing nodes of the model)."
+            )
+        selected[name] = {i for i, x in enumerate(flat) if x is marker}
+    for i, (path, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True)):
+        for name, group in groups.items():
+            if group.where is not None:
+                hit = i in selected[name]
+            elif isinstance(group.match, str):
+                hit = re.search(group.match, path) is not None
+            else:
+                hit = bool(group.match(path, leaf))
+            if hit:
+                labels[i] = name
+                break
+        else:
+            labels[i] = DEFAULT_GROUP
+    return jtu.tree_unflatten(treedef, labels)
+
+
+def make_optimizer(
+    learning_rate: float = 1e-3,
+    *,
+    schedule: str = "cosine",
+    warmup_steps: int = 0,
+    total_steps: int | None = None,
+    end_lr_ratio: float = 0.0,
+    weight_decay: float = 0.01,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    clip_norm: float | None = 1.0,
+    accumulate_steps: int = 1,
+    groups: Mapping[str, ParamGroup] | None = None,
+) -> optax.GradientTransformation:
+    """AdamW with warmup + decay, global-norm clipping, accumulation and groups.
+
+    The chain is `clip_by_global_norm(clip_norm)` (over all parameters), then one
+    `optax.adamw` per parameter group (`optax.multi_transform`, labels from
+    [`lineax_seq.param_labels`][]), all wrapped in `optax.MultiSteps` when
+    `accumulate_steps > 1`. Initialise and update it on the inexact arrays of the
+    model only, as [`lineax_seq.make_train_step`][] does:
+
+    ```python
+    opt = ls.make_optimizer(1e-3, warmup_steps=100, total_steps=10_000, groups={
+        "ssm": ls.ParamGroup(match=r"\\.kernel\\.", learning_rate=1e-3, weight_decay=0.0)})
+    opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    ```
+
+    **Arguments:**
+
+    - `learning_rate`: peak learning rate of the `"default"` group.
+    - `schedule`, `warmup_steps`, `total_steps`: see [`lineax_seq.make_schedule`][].
+        Counted in optimiser updates (one per `accumulate_steps` micro-batches).
+    - `end_lr_ratio`: final learning rate as a fraction of each group's peak.
+    - `weight_decay`: decoupled weight decay of the `"default"` group.
+    - `b1`, `b2`, `eps`: Adam hyper-parameters.
+    - `clip_norm`: maximum global gradient norm, or `None` for no clipping.
+    - `accumulate_steps`: number of micro-batch gradients averaged per update.
+    - `groups`: mapping of group name to [`lineax_seq.ParamGroup`][] (each with its own
+        learning rate and weight decay); the first matching group wins.
+
+    **Returns:**
+
+    An `optax.GradientTransformation`.
+    """
+    groups = dict(groups or {})
+    _check_groups(groups)
+    if learning_rate < 0:
+        raise ValueError(f"learning_rate={learning_rate} must be >= 0.")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0.")
+    if clip_norm is not None and clip_norm <= 0:
+        raise ValueError(f"clip_norm={clip_norm} must be > 0 or None.")
+    if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+        raise ValueError(f"accumulate_steps={accumulate_steps!r} must be an integer >= 1.")
+    if not 0.0 <= end_lr_ratio <= 1.0:
+        raise ValueError(f"end_lr_ratio={end_lr_ratio} must be in [0, 1].")
+
+    def _adamw(lr: float, wd: float) -> optax.GradientTransformation:
+        sched = make_schedule(
+            lr,
+            schedule=schedule,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            end_lr=lr * end_lr_ratio,
+        )
+        return optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+
+    transforms = {DEFAULT_GROUP: _adamw(learning_rate, weight_decay)}
+    for name, g in groups.items():
+        transforms[name] = _adamw(
+            learning_rate if g.learning_rate is None else g.learning_rate,
+            weight_decay if g.weight_decay is None else g.weight_decay,
+        )
+    if groups:
+        inner = optax.multi_transform(transforms, lambda params: param_labels(params, groups))
+    else:
+        inner = transforms[DEFAULT_GROUP]
+    chain: Sequence[optax.GradientTransformation] = (
+        [inner] if clip_norm is None else [optax.clip_by_global_norm(clip_norm), inner]
+    )
+    opt = optax.chain(*chain)
+    if accumulate_steps > 1:
+        opt = optax.MultiSteps(opt, every_k_schedule=accumulate_steps).gradient_transformation()
+    return _standard_promotion(opt)
+
+
+def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Run `tx` under standard dtype promotion.
+
+    optax's Adam bias correction computes `b1 ** count` (Python float ** int32), which
+    `jax_numpy_dtype_promotion="strict"` (as used in this project's tests, and by
+    careful users) rejects; the optimiser's internals are not the user's concern.
+    """
+
+    def init(params):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.init(params)
+
+    def update(updates, state, params=None):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)

@@ -1,0 +1,164 @@
+"""Meshes, data-parallel batches and tensor-parallel parameters with `jax.sharding`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import PyTree
+
+DATA = "data"
+MODEL = "model"
+
+
+def make_mesh(
+    data: int | None = None,
+    model: int = 1,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """A 2-D device mesh with axes `("data", "model")`.
+
+    Works unchanged on one CPU, a GPU node, or many hosts: the mesh spans the global
+    devices (`jax.devices()`, every process's devices after
+    `jax.distributed.initialize`).
+
+    **Arguments:**
+
+    - `data`: size of the data-parallel axis; `None` uses all devices left over by
+        `model`.
+    - `model`: size of the tensor-parallel axis.
+    - `devices`: the devices to use (default: `jax.devices()`).
+
+    **Returns:**
+
+    A `jax.sharding.Mesh` with `Auto` axis types (the compiler propagates shardings).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if not isinstance(model, int) or model < 1 or len(devices) % model != 0:
+        raise ValueError(
+            f"model={model!r} must be a positive integer dividing the {len(devices)} devices."
+        )
+    if data is None:
+        data = len(devices) // model
+    if not isinstance(data, int) or data < 1 or data * model > len(devices):
+        raise ValueError(
+            f"data={data!r} must be a positive integer with data * model <= "
+            f"{len(devices)} devices (model={model})."
+        )
+    return jax.make_mesh(
+        (data, model),
+        (DATA, MODEL),
+        axis_types=(AxisType.Auto, AxisType.Auto),
+        devices=devices[: data * model],
+    )
+
+
+def _check_axis(mesh: Mesh, axis: str, name: str) -> None:
+    if axis not in mesh.shape:
+        raise ValueError(f"{name}={axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+
+
+def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
+    """Put a batch on the mesh, split along its leading (batch) axis over `axis`.
+
+    In a single process every leaf is the global batch; in a multi-process run every
+    process passes its own slice of the global batch (e.g. from a grain pipeline
+    sharded with `ShardByJaxProcess`) and the result is one global array built with
+    `jax.make_array_from_process_local_data`. Scalars are replicated.
+
+    **Arguments:**
+
+    - `batch`: a PyTree of arrays whose leading axes are the (process-local) batch.
+    - `mesh`: the mesh, e.g. from [`lineax_seq.make_mesh`][].
+    - `axis`: the mesh axis to split the batch over.
+
+    **Returns:**
+
+    The batch as global `jax.Array`s sharded `PartitionSpec(axis)`.
+    """
+    _check_axis(mesh, axis, "axis")
+    split = mesh.shape[axis]
+    local_split = max(1, split // jax.process_count())
+
+    def put(path, x):
+        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        if x.ndim == 0:
+            return jax.device_put(x, NamedSharding(mesh, P()))
+        if x.shape[0] % local_split != 0:
+            raise ValueError(
+                f"batch leaf {jax.tree_util.keystr(path)} has leading (batch) size "
+                f"{x.shape[0]}, which is not divisible by the {local_split} local shards of "
+                f"mesh axis {axis!r}."
+            )
+        sharding = NamedSharding(mesh, P(axis))
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+    return jax.tree_util.tree_map_with_path(put, batch)
+
+
+def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int = 2**16) -> PyTree:
+    """Shardings for a model (or optimiser state): large matrices over `axis`.
+
+    Every array with at least two dimensions and `min_size` elements is split over
+    the mesh axis `axis` along its last dimension divisible by the axis size
+    (tensor parallelism in the style of Megatron column splits); everything else is
+    replicated. The rule depends on shapes only, so it gives the same answer for a
+    model and for Adam's moment estimates of it.
+
+    **Arguments:**
+
+    - `tree`: any PyTree (model, optimiser state).
+    - `mesh`: the mesh.
+    - `axis`: the tensor-parallel mesh axis.
+    - `min_size`: arrays smaller than this are replicated.
+
+    **Returns:**
+
+    A PyTree of `NamedSharding`s with the structure of
+    `eqx.filter(tree, eqx.is_array)` (non-arrays are `None`).
+    """
+    _check_axis(mesh, axis, "axis")
+    n = mesh.shape[axis]
+
+    def rule(x):
+        if n > 1 and x.ndim >= 2 and x.size >= min_size:
+            for d in reversed(range(x.ndim)):
+                if x.shape[d] % n == 0:
+                    spec = [None] * x.ndim
+                    spec[d] = axis
+                    return NamedSharding(mesh, P(*spec))
+        return NamedSharding(mesh, P())
+
+    return jax.tree.map(rule, eqx.filter(tree, eqx.is_array))
+
+
+def shard_params(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int = 2**16) -> PyTree:
+    """Place (or, inside `jit`, constrain) a model or optimiser state on the mesh.
+
+    Like `eqx.filter_shard(tree, param_sharding(tree, mesh, ...))` (`device_put`
+    outside `jit`, a sharding constraint inside): large matrices split over `axis`,
+    everything else replicated.
+
+    **Arguments:**
+
+    - `tree`: any PyTree (model, optimiser state).
+    - `mesh`, `axis`, `min_size`: as for [`lineax_seq.param_sharding`][].
+
+    **Returns:**
+
+    `tree` with its arrays sharded.
+    """
+    shardings = param_sharding(tree, mesh, axis=axis, min_size=min_size)
+    dynamic, static = eqx.partition(tree, eqx.is_array)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(dynamic)):
+        dynamic = jax.lax.with_sharding_constraint(dynamic, shardings)
+    else:  # also valid across processes when every process holds the same values
+        dynamic = jax.device_put(dynamic, shardings)
+    return eqx.combine(dynamic, static)

@@ -1,0 +1,546 @@
+"""The train step and the train loop (progress bar, JSONL metrics, eval, checkpoints)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
+
+from ._checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from ._sharding import shard_batch, shard_params
+
+LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array] | None]]
+"""`loss_fn(model, batch, key) -> (loss, aux)`: scalar loss and a dict of scalar metrics."""
+
+UNITS = ("samples", "tokens")
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+PLOT_FILE = "curves.png"
+
+
+class NonFiniteError(FloatingPointError):
+    """A training or evaluation quantity became NaN or infinite."""
+
+
+def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
+    if aux is None:
+        aux = {}
+    if not isinstance(aux, Mapping):
+        raise ValueError(
+            f"{name} must return (loss, aux) with aux a dict of scalar metrics or None; "
+            f"got aux of type {type(aux).__name__}."
+        )
+    out = {"loss": loss}
+    for k, v in aux.items():
+        if k == "loss":
+            raise ValueError(f"{name}: aux metric name 'loss' is reserved for the loss.")
+        if jnp.ndim(v) != 0:
+            raise ValueError(
+                f"{name}: aux metric {k!r} has shape {jnp.shape(v)}; metrics must be scalars."
+            )
+        out[str(k)] = v
+    if jnp.ndim(loss) != 0:
+        raise ValueError(f"{name}: the loss has shape {jnp.shape(loss)}; it must be a scalar.")
+    return out
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    donate: bool = True,
+) -> Callable[[PyTree, PyTree, Any, PRNGKeyArray], tuple[PyTree, PyTree, dict[str, Array]]]:
+    """Build the jitted train step `step(model, opt_state, batch, key)`.
+
+    Gradients are taken with respect to the inexact arrays of the model only
+    (`eqx.filter_value_and_grad`); the optimiser is updated on
+    `eqx.filter(model, eqx.is_inexact_array)`.
+
+    **Arguments:**
+
+    - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)` with a scalar `loss` and
+        `aux` a dict of scalar metrics (or `None`). It receives the whole batch and
+        does its own `jax.vmap` over examples.
+    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
+    - `mesh`: if given, the new model and optimiser state are constrained to
+        [`lineax_seq.param_sharding`][] on this mesh (tensor-parallel weights stay put).
+    - `donate`: donate the model's and optimiser state's buffers to the step (the
+        arrays passed in are invalid afterwards; memory is reused in place).
+
+    **Returns:**
+
+    `step(model, opt_state, batch, key) -> (model, opt_state, metrics)`, where
+    `metrics` holds `"loss"`, `"grad_norm"` (before clipping) and the aux metrics,
+    all as scalar arrays.
+    """
+
+    def _step(batch_key, model, opt_state):
+        batch, key = batch_key
+        (loss, aux), grads = eqx.filter_value_and_grad(
+            lambda m: loss_fn(m, batch, key), has_aux=True
+        )(model)
+        metrics = _metrics(loss, aux, "loss_fn")
+        metrics["grad_norm"] = optax.global_norm(grads)
+        params = eqx.filter(model, eqx.is_inexact_array)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        model = eqx.apply_updates(model, updates)
+        if mesh is not None:
+            model = shard_params(model, mesh)
+            opt_state = shard_params(opt_state, mesh)
+        return model, opt_state, metrics
+
+    jitted = eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
+
+    def step(model, opt_state, batch, key):
+        return jitted((batch, key), model, opt_state)
+
+    return step
+
+
+def make_eval_step(
+    loss_fn: LossFn,
+) -> Callable[[PyTree, Any, PRNGKeyArray], dict[str, Array]]:
+    """Build the jitted evaluation step `eval_step(model, batch, key) -> metrics`.
+
+    **Arguments:**
+
+    - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, as for
+        [`lineax_seq.make_train_step`][] (typically calling the model with
+        `inference=True`).
+
+    **Returns:**
+
+    `eval_step(model, batch, key) -> metrics`, a dict of scalar arrays with `"loss"`.
+    """
+
+    @eqx.filter_jit
+    def eval_step(model, batch, key):
+        loss, aux = loss_fn(model, batch, key)
+        return _metrics(loss, aux, "eval_fn")
+
+    return eval_step
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What [`lineax_seq.train`][] returns.
+
+    **Fields:**
+
+    - `model`: the trained model.
+    - `opt_state`: the final optimiser state.
+    - `step`: the number of train steps taken (including those before a resume).
+    - `key`: the run's PRNG key.
+    - `history`: every metrics record (dicts with `"step"`, `"split"` (`"train"` or
+        `"eval"`), `"loss"`, ...), as also written to `metrics.jsonl`.
+    - `resumed_from`: the step of the checkpoint the run resumed from, or `None`.
+    """
+
+    model: PyTree
+    opt_state: PyTree
+    step: int
+    key: PRNGKeyArray
+    history: list[dict]
+    resumed_from: int | None = None
+
+
+def _host(x: Any) -> float:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(np.asarray(x))
+
+
+def _count(batch: Any, unit: str) -> int:
+    leaves = jax.tree.leaves(batch)
+    if not leaves:
+        return 0
+    first = leaves[0]
+    shape = np.shape(first)
+    if unit == "samples":
+        return int(shape[0]) if shape else 1
+    return int(np.prod(shape[:2])) if len(shape) >= 2 else int(np.prod(shape))
+
+
+def _read_jsonl(path: pathlib.Path, max_step: int) -> list[dict]:
+    """Records with step <= max_step; a line cut short by a crash is dropped."""
+    records = []
+    if not path.is_file():
+        return records
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("step", math.inf) <= max_step:
+            records.append(r)
+    return records
+
+
+def _rewrite_jsonl(path: pathlib.Path, records: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _DataIterator:
+    """Wraps any iterable; checkpoints grain iterators exactly, others by replay."""
+
+    def __init__(self, data: Iterable):
+        self.it: Iterator = iter(data)
+        self.consumed = 0
+        self.grain = hasattr(self.it, "get_state") and hasattr(self.it, "set_state")
+
+    def __next__(self):
+        batch = next(self.it)
+        self.consumed += 1
+        return batch
+
+    def get_state(self) -> dict:
+        if self.grain:
+            return {"grain": self.it.get_state(), "consumed": self.consumed}
+        return {"consumed": self.consumed}
+
+    def set_state(self, state: dict) -> None:
+        if self.grain:
+            if "grain" not in state:
+                raise ValueError("the checkpoint holds no grain iterator state for `data`.")
+            self.it.set_state(state["grain"])
+            self.consumed = state["consumed"]
+            return
+        for _ in range(state["consumed"] - self.consumed):  # replay a plain iterator
+            next(self)
+
+
+def train(
+    model: PyTree,
+    optimizer: optax.GradientTransformation,
+    loss_fn: LossFn,
+    data: Iterable,
+    *,
+    steps: int,
+    key: PRNGKeyArray,
+    opt_state: PyTree = None,
+    eval_data: Iterable | None = None,
+    eval_fn: LossFn | None = None,
+    eval_every: int = 0,
+    eval_batches: int | None = None,
+    log_every: int = 10,
+    out_dir: str | os.PathLike | None = None,
+    checkpoint_every: int = 0,
+    keep_checkpoints: int = 3,
+    resume: bool = True,
+    unit: str = "samples",
+    mesh: jax.sharding.Mesh | None = None,
+    progress: bool = True,
+    plot: bool = False,
+    callback: Callable[[int, PyTree, dict[str, float]], None] | None = None,
+) -> TrainResult:
+    """Train a model: jitted steps, progress bar, JSONL metrics, eval, checkpoints.
+
+    Step `s` (0-based) uses the PRNG key `jr.fold_in(train_key, s)`, so a resumed run
+    draws exactly the keys an uninterrupted one would. With `out_dir` set, metrics go
+    to `out_dir/metrics.jsonl` (one JSON record per line), checkpoints to
+    `out_dir/checkpoints/step_XXXXXXXX` (atomic, last `keep_checkpoints` kept) and, with
+    `plot=True`, the curves to `out_dir/curves.png`. With `resume=True` (default) a
+    run finding a checkpoint there restores model, optimiser state, key and the data
+    iterator's position, rewinds `metrics.jsonl` to that step and continues exactly.
+
+    **Arguments:**
+
+    - `model`: the model (any PyTree; it is copied, not donated).
+    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
+    - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, see
+        [`lineax_seq.make_train_step`][].
+    - `data`: an iterable of batches (a grain dataset or iterator from
+        `lineax_seq.data`, or any Python iterable). Grain iterators are checkpointed
+        with `get_state`/`set_state`; other iterables are re-iterated and fast-forwarded
+        on resume, so they must be deterministic.
+    - `steps`: total number of train steps (micro-batches) of the run.
+    - `key`: PRNG key of the run (ignored on resume: the checkpoint's key is used).
+    - `opt_state`: initial optimiser state (default `optimizer.init` on the inexact
+        arrays of `model`).
+    - `eval_data`: an iterable of evaluation batches; `iter(eval_data)` is called
+        afresh at every evaluation.
+    - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`).
+    - `eval_every`: evaluate every this many steps and at the end (0: only at the end,
+        if `eval_data` is given).
+    - `eval_batches`: number of evaluation batches per evaluation (default: all).
+    - `log_every`: write a train record (metrics averaged over the last `log_every`
+        steps) and refresh the progress bar every this many steps.
+    - `out_dir`: directory for metrics, checkpoints and plots (`None`: nothing written).
+    - `checkpoint_every`: checkpoint every this many steps and at the end (0: never).
+    - `keep_checkpoints`: number of checkpoints kept.
+    - `resume`: continue from the newest intact checkpoint in `out_dir` if any.
+    - `unit`: throughput unit: `"samples"` (leading size of the first batch leaf) or
+        `"tokens"` (product of its first two dimensions).
+    - `mesh`: if given, batches are split over its `"data"` axis
+        ([`lineax_seq.shard_batch`][]) and large weights over `"model"`
+        ([`lineax_seq.shard_params`][]).
+    - `progress`: show a tqdm progress bar with the loss and the throughput.
+    - `plot`: save the loss curves to `out_dir/curves.png` at the end.
+    - `callback`: called as `callback(step, model, record)` after every train record.
+
+    **Returns:**
+
+    A [`lineax_seq.TrainResult`][].
+
+    **Raises:**
+
+    [`lineax_seq.NonFiniteError`][] naming the step and the quantity when the loss
+    (or any metric, or the gradient norm) becomes NaN or infinite; no checkpoint is
+    written after that point.
+    """
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps={steps!r} must be an integer >= 0.")
+    for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be an integer >= 0.")
+    if not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every={log_every!r} must be an integer >= 1.")
+    if eval_batches is not None and eval_batches < 1:
+        raise ValueError(f"eval_batches={eval_batches!r} must be >= 1 or None.")
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r} is not one of {UNITS}.")
+    if checkpoint_every and out_dir is None:
+        raise ValueError(f"checkpoint_every={checkpoint_every} needs out_dir to be set.")
+    if plot and out_dir is None:
+        raise ValueError("plot=True needs out_dir to be set.")
+    if eval_every and eval_data is None:
+        raise ValueError(f"eval_every={eval_every} needs eval_data.")
+
+    is_main = jax.process_index() == 0
+    out = None if out_dir is None else pathlib.Path(out_dir)
+    if out is not None and is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    metrics_path = None if out is None else out / METRICS_FILE
+    ckpt_dir = None if out is None else out / CHECKPOINT_DIR
+
+    # Copy so that donation never invalidates the caller's arrays.
+    model = jax.tree.map(lambda x: jnp.array(x, copy=True) if eqx.is_array(x) else x, model)
+    if opt_state is None:
+        opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    it = _DataIterator(data)
+    start = 0
+    resumed_from = None
+    history: list[dict] = []
+    if out is not None:
+        if not resume and (list_checkpoints(ckpt_dir) or metrics_path.exists()):
+            raise ValueError(
+                f"out_dir={str(out)!r} already holds a run (metrics or checkpoints) and "
+                "resume=False; pass resume=True to continue it or choose a new out_dir."
+            )
+        ckpt = load_latest_checkpoint(ckpt_dir, model=model, opt_state=opt_state)
+        if ckpt is not None:
+            model, opt_state, key = ckpt.model, ckpt.opt_state, ckpt.key
+            start = resumed_from = ckpt.step
+            if ckpt.data_state is not None:
+                it.set_state(ckpt.data_state)
+        # Records past the restored step are replayed by this run: drop them.
+        history = _read_jsonl(metrics_path, start)
+        if is_main and metrics_path.exists():
+            _rewrite_jsonl(metrics_path, history)
+    if mesh is not None:
+        model = shard_params(model, mesh)
+        opt_state = shard_params(opt_state, mesh)
+
+    train_key, eval_key = jr.split(key)
+    step_fn = make_train_step(loss_fn, optimizer, mesh=mesh)
+    eval_step = make_eval_step(loss_fn if eval_fn is None else eval_fn)
+
+    log_file = open(metrics_path, "a") if metrics_path is not None and is_main else None  # noqa: SIM115
+    bar = None
+    if progress and is_main:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
+
+    def write(record: dict) -> None:
+        history.append(record)
+        if log_file is not None:
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+
+    pending: list[tuple[int, dict[str, Array]]] = []
+    window = {"items": 0, "time": time.perf_counter()}
+
+    def flush() -> None:
+        """Fetch pending metrics, check them, write one averaged train record."""
+        if not pending:
+            return
+        fetched = [(s, {k: _host(v) for k, v in m.items()}) for s, m in pending]
+        pending.clear()
+        for s, m in fetched:
+            for k, v in m.items():
+                if not math.isfinite(v):
+                    raise NonFiniteError(
+                        f"Non-finite {'loss' if k == 'loss' else repr(k)} = {v} at train "
+                        f"step {s} (of {steps}); stopping. The last checkpoint (if any) "
+                        "precedes this step."
+                    )
+        now = time.perf_counter()
+        elapsed = max(now - window["time"], 1e-9)
+        last = fetched[-1][0]
+        record = {"step": last, "split": "train"}
+        for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
+            record[k] = float(np.mean([m[k] for _, m in fetched]))
+        record[f"{unit}_per_s"] = window["items"] / elapsed
+        window.update(items=0, time=now)
+        write(record)
+        if bar is not None:
+            rate = record[f"{unit}_per_s"]
+            bar.set_postfix({"loss": f"{record['loss']:.4g}", f"{unit}/s": f"{rate:.3g}"})
+        if callback is not None:
+            callback(last, model, record)
+
+    def evaluate(s: int) -> None:
+        sums: dict[str, float] = {}
+        n = 0
+        k = jr.fold_in(eval_key, s)
+        for i, batch in enumerate(iter(eval_data)):
+            if eval_batches is not None and i >= eval_batches:
+                break
+            if mesh is not None:
+                batch = shard_batch(batch, mesh)
+            m = eval_step(model, batch, jr.fold_in(k, i))
+            for name, v in m.items():
+                sums[name] = sums.get(name, 0.0) + _host(v)
+            n += 1
+        if n == 0:
+            raise ValueError("eval_data yielded no batches.")
+        record = {"step": s, "split": "eval"}
+        record.update({k_: sums[k_] / n for k_ in sorted(sums, key=lambda k_: (k_ != "loss", k_))})
+        for name, v in record.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise NonFiniteError(f"Non-finite eval {name!r} = {v} at step {s}.")
+        write(record)
+        if bar is not None:
+            shown = (f"{k_}={v:.4g}" for k_, v in record.items() if k_ not in ("step", "split"))
+            bar.write(f"step {s}: eval " + ", ".join(shown))
+
+    def checkpoint(s: int) -> None:
+        save_checkpoint(
+            ckpt_dir,
+            s,
+            model=model,
+            opt_state=opt_state,
+            key=key,
+            data_state=it.get_state(),
+            keep=keep_checkpoints,
+        )
+
+    step = start
+    last_eval = last_ckpt = start
+    try:
+        while step < steps:
+            try:
+                batch = next(it)
+            except StopIteration:
+                warnings.warn(
+                    f"`data` ran out after {it.consumed} batches, at step {step} of {steps}.",
+                    stacklevel=2,
+                )
+                break
+            window["items"] += _count(batch, unit)
+            if mesh is not None:
+                batch = shard_batch(batch, mesh)
+            step_key = jr.fold_in(train_key, step)
+            model, opt_state, metrics = step_fn(model, opt_state, batch, step_key)
+            step += 1
+            pending.append((step, metrics))
+            if bar is not None:
+                bar.update(1)
+            if step % log_every == 0:
+                flush()
+            if eval_every and step % eval_every == 0:
+                flush()
+                evaluate(step)
+                last_eval = step
+            if checkpoint_every and step % checkpoint_every == 0:
+                flush()  # never checkpoint a non-finite state
+                checkpoint(step)
+                last_ckpt = step
+        flush()
+        if eval_data is not None and last_eval != step:
+            evaluate(step)
+        if checkpoint_every and last_ckpt != step:
+            checkpoint(step)
+    finally:
+        if bar is not None:
+            bar.close()
+        if log_file is not None:
+            log_file.close()
+    if plot and is_main:
+        plot_metrics(history, out / PLOT_FILE)
+    return TrainResult(model, opt_state, step, key, history, resumed_from)
+
+
+def plot_metrics(
+    history: list[dict] | str | os.PathLike,
+    path: str | os.PathLike | None = None,
+    *,
+    keys: tuple[str, ...] | None = None,
+):
+    """Plot train and eval curves, one panel per metric.
+
+    **Arguments:**
+
+    - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`) or the
+        path of a `metrics.jsonl` file.
+    - `path`: where to save the figure (PNG); `None` only returns it.
+    - `keys`: metrics to plot (default: `"loss"` then every other metric found,
+        except throughputs).
+
+    **Returns:**
+
+    The `matplotlib.figure.Figure`.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    if not isinstance(history, list):
+        history = _read_jsonl(pathlib.Path(history), math.inf)
+    if keys is None:
+        found: list[str] = []
+        for r in history:
+            for k in r:
+                if k not in ("step", "split") and not k.endswith("_per_s") and k not in found:
+                    found.append(k)
+        keys = tuple(sorted(found, key=lambda k: (k != "loss", k)))
+    if not keys:
+        raise ValueError("history holds no metrics to plot.")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+    for ax, k in zip(axes[0], keys, strict=True):
+        for split, style in (("train", "-"), ("eval", "o-")):
+            pts = [(r["step"], r[k]) for r in history if r.get("split") == split and k in r]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, style, label=split, markersize=3)
+        ax.set_xlabel("step")
+        ax.set_title(k)
+        ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
