@@ -1,3 +1,24 @@
-"""`lineax_seq.koopman`."""
+"""`lineax_seq.koopman`: Koopman autoencoders with periodic reencoding (chapter 1).
 
-__all__: list[str] = []
+Latent dynamics ([`LinearKoopmanDynamics`][lineax_seq.LinearKoopmanDynamics] with
+bilinear or exact discretisation, [`MLPDynamics`][lineax_seq.MLPDynamics]), the
+[`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder], the
+[`MLPBaseline`][lineax_seq.MLPBaseline], discrete unrolls with periodic reencoding
+([`unroll`][lineax_seq.unroll]) and continuous-time unrolls through diffrax
+([`unroll_continuous`][lineax_seq.unroll_continuous]), and the training losses.
+"""
+
+from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
+from ._dynamics import LinearKoopmanDynamics, MLPDynamics
+from ._unroll import unroll, unroll_continuous, unroll_latents
+
+__all__ = [
+    "KoopmanAutoencoder",
+    "LinearKoopmanDynamics",
+    "MLPBaseline",
+    "MLPDynamics",
+    "UnitNormLinear",
+    "unroll",
+    "unroll_continuous",
+    "unroll_latents",
+]

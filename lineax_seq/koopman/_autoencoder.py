@@ -1,0 +1,234 @@
+"""Koopman autoencoder (encoder, dynamics, decoder, action encoder / head), MLP baseline."""
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._dynamics import LinearKoopmanDynamics, MLPDynamics
+
+_DECODERS = ("linear", "mlp")
+_DYNAMICS = ("koopman", "mlp")
+
+
+def _mlp(in_size: int, out_size: int, width: int, layers: int, *, key) -> eqx.nn.MLP:
+    # `layers` linear layers with ReLU between them (eqx counts hidden layers as depth).
+    return eqx.nn.MLP(in_size, out_size, width, depth=layers - 1, activation=jax.nn.relu, key=key)
+
+
+class UnitNormLinear(eqx.Module):
+    """Linear decoder `psi(z) = W z / ||W||_col + b` with unit-norm weight columns.
+
+    Normalising the columns stops the encoder from shrinking the codes to make the
+    alignment loss vanish (appendix "Implementation Details").
+    """
+
+    weight: Float[Array, "out_dim in_dim"]
+    bias: Float[Array, " out_dim"]
+
+    def __init__(self, in_dim: int, out_dim: int, *, key: PRNGKeyArray):
+        """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
+        self.weight = jr.normal(key, (out_dim, in_dim))
+        self.bias = jnp.zeros((out_dim,))
+
+    def normalized_weight(self) -> Float[Array, "out_dim in_dim"]:
+        """The weight with every column scaled to unit Euclidean norm."""
+        norm = jnp.sqrt(jnp.sum(self.weight**2, axis=0, keepdims=True) + 1e-12)
+        return self.weight / norm
+
+    def __call__(self, z: Float[Array, " in_dim"]) -> Float[Array, " out_dim"]:
+        """**Arguments:** `z` of shape `(in_dim,)`. **Returns:** `(out_dim,)`."""
+        return self.normalized_weight() @ z + self.bias
+
+
+class KoopmanAutoencoder(eqx.Module):
+    """Deep Koopman autoencoder with control inputs (sections 1.2-1.3).
+
+    `z = phi(x)` (ReLU MLP encoder), `z_{t+1} = Kbar z_t + Lbar omega(u_t)` (or a
+    nonlinear MLP step), `x = psi(z)` (unit-norm linear or MLP decoder). With
+    `action_head=True` an extra MLP decodes actions from the latent (the
+    semi-open-loop behaviour-cloning head). Unroll it with
+    [`unroll`][lineax_seq.unroll] or [`unroll_continuous`][lineax_seq.unroll_continuous].
+    """
+
+    encoder: eqx.nn.MLP
+    decoder: UnitNormLinear | eqx.nn.MLP
+    dynamics: LinearKoopmanDynamics | MLPDynamics
+    action_encoder: eqx.nn.MLP | None
+    action_head: eqx.nn.MLP | None
+    state_dim: int = eqx.field(static=True)
+    latent_dim: int = eqx.field(static=True)
+    action_dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        state_dim: int,
+        latent_dim: int = 128,
+        action_dim: int = 0,
+        *,
+        action_latent_dim: int | None = None,
+        decoder: Literal["linear", "mlp"] = "linear",
+        dynamics: Literal["koopman", "mlp"] = "koopman",
+        width: int = 256,
+        encoder_layers: int = 4,
+        decoder_layers: int = 4,
+        dynamics_width: int | None = None,
+        action_head: bool = False,
+        dt: float = 0.01,
+        discretization: Literal["bilinear", "exact"] = "bilinear",
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `state_dim`: size `d` of the observed state.
+        - `latent_dim`: size `n` of the Koopman embedding (paper: 128).
+        - `action_dim`: size of the control input (0: autonomous system).
+        - `action_latent_dim`: size of the encoded control `v = omega(u)` (default
+            `latent_dim`).
+        - `decoder`: `"linear"` (unit-norm columns) or `"mlp"`.
+        - `dynamics`: `"koopman"` (linear generator) or `"mlp"` (3-layer MLP).
+        - `width`: hidden width of the encoder / decoder / action MLPs.
+        - `encoder_layers`, `decoder_layers`: number of linear layers (paper: 4).
+        - `dynamics_width`: hidden width of the MLP dynamics (default `width`).
+        - `action_head`: add an MLP decoding actions from the latent.
+        - `dt`: the data's sampling interval; initialises the trainable step `delta`.
+        - `discretization`: `"bilinear"` or `"exact"` (linear dynamics only).
+        - `key`: PRNG key.
+        """
+        for name, value in [("state_dim", state_dim), ("latent_dim", latent_dim), ("width", width)]:
+            if value <= 0:
+                raise ValueError(f"{name}={value} must be positive")
+        if action_dim < 0:
+            raise ValueError(f"action_dim={action_dim} must be >= 0")
+        for name, value in [("encoder_layers", encoder_layers), ("decoder_layers", decoder_layers)]:
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        if decoder not in _DECODERS:
+            raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
+        if dynamics not in _DYNAMICS:
+            raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
+        if action_head and action_dim == 0:
+            raise ValueError("action_head=True needs action_dim > 0")
+        m = (
+            0
+            if action_dim == 0
+            else (latent_dim if action_latent_dim is None else action_latent_dim)
+        )
+        if action_dim > 0 and m <= 0:
+            raise ValueError(f"action_latent_dim={action_latent_dim} must be positive")
+        ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
+        self.encoder = _mlp(state_dim, latent_dim, width, encoder_layers, key=ekey)
+        if decoder == "linear":
+            self.decoder = UnitNormLinear(latent_dim, state_dim, key=dkey)
+        else:
+            self.decoder = _mlp(latent_dim, state_dim, width, decoder_layers, key=dkey)
+        if dynamics == "koopman":
+            self.dynamics = LinearKoopmanDynamics(
+                latent_dim, m, dt=dt, discretization=discretization, key=ykey
+            )
+        else:
+            self.dynamics = MLPDynamics(
+                latent_dim, m, width=dynamics_width or width, dt=dt, key=ykey
+            )
+        self.action_encoder = _mlp(action_dim, m, width, 2, key=akey) if action_dim else None
+        self.action_head = _mlp(latent_dim, action_dim, width, 3, key=hkey) if action_head else None
+        self.state_dim = state_dim
+        self.latent_dim = latent_dim
+        self.action_dim = action_dim
+
+    @property
+    def is_linear(self) -> bool:
+        """Whether the latent dynamics are linear (Koopman)."""
+        return isinstance(self.dynamics, LinearKoopmanDynamics)
+
+    def encode(self, x: Float[Array, " state_dim"]) -> Float[Array, " latent_dim"]:
+        """`phi(x)`: state `(state_dim,)` -> latent `(latent_dim,)`."""
+        return self.encoder(x)
+
+    def decode(self, z: Float[Array, " latent_dim"]) -> Float[Array, " state_dim"]:
+        """`psi(z)`: latent `(latent_dim,)` -> state `(state_dim,)`."""
+        return self.decoder(z)
+
+    def encode_action(self, u: Float[Array, " action_dim"]) -> Float[Array, " action_latent"]:
+        """`omega(u)`: control `(action_dim,)` -> encoded control `(action_latent_dim,)`."""
+        if self.action_encoder is None:
+            raise ValueError("this model has action_dim=0: it takes no actions")
+        return self.action_encoder(u)
+
+    def predict_action(self, z: Float[Array, " latent_dim"]) -> Float[Array, " action_dim"]:
+        """The action head: latent `(latent_dim,)` -> action `(action_dim,)`."""
+        if self.action_head is None:
+            raise ValueError("this model was built with action_head=False")
+        return self.action_head(z)
+
+    def step(
+        self, z: Float[Array, " latent_dim"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent_dim"]:
+        """One latent step `z_{t+1}` from `z_t` and the encoded control `v_t`."""
+        return self.dynamics(z, v)
+
+    def __call__(self, x: Float[Array, " state_dim"]) -> Float[Array, " state_dim"]:
+        """Autoencode one state: `psi(phi(x))`.
+
+        **Arguments:**
+
+        - `x`: state `(state_dim,)`.
+
+        **Returns:**
+
+        The reconstruction `(state_dim,)`.
+        """
+        return self.decode(self.encode(x))
+
+
+class MLPBaseline(eqx.Module):
+    """Single-step state-space model `x_{t+1} = x_t + mlp([x_t, u_t])`, unrolled autoregressively.
+
+    The paper's baseline column ("MLP"); choose `width` / `layers` so its size is
+    comparable to the autoencoder's encoder.
+    """
+
+    mlp: eqx.nn.MLP
+    state_dim: int = eqx.field(static=True)
+    action_dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        state_dim: int,
+        action_dim: int = 0,
+        *,
+        width: int = 256,
+        layers: int = 4,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`
+        (number of linear layers), `key`."""
+        if state_dim <= 0:
+            raise ValueError(f"state_dim={state_dim} must be positive")
+        if action_dim < 0:
+            raise ValueError(f"action_dim={action_dim} must be >= 0")
+        if layers < 1:
+            raise ValueError(f"layers={layers} must be >= 1")
+        self.mlp = _mlp(state_dim + action_dim, state_dim, width, layers, key=key)
+        self.state_dim = state_dim
+        self.action_dim = action_dim
+
+    def __call__(
+        self, x: Float[Array, " state_dim"], u: Float[Array, " action_dim"] | None = None
+    ) -> Float[Array, " state_dim"]:
+        """One step.
+
+        **Arguments:**
+
+        - `x`: state `(state_dim,)`.
+        - `u`: control `(action_dim,)`, or `None` for autonomous models.
+
+        **Returns:**
+
+        The next state `(state_dim,)`.
+        """
+        inp = x if u is None else jnp.concatenate([x, u])
+        return x + self.mlp(inp)

@@ -1,0 +1,231 @@
+"""Latent dynamics: linear Koopman generators (bilinear / exact) and a nonlinear MLP."""
+
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import jax.scipy.linalg as jsl
+import lineax as lx
+from jaxtyping import Array, Float, PRNGKeyArray
+
+_DISCRETIZATIONS = ("bilinear", "exact")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name}={value} must be positive")
+
+
+class LinearKoopmanDynamics(eqx.Module):
+    """Continuous-time linear latent dynamics `dz/dt = K z + L v` (section 1.3.1).
+
+    Discretised over a trainable step `delta` (stored as `log_delta`, initialised
+    from the data's sampling interval `dt`) by the bilinear (Tustin) transform
+
+    `Kbar = (I - delta/2 K)^-1 (I + delta/2 K)`, `Lbar = (I - delta/2 K)^-1 delta L`
+
+    (computed with one LU solve through lineax, never an explicit inverse), or
+    exactly with the matrix exponential, `Kbar = exp(delta K)`,
+    `Lbar = int_0^delta exp(s K) ds L` (zero-order hold).
+
+    One discrete step covers `dt` of the data's time, so in physical time the
+    generator is `(delta / dt) K` ([`generator`][lineax_seq.LinearKoopmanDynamics.generator]);
+    with `delta == dt` (at initialisation) the two coincide.
+    """
+
+    K: Float[Array, "latent latent"]
+    L: Float[Array, "latent action_latent"] | None
+    log_delta: Float[Array, ""]
+    latent_dim: int = eqx.field(static=True)
+    action_latent_dim: int = eqx.field(static=True)
+    dt: float = eqx.field(static=True)
+    discretization: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        latent_dim: int,
+        action_latent_dim: int = 0,
+        *,
+        dt: float = 0.01,
+        discretization: Literal["bilinear", "exact"] = "bilinear",
+        init_scale: float = 1.0,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `latent_dim`: size `n` of the latent state.
+        - `action_latent_dim`: size `m` of the encoded control input (0: autonomous).
+        - `dt`: the data's sampling interval; initialises `delta`.
+        - `discretization`: `"bilinear"` (the paper's) or `"exact"` (matrix exponential).
+        - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`.
+        - `key`: PRNG key.
+        """
+        if latent_dim <= 0:
+            raise ValueError(f"latent_dim={latent_dim} must be positive")
+        if action_latent_dim < 0:
+            raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
+        _check_positive("dt", dt)
+        if discretization not in _DISCRETIZATIONS:
+            raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
+        k_key, l_key = jr.split(key)
+        self.K = init_scale * jr.normal(k_key, (latent_dim, latent_dim)) / math.sqrt(latent_dim)
+        self.L = (
+            jr.normal(l_key, (latent_dim, action_latent_dim)) / math.sqrt(action_latent_dim)
+            if action_latent_dim > 0
+            else None
+        )
+        self.log_delta = jnp.asarray(math.log(dt), dtype=jnp.float32)
+        self.latent_dim = latent_dim
+        self.action_latent_dim = action_latent_dim
+        self.dt = dt
+        self.discretization = discretization
+
+    @property
+    def delta(self) -> Float[Array, ""]:
+        """The trainable discretisation step `exp(log_delta)`."""
+        return jnp.exp(self.log_delta)
+
+    def generator(self) -> Float[Array, "latent latent"]:
+        """The generator in the data's time units, `(delta / dt) K`."""
+        return (self.delta / self.dt) * self.K
+
+    def discretize(
+        self,
+    ) -> tuple[Float[Array, "latent latent"], Float[Array, "latent action_latent"] | None]:
+        """`(Kbar, Lbar)` of one discrete step (`Lbar` is `None` without controls)."""
+        n = self.latent_dim
+        eye = jnp.eye(n, dtype=self.K.dtype)
+        delta = self.delta
+        if self.discretization == "exact":
+            if self.L is None:
+                return jsl.expm(delta * self.K), None
+            m = self.action_latent_dim
+            # exp([[K, L], [0, 0]] delta) = [[exp(K delta), int_0^delta exp(K s) ds L], [0, I]].
+            block = jnp.zeros((n + m, n + m), self.K.dtype)
+            block = block.at[:n, :n].set(self.K).at[:n, n:].set(self.L)
+            big = jsl.expm(delta * block)
+            return big[:n, :n], big[:n, n:]
+        lhs = lx.MatrixLinearOperator(eye - 0.5 * delta * self.K)
+        rhs = eye + 0.5 * delta * self.K
+        if self.L is not None:
+            rhs = jnp.concatenate([rhs, delta * self.L], axis=1)
+        solver = lx.LU()
+        state = solver.init(lhs, options={})
+        solve = lambda b: lx.linear_solve(lhs, b, solver, state=state).value
+        out = jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
+        return (out[:, :n], out[:, n:]) if self.L is not None else (out, None)
+
+    def vector_field(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """`dz/dt` in the data's time units: `(delta / dt) (K z + L v)`."""
+        out = self.K @ z
+        if v is not None and self.L is not None:
+            out = out + self.L @ v
+        return (self.delta / self.dt) * out
+
+    def __call__(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """One discrete step `Kbar z + Lbar v`.
+
+        **Arguments:**
+
+        - `z`: latent state `(latent_dim,)`.
+        - `v`: encoded control `(action_latent_dim,)`, or `None`.
+
+        **Returns:**
+
+        The next latent state `(latent_dim,)`.
+        """
+        Kbar, Lbar = self.discretize()
+        out = Kbar @ z
+        if v is not None and Lbar is not None:
+            out = out + Lbar @ v
+        return out
+
+
+class MLPDynamics(eqx.Module):
+    """Nonlinear latent dynamics: a 3-layer ReLU MLP of `(z, v)` (appendix, Table 1.4).
+
+    The MLP outputs a time derivative; one discrete step is
+    `z + delta * mlp([z, v])` (a residual map `(z_t, v_t) -> z_{t+1}`), and in
+    continuous time `dz/dt = (delta / dt) mlp([z, v])`, so the discrete step is the
+    explicit Euler step of the continuous dynamics over `dt`.
+    """
+
+    mlp: eqx.nn.MLP
+    log_delta: Float[Array, ""]
+    latent_dim: int = eqx.field(static=True)
+    action_latent_dim: int = eqx.field(static=True)
+    dt: float = eqx.field(static=True)
+
+    def __init__(
+        self,
+        latent_dim: int,
+        action_latent_dim: int = 0,
+        *,
+        width: int = 256,
+        dt: float = 0.01,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `latent_dim`: size `n` of the latent state.
+        - `action_latent_dim`: size `m` of the encoded control input (0: autonomous).
+        - `width`: hidden width of the 3-layer MLP.
+        - `dt`: the data's sampling interval; initialises `delta`.
+        - `key`: PRNG key.
+        """
+        if latent_dim <= 0:
+            raise ValueError(f"latent_dim={latent_dim} must be positive")
+        if action_latent_dim < 0:
+            raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
+        _check_positive("width", width)
+        _check_positive("dt", dt)
+        self.mlp = eqx.nn.MLP(
+            latent_dim + action_latent_dim,
+            latent_dim,
+            width,
+            depth=2,
+            activation=jax.nn.relu,
+            key=key,
+        )
+        self.log_delta = jnp.asarray(math.log(dt), dtype=jnp.float32)
+        self.latent_dim = latent_dim
+        self.action_latent_dim = action_latent_dim
+        self.dt = dt
+
+    @property
+    def delta(self) -> Float[Array, ""]:
+        """The trainable step `exp(log_delta)`."""
+        return jnp.exp(self.log_delta)
+
+    def _field(self, z, v):
+        inp = z if v is None or self.action_latent_dim == 0 else jnp.concatenate([z, v])
+        return self.mlp(inp)
+
+    def vector_field(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """`dz/dt` in the data's time units, `(delta / dt) mlp([z, v])`."""
+        return (self.delta / self.dt) * self._field(z, v)
+
+    def __call__(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """One discrete step `z + delta * mlp([z, v])`.
+
+        **Arguments:**
+
+        - `z`: latent state `(latent_dim,)`.
+        - `v`: encoded control `(action_latent_dim,)`, or `None`.
+
+        **Returns:**
+
+        The next latent state `(latent_dim,)`.
+        """
+        return z + self.delta * self._field(z, v)

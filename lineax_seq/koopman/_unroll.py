@@ -1,0 +1,376 @@
+"""Unrolling Koopman models: discrete (parallel between reencodings) and continuous (diffrax)."""
+
+import math
+from typing import Literal
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from ._autoencoder import KoopmanAutoencoder, MLPBaseline
+from ._dynamics import LinearKoopmanDynamics
+
+# Without reencoding the latent recurrence is still cut into chunks of at most this many
+# steps, so the table of powers of Kbar stays small (the chunks are chained exactly).
+_MAX_CHUNK = 128
+_METHODS = ("parallel", "sequential")
+
+
+def _check_x0(model, x0: Array) -> Array:
+    if x0.shape != (model.state_dim,):
+        raise ValueError(
+            f"x0 has shape {x0.shape}, but the model's state_dim is {model.state_dim}: "
+            f"expected shape ({model.state_dim},)"
+        )
+    if isinstance(x0, jax.core.Tracer):
+        return eqx.error_if(x0, ~jnp.all(jnp.isfinite(x0)), "x0 contains NaN or inf values")
+    if not bool(jnp.all(jnp.isfinite(x0))):
+        raise ValueError(f"x0 contains NaN or inf values: {x0}")
+    return x0
+
+
+def _check_actions(model, actions: Array | None, steps: int) -> None:
+    if model.action_dim == 0:
+        if actions is not None:
+            raise ValueError(
+                f"actions has shape {actions.shape}, but the model has action_dim=0 "
+                "(autonomous): pass actions=None"
+            )
+        return
+    if actions is None:
+        raise ValueError(f"the model has action_dim={model.action_dim}: actions are required")
+    if actions.shape != (steps, model.action_dim):
+        raise ValueError(
+            f"actions has shape {actions.shape}, expected (steps, action_dim) = "
+            f"{(steps, model.action_dim)}"
+        )
+
+
+def _powers(Kbar: Array, length: int) -> Array:
+    """`[Kbar^1, ..., Kbar^length]`, shape `(length, n, n)`, by a parallel prefix product."""
+    mats = jnp.broadcast_to(Kbar, (length, *Kbar.shape))
+    return jax.lax.associative_scan(jnp.matmul, mats)
+
+
+def _forced(powers: Array, b: Array) -> Array:
+    """`s_i = sum_{l <= i} Kbar^(i - l) b_l` for all `i`, by an associative scan.
+
+    Elements are `(count, s)`; combining `(c1, s1)` then `(c2, s2)` gives
+    `(c1 + c2, Kbar^c2 s1 + s2)`, with `Kbar^c2` looked up in the table of powers.
+    """
+
+    def combine(left, right):
+        c1, s1 = left
+        c2, s2 = right
+        return c1 + c2, jnp.einsum("...ij,...j->...i", powers[c2 - 1], s1) + s2
+
+    counts = jnp.ones(b.shape[0], dtype=jnp.int32)
+    _, s = jax.lax.associative_scan(combine, (counts, b))
+    return s
+
+
+def _latent_rollout(
+    model: KoopmanAutoencoder,
+    z0: Array,
+    vs: Array | None,
+    steps: int,
+    reencode_every: int | None,
+    method: str,
+) -> Array:
+    """Predicted latents `zhat_1..zhat_steps` (before any reencoding), `(steps, n)`.
+
+    Steps are grouped into blocks; with reencoding the block is the period `k` and each
+    block ends with `z <- phi(psi(z))`. Inside a block the linear recurrence is evaluated
+    in parallel from a table of powers of `Kbar`; the blocks follow each other in a scan.
+    """
+    reencode = reencode_every is not None and reencode_every < steps
+    if reencode:
+        block = reencode_every
+    else:
+        block = min(steps, _MAX_CHUNK)
+    num_blocks = -(-steps // block)
+    pad = num_blocks * block - steps
+    if vs is not None:
+        vs = jnp.concatenate([vs, jnp.zeros((pad, vs.shape[1]), vs.dtype)])
+        vs = vs.reshape(num_blocks, block, vs.shape[1])
+
+    linear = isinstance(model.dynamics, LinearKoopmanDynamics)
+    if linear:
+        Kbar, Lbar = model.dynamics.discretize()
+        if method == "parallel":
+            powers = _powers(Kbar, block)
+
+    def run_block(z, v_block):
+        if linear and method == "parallel":
+            zs = jnp.einsum("tij,j->ti", powers, z)
+            if v_block is not None:
+                # z_j = Kbar^j z_0 + sum_{i < j} Kbar^(j - 1 - i) Lbar v_i
+                zs = zs + _forced(powers, v_block @ Lbar.T)
+            return zs
+
+        def one(z, v):
+            if linear:
+                z = Kbar @ z if v is None else Kbar @ z + Lbar @ v
+            else:
+                z = model.dynamics(z, v)
+            return z, z
+
+        _, zs = jax.lax.scan(one, z, v_block, length=block)
+        return zs
+
+    def body(z, v_block):
+        zs = run_block(z, v_block)
+        z_end = zs[-1]
+        z_next = model.encode(model.decode(z_end)) if reencode else z_end
+        return z_next, zs
+
+    _, zs = jax.lax.scan(body, z0, vs, length=num_blocks)
+    return zs.reshape(num_blocks * block, -1)[:steps]
+
+
+def _check_reencode(reencode_every: int | None) -> None:
+    if reencode_every is not None and (
+        isinstance(reencode_every, bool)
+        or not isinstance(reencode_every, int)
+        or reencode_every <= 0
+    ):
+        raise ValueError(
+            f"reencode_every={reencode_every!r} must be None (never reencode) or a positive int"
+        )
+
+
+def _encode_actions(model: KoopmanAutoencoder, actions: Array | None) -> Array | None:
+    return None if actions is None else jax.vmap(model.encode_action)(actions)
+
+
+def unroll_latents(
+    model: KoopmanAutoencoder,
+    x0: Float[Array, " state_dim"],
+    actions: Float[Array, "horizon action_dim"] | None = None,
+    *,
+    steps: int,
+    reencode_every: int | None = None,
+    method: Literal["parallel", "sequential"] = "parallel",
+) -> Float[Array, "horizon latent_dim"]:
+    """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll].
+
+    Latents at reencoding steps are the ones *before* reencoding (those that are
+    decoded). Same arguments as [`unroll`][lineax_seq.unroll]; used by the losses.
+    """
+    _check_reencode(reencode_every)
+    if steps <= 0:
+        raise ValueError(f"steps={steps} must be positive")
+    if method not in _METHODS:
+        raise ValueError(f"method={method!r} is not one of {_METHODS}")
+    _check_actions(model, actions, steps)
+    x0 = _check_x0(model, x0)
+    vs = _encode_actions(model, actions)
+    return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
+
+
+@jaxtyped(typechecker=beartype)
+def unroll(
+    model: KoopmanAutoencoder | MLPBaseline,
+    x0: Float[Array, " state_dim"],
+    actions: Float[Array, "horizon action_dim"] | None = None,
+    *,
+    steps: int,
+    reencode_every: int | None = None,
+    method: Literal["parallel", "sequential"] = "parallel",
+) -> Float[Array, "horizon state_dim"]:
+    """Predict `steps` future states from `x0` in discrete time (section 1.3.2).
+
+    Encode `z_0 = phi(x_0)`, advance the latent with the model's dynamics and decode
+    every step. With `reencode_every=k`, every `k` steps the latent is decoded and
+    re-encoded, `z <- phi(psi(z))` (periodic reencoding; `k = 1` reencodes every step;
+    `None`, or `k >= steps`, never reencodes). For linear dynamics the `k` steps between
+    reencodings are computed in parallel (`method="parallel"`: a table of powers of
+    `Kbar` and an associative scan for the control inputs); `method="sequential"` is the
+    plain step-by-step `lax.scan` (same result, for reference and benchmarks).
+
+    An [`MLPBaseline`][lineax_seq.MLPBaseline] is unrolled autoregressively
+    (`reencode_every` must then be `None`). Batch over initial conditions with
+    `jax.vmap`.
+
+    **Arguments:**
+
+    - `model`: a [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder] or an
+        [`MLPBaseline`][lineax_seq.MLPBaseline].
+    - `x0`: initial state `(state_dim,)`; must be finite.
+    - `actions`: controls `(steps, action_dim)` applied at steps `0 .. steps-1`, or
+        `None` for autonomous models.
+    - `steps`: number of steps to predict.
+    - `reencode_every`: reencoding period `k > 0`, or `None`.
+    - `method`: `"parallel"` or `"sequential"`.
+
+    **Returns:**
+
+    The predicted states `x_1 .. x_steps`, shape `(steps, state_dim)`.
+    """
+    if isinstance(model, MLPBaseline):
+        _check_reencode(reencode_every)
+        if reencode_every is not None:
+            raise ValueError(
+                f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
+                "(it has no latent space): pass None"
+            )
+        if steps <= 0:
+            raise ValueError(f"steps={steps} must be positive")
+        _check_actions(model, actions, steps)
+        x0 = _check_x0(model, x0)
+
+        def one(x, u):
+            x = model(x, u)
+            return x, x
+
+        _, xs = jax.lax.scan(one, x0, actions, length=steps)
+        return xs
+    zs = unroll_latents(
+        model, x0, actions, steps=steps, reencode_every=reencode_every, method=method
+    )
+    return jax.vmap(model.decode)(zs)
+
+
+def _segments(ts: Array, reencode_dt: float | None, num_segments: int | None) -> int:
+    if num_segments is not None:
+        if num_segments <= 0:
+            raise ValueError(f"num_segments={num_segments} must be positive")
+        return num_segments
+    if reencode_dt is None:
+        return 1
+    if isinstance(ts, jax.core.Tracer):
+        raise ValueError(
+            "with a traced ts (inside jit), pass num_segments="
+            "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
+        )
+    span = float(ts[-1] - ts[0])
+    return max(1, math.ceil(span / reencode_dt - 1e-6))
+
+
+def _check_ts(ts: Array) -> Array:
+    if ts.shape[0] < 1:
+        raise ValueError("ts must contain at least one time")
+    bad = jnp.any(ts[1:] <= ts[:-1])
+    if isinstance(ts, jax.core.Tracer):
+        return eqx.error_if(ts, bad, "ts must be strictly increasing")
+    if bool(bad):
+        raise ValueError(f"ts must be strictly increasing, got {ts}")
+    return ts
+
+
+@jaxtyped(typechecker=beartype)
+def unroll_continuous(
+    model: KoopmanAutoencoder,
+    x0: Float[Array, " state_dim"],
+    ts: Float[Array, " times"],
+    *,
+    reencode_dt: float | None = None,
+    num_segments: int | None = None,
+    exact: bool = False,
+    solver: diffrax.AbstractAdaptiveSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    dt0: float | None = None,
+    max_steps: int | None = 4096,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    progress_meter: diffrax.AbstractProgressMeter | None = None,
+) -> Float[Array, "times state_dim"]:
+    """Predict the states at times `ts` by integrating the latent ODE (Fig. 1.2).
+
+    `z(ts[0]) = phi(x0)`; `dz/dt = f(z)` (the generator `(delta/dt) K` of linear
+    dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
+    `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`) between reencoding times
+    `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
+    `ts`; a time equal to a reencoding time is decoded *before* reencoding, as in
+    [`unroll`][lineax_seq.unroll]. Differentiable (diffrax's adjoint, default
+    recursive checkpointing), so models can be trained through it.
+
+    With `exact=True` (linear dynamics only) the flow is the matrix exponential
+    `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. Autonomous
+    models only (`action_dim == 0`).
+
+    **Arguments:**
+
+    - `model`: an autonomous [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
+    - `x0`: initial state `(state_dim,)`, finite.
+    - `ts`: strictly increasing output times `(times,)`; `ts[0]` is the initial time.
+    - `reencode_dt`: reencoding interval, or `None` (never reencode).
+    - `num_segments`: number of reencoding segments; required only if `ts` is traced
+        (inside `jit`), where it cannot be computed from `ts`.
+    - `exact`: use the matrix exponential instead of an ODE solver.
+    - `solver`, `stepsize_controller`, `dt0`, `max_steps`, `adjoint`,
+        `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
+        `progress_meter=diffrax.TqdmProgressMeter()` for long solves).
+
+    **Returns:**
+
+    The decoded states at `ts`, shape `(times, state_dim)`.
+    """
+    if model.action_dim != 0:
+        raise ValueError(
+            f"unroll_continuous supports autonomous models only; this model has "
+            f"action_dim={model.action_dim} (use unroll for controlled systems)"
+        )
+    if reencode_dt is not None and not reencode_dt > 0:
+        raise ValueError(f"reencode_dt={reencode_dt} must be positive or None")
+    linear = isinstance(model.dynamics, LinearKoopmanDynamics)
+    if exact and not linear:
+        raise ValueError("exact=True needs linear (Koopman) latent dynamics")
+    x0 = _check_x0(model, x0)
+    ts = _check_ts(ts)
+    num = _segments(ts, reencode_dt, num_segments)
+    t_first, t_last = ts[0], ts[-1]
+    if reencode_dt is None:
+        taus = jnp.stack([t_first, t_last])
+        seg = jnp.zeros(ts.shape, jnp.int32)
+    else:
+        taus = jnp.minimum(t_first + reencode_dt * jnp.arange(num + 1, dtype=ts.dtype), t_last)
+        taus = taus.at[-1].set(t_last)
+        # t in (tau_j, tau_{j+1}] belongs to segment j; the tolerance keeps grid points that
+        # equal a reencoding time in the segment that ends there.
+        seg = jnp.ceil((ts - t_first) / reencode_dt - 1e-4).astype(jnp.int32) - 1
+        seg = jnp.clip(seg, 0, num - 1)
+
+    if exact:
+        generator = model.dynamics.generator()
+        flow = lambda z, s: jsl.expm(s * generator) @ z
+    else:
+        term = diffrax.ODETerm(lambda t, z, args: model.dynamics.vector_field(z))
+        solver = diffrax.Tsit5() if solver is None else solver
+        if stepsize_controller is None:
+            stepsize_controller = diffrax.PIDController(rtol=1e-6, atol=1e-8)
+        extra = {} if adjoint is None else {"adjoint": adjoint}
+        if progress_meter is not None:
+            extra["progress_meter"] = progress_meter
+
+    def segment(z, bounds):
+        t0, t1 = bounds
+        if exact:
+            zs = jax.vmap(lambda t: flow(z, t - t0))(jnp.clip(ts, t0, t1))
+            z_end = zs[-1]
+        else:
+            sol = diffrax.diffeqsolve(
+                term,
+                solver,
+                t0=t0,
+                t1=t1,
+                dt0=dt0,
+                y0=z,
+                # The last clipped time is t1 itself, so zs[-1] is the segment's end.
+                saveat=diffrax.SaveAt(ts=jnp.clip(ts, t0, t1)),
+                stepsize_controller=stepsize_controller,
+                max_steps=max_steps,
+                **extra,
+            )
+            zs = sol.ys
+            z_end = zs[-1]
+        z_next = model.encode(model.decode(z_end)) if reencode_dt is not None else z_end
+        return z_next, zs
+
+    bounds = (taus[:-1], taus[1:])
+    _, zs = jax.lax.scan(segment, model.encode(x0), bounds, length=num)
+    z_at_ts = zs[seg, jnp.arange(ts.shape[0])]
+    return jax.vmap(model.decode)(z_at_ts)
