@@ -10,6 +10,7 @@ bilinear or exact discretisation, [`MLPDynamics`][lineax_seq.MLPDynamics]), the
 
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import LinearKoopmanDynamics, MLPDynamics
+from ._losses import koopman_loss, mlp_baseline_loss
 from ._unroll import unroll, unroll_continuous, unroll_latents
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "MLPBaseline",
     "MLPDynamics",
     "UnitNormLinear",
+    "koopman_loss",
+    "mlp_baseline_loss",
     "unroll",
     "unroll_continuous",
     "unroll_latents",
