@@ -1,3 +1,83 @@
-"""`lineax_seq.bigs`."""
+"""`lineax_seq.bigs`: BiGS (bidirectional gated SSM) encoders, their ablation family
+and task heads. Everything takes ONE example (`jax.vmap` over a batch).
 
-__all__: list[str] = []
+Encoder
+* [`lineax_seq.BiGS`][]`(vocab_size, dim=1024, num_layers=23, *, architecture="gated"|"stack",
+  routing="ssm"|"attention", inner_dim=None (3d gated / 4d stack), num_heads=None (d//64),
+  max_length=None (no absolute positions -> any length), num_token_types=0, state_size=64,
+  kernel="shared"|"per_channel", ssm_init="legs", dt_min=1e-3, dt_max=1e-1, dropout=0.1,
+  final_norm=True, key)`.
+  `model(tokens: Int[(L,)], mask: Bool[(L,)] | None = None, token_types=None, *, key=None,
+  inference=False) -> Float[(L, dim)]` (padded positions zero; ids out of range raise).
+  `BiGS.from_config(name, *, vocab_size=30522, key, **overrides)` with names in
+  `lineax_seq.bigs.BIGS_CONFIGS`: "bigs-large", "bigs-12", "bert-large", "bigs-tiny", "bert-tiny".
+  `model.config()` -> dict of constructor args (JSON-able; `BiGS(**cfg, key=k)` rebuilds).
+  `model.kernels(length) -> (num_layers, 2, kc, length)` ([:,0] forward, [:,1] backward;
+  kc = 1 shared). `model.layer(i)` -> i-th layer; `model.token_embedding.weight` -> (vocab, d).
+  Layers are stored stacked (leading num_layers axis) and scanned.
+* [`lineax_seq.count_parameters`][]`(tree) -> int` (array elements).
+
+Layers (`layer(x: (L, d), mask: (L,) | None = None, *, key=None, inference=False)`)
+* [`lineax_seq.GatedLayer`][]`(dim, *, inner_dim=3*dim, routing="ssm"|"attention", ...)`:
+  GATED/SSM = the BiGS layer; `layer.kernels(length) -> (forward, backward)`.
+* [`lineax_seq.StackLayer`][]`(dim, *, inner_dim=4*dim, routing="attention"|"ssm", ...)`:
+  STACK/ATT = BERT (pre-LN), STACK/SSM = forward then backward SSM blocks.
+* [`lineax_seq.DirectionalSSM`][]`(dim, *, reverse=False, state_size=64, kernel="shared", ...)`:
+  `y = K * u + D u`, causal or anti-causal (= Flip . SSM . Flip), padding-aware.
+
+Heads
+* [`lineax_seq.MaskedLMHead`][]`(dim, vocab_size, *, key)`;
+  `head(h: (n, d), embedding: (vocab, d)) -> (n, vocab)` (tied decoder + bias).
+* [`lineax_seq.SequenceClassificationHead`][]`(dim, num_outputs, *, dropout=0.1, key)`;
+  `head(h: (L, d), mask=None, *, key=None, inference=False) -> (num_outputs,)`
+  (mean over real tokens, dense, tanh, dropout, dense; num_outputs=1 for regression).
+* [`lineax_seq.SpanExtractionHead`][]`(dim, *, key)`; `head(h, mask=None) -> (start, end)`,
+  each `(L,)`.
+* [`lineax_seq.MultipleChoiceHead`][]`(dim, *, dropout=0.1, key)`;
+  `head(h: (choices, L, d), mask: (choices, L) | None, *, key, inference) -> (choices,)`.
+* [`lineax_seq.masked_mean`][]`(x: (L, d), mask=None) -> (d,)`.
+"""
+
+import equinox as eqx
+import jax
+
+from ._encoder import BIGS_CONFIGS, BiGS
+from ._heads import (
+    MaskedLMHead,
+    MultipleChoiceHead,
+    SequenceClassificationHead,
+    SpanExtractionHead,
+    masked_mean,
+)
+from ._layers import GatedLayer, StackLayer
+from ._ssm import DirectionalSSM
+
+
+def count_parameters(tree) -> int:
+    """Number of array elements (parameters) in a PyTree, e.g. a model or a layer.
+
+    **Arguments:**
+
+    - `tree`: any PyTree (Equinox module).
+
+    **Returns:**
+
+    The total number of elements of its inexact arrays.
+    """
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+    return int(sum(leaf.size for leaf in leaves))
+
+
+__all__ = [
+    "BiGS",
+    "BIGS_CONFIGS",
+    "DirectionalSSM",
+    "GatedLayer",
+    "MaskedLMHead",
+    "MultipleChoiceHead",
+    "SequenceClassificationHead",
+    "SpanExtractionHead",
+    "StackLayer",
+    "count_parameters",
+    "masked_mean",
+]

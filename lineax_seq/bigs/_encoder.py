@@ -1,0 +1,341 @@
+"""The BiGS encoder (and its STACK / attention relatives) with named configurations."""
+
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
+
+from ._layers import (
+    ARCHITECTURES,
+    KERNELS,
+    ROUTINGS,
+    GatedLayer,
+    StackLayer,
+    _check,
+    _check_positive,
+    apply_norm,
+)
+
+BIGS_CONFIGS: dict[str, dict[str, Any]] = {
+    # Paper, Table 7 / section 5: 23 GATED layers, d 1024, inner 3072 (~350M parameters).
+    "bigs-large": dict(dim=1024, num_layers=23, inner_dim=3072, architecture="gated"),
+    # Appendix A.1: the 12-layer BiGS used at 4,096 tokens (~119M parameters).
+    "bigs-12": dict(dim=768, num_layers=12, inner_dim=2304, architecture="gated"),
+    # Table 7: 24 STACK layers, d 1024, inner 4096, attention; learned positions to 512.
+    "bert-large": dict(
+        dim=1024,
+        num_layers=24,
+        inner_dim=4096,
+        architecture="stack",
+        routing="attention",
+        num_heads=16,
+        max_length=512,
+        num_token_types=2,
+    ),
+    # Small models for tests and CPU experiments.
+    "bigs-tiny": dict(dim=64, num_layers=2, inner_dim=192, architecture="gated"),
+    "bert-tiny": dict(
+        dim=64, num_layers=2, inner_dim=256, architecture="stack", routing="attention"
+    ),
+}
+"""Named configurations for [`lineax_seq.BiGS.from_config`][] (keyword arguments of
+[`lineax_seq.BiGS`][] except `vocab_size` and `key`)."""
+
+
+def _embedding(num: int, dim: int, key: PRNGKeyArray) -> eqx.nn.Embedding:
+    return eqx.nn.Embedding(weight=0.02 * jr.truncated_normal(key, -2.0, 2.0, (num, dim)))
+
+
+class BiGS(eqx.Module):
+    """Bidirectional encoder: BiGS (GATED/SSM), STACK/SSM, GATED/ATT or BERT (STACK/ATT).
+
+    ```
+    h = Dropout(LN(E_tok[tokens] (+ E_pos[0..L-1]) (+ E_type[token_types])))
+    h = layer_{num_layers}( ... layer_1(h, mask) ... )      # GatedLayer or StackLayer
+    h = LN(h)                                               # if final_norm
+    ```
+
+    `architecture` picks [`lineax_seq.GatedLayer`][] or [`lineax_seq.StackLayer`][] and
+    `routing` the SSM or attention routing, so the paper's Table 1 ablation is one loop.
+    Without absolute positions (`max_length=None`, the default) the model accepts any
+    sequence length at call time (the SSM kernels are generated for it): a model
+    pretrained at 128 tokens runs at 512 or 4,096 unchanged.
+
+    The layers are stored stacked (every array has a leading `num_layers` axis) and run
+    with `jax.lax.scan`, so compile time does not grow with depth; `model.layer(i)` is
+    the `i`-th layer as an ordinary module.
+
+    Works on one example; `jax.vmap` over a batch. With `mask` (`True` at real tokens,
+    padding trailing) outputs at real positions do not depend on padding, and padded
+    positions of the output are zero.
+    """
+
+    token_embedding: eqx.nn.Embedding
+    position_embedding: eqx.nn.Embedding | None
+    token_type_embedding: eqx.nn.Embedding | None
+    embedding_norm: eqx.nn.LayerNorm
+    dropout: eqx.nn.Dropout
+    layers: GatedLayer | StackLayer
+    final_norm: eqx.nn.LayerNorm | None
+    vocab_size: int = eqx.field(static=True)
+    dim: int = eqx.field(static=True)
+    num_layers: int = eqx.field(static=True)
+    architecture: str = eqx.field(static=True)
+    routing: str = eqx.field(static=True)
+    inner_dim: int = eqx.field(static=True)
+    num_heads: int | None = eqx.field(static=True)
+    max_length: int | None = eqx.field(static=True)
+    num_token_types: int = eqx.field(static=True)
+    state_size: int = eqx.field(static=True)
+    kernel: str = eqx.field(static=True)
+    ssm_init: str = eqx.field(static=True)
+    dt_min: float = eqx.field(static=True)
+    dt_max: float = eqx.field(static=True)
+    dropout_rate: float = eqx.field(static=True)
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 1024,
+        num_layers: int = 23,
+        *,
+        architecture: Literal["gated", "stack"] = "gated",
+        routing: Literal["ssm", "attention"] = "ssm",
+        inner_dim: int | None = None,
+        num_heads: int | None = None,
+        max_length: int | None = None,
+        num_token_types: int = 0,
+        state_size: int = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dropout: float = 0.1,
+        final_norm: bool = True,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `vocab_size`: number of token ids; ids must lie in `[0, vocab_size)`.
+        - `dim`: model width `d`.
+        - `num_layers`: number of layers.
+        - `architecture`: `"gated"` ([`lineax_seq.GatedLayer`][]) or `"stack"`
+            ([`lineax_seq.StackLayer`][]).
+        - `routing`: `"ssm"` or `"attention"`.
+        - `inner_dim`: gated `V`/`U` width (default `3 d`) or stack feed-forward width
+            (default `4 d`).
+        - `num_heads`: attention heads (default `max(1, d // 64)`).
+        - `max_length`: if given, learned absolute position embeddings up to this length
+            (and calls are limited to it); `None` (default): no absolute positions.
+        - `num_token_types`: if positive, learned token-type (segment) embeddings.
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][].
+        - `dropout`: dropout rate after the embeddings and on every residual branch.
+        - `final_norm`: a LayerNorm after the last (pre-LN) layer.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("vocab_size", vocab_size)
+        _check_positive("dim", dim)
+        _check_positive("num_layers", num_layers)
+        _check("architecture", architecture, ARCHITECTURES)
+        _check("routing", routing, ROUTINGS)
+        _check("kernel", kernel, KERNELS)
+        if max_length is not None:
+            _check_positive("max_length", max_length)
+        if isinstance(num_token_types, bool) or not isinstance(num_token_types, int):
+            raise ValueError(f"num_token_types must be an int >= 0, got {num_token_types!r}")
+        if num_token_types < 0:
+            raise ValueError(f"num_token_types must be >= 0, got {num_token_types!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        if inner_dim is None:
+            inner_dim = (3 if architecture == "gated" else 4) * dim
+        _check_positive("inner_dim", inner_dim)
+        tok_key, pos_key, type_key, layer_key = jr.split(key, 4)
+        self.token_embedding = _embedding(vocab_size, dim, tok_key)
+        self.position_embedding = (
+            None if max_length is None else _embedding(max_length, dim, pos_key)
+        )
+        self.token_type_embedding = (
+            _embedding(num_token_types, dim, type_key) if num_token_types else None
+        )
+        self.embedding_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
+        self.dropout = eqx.nn.Dropout(dropout)
+        layer_cls = GatedLayer if architecture == "gated" else StackLayer
+        settings = dict(
+            inner_dim=inner_dim,
+            routing=routing,
+            num_heads=num_heads,
+            state_size=state_size,
+            kernel=kernel,
+            ssm_init=ssm_init,
+            dt_min=dt_min,
+            dt_max=dt_max,
+            dropout=dropout,
+        )
+        make = lambda k: layer_cls(dim, key=k, **settings)
+        self.layers = eqx.filter_vmap(make)(jr.split(layer_key, num_layers))
+        self.final_norm = eqx.nn.LayerNorm(dim, eps=1e-6) if final_norm else None
+        self.vocab_size = vocab_size
+        self.dim = dim
+        self.num_layers = num_layers
+        self.architecture = architecture
+        self.routing = routing
+        self.inner_dim = inner_dim
+        self.num_heads = num_heads
+        self.max_length = max_length
+        self.num_token_types = num_token_types
+        self.state_size = state_size
+        self.kernel = kernel
+        self.ssm_init = ssm_init
+        self.dt_min = dt_min
+        self.dt_max = dt_max
+        self.dropout_rate = dropout
+
+    @classmethod
+    def from_config(
+        cls, name: str, *, vocab_size: int = 30522, key: PRNGKeyArray, **overrides: Any
+    ) -> "BiGS":
+        """Build a named configuration from [`lineax_seq.bigs.BIGS_CONFIGS`][].
+
+        `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
+        BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
+        `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
+        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"`.
+
+        **Arguments:**
+
+        - `name`: a key of `BIGS_CONFIGS`.
+        - `vocab_size`: vocabulary size (default BERT's 30,522).
+        - `key`: a `jax.random.key`.
+        - `**overrides`: any other [`lineax_seq.BiGS`][] argument (e.g. `routing=`).
+
+        **Returns:**
+
+        The model.
+        """
+        if name not in BIGS_CONFIGS:
+            raise ValueError(f"name must be one of {sorted(BIGS_CONFIGS)}, got name={name!r}")
+        return cls(vocab_size, key=key, **{**BIGS_CONFIGS[name], **overrides})
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (plain ints/floats/strings, JSON-serialisable), so
+        that `BiGS(**model.config(), key=key)` rebuilds the same structure."""
+        return dict(
+            vocab_size=self.vocab_size,
+            dim=self.dim,
+            num_layers=self.num_layers,
+            architecture=self.architecture,
+            routing=self.routing,
+            inner_dim=self.inner_dim,
+            num_heads=self.num_heads,
+            max_length=self.max_length,
+            num_token_types=self.num_token_types,
+            state_size=self.state_size,
+            kernel=self.kernel,
+            ssm_init=self.ssm_init,
+            dt_min=self.dt_min,
+            dt_max=self.dt_max,
+            dropout=self.dropout_rate,
+            final_norm=self.final_norm is not None,
+        )
+
+    def layer(self, i: int) -> GatedLayer | StackLayer:
+        """The `i`-th layer (`0 <= i < num_layers`) as an ordinary module."""
+        if not -self.num_layers <= i < self.num_layers:
+            raise ValueError(f"i must be in [0, {self.num_layers}), got i={i!r}")
+        return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.layers)
+
+    def kernels(self, length: int) -> Float[Array, "layers 2 kc {length}"]:
+        """Every layer's forward and backward SSM kernels (`routing="ssm"` only).
+
+        **Arguments:**
+
+        - `length`: kernel length.
+
+        **Returns:**
+
+        Shape `(num_layers, 2, kc, length)`: `[:, 0]` forward (weight of the input `j`
+        positions before), `[:, 1]` backward (`j` positions after); `kc` = 1 for the
+        shared kernel, `dim` per channel.
+        """
+        if self.routing != "ssm":
+            raise ValueError(f"kernels() needs routing='ssm', the model has {self.routing!r}")
+        return eqx.filter_vmap(lambda layer: jnp.stack(layer.kernels(length)))(self.layers)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        tokens: Int[Array, " length"],
+        mask: Bool[Array, " length"] | None = None,
+        token_types: Int[Array, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "length {self.dim}"]:
+        """Encode one sequence.
+
+        **Arguments:**
+
+        - `tokens`: token ids in `[0, vocab_size)`, shape `(length,)`, `length >= 1`.
+            Out-of-range ids raise an error (`eqx.error_if`) instead of being clamped.
+        - `mask`: optional, `True` at real tokens, `False` at (trailing) padding.
+        - `token_types`: optional segment ids in `[0, num_token_types)`.
+        - `key`: dropout key (needed when `dropout > 0` and not `inference`).
+        - `inference`: disable dropout.
+
+        **Returns:**
+
+        Hidden states, shape `(length, dim)`; zero at padded positions.
+        """
+        length = tokens.shape[0]
+        if length == 0:
+            raise ValueError("tokens must contain at least one token, got length 0")
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(
+                f"tokens has length {length} > max_length={self.max_length} "
+                "(the absolute position embeddings)"
+            )
+        if not inference and self.dropout_rate > 0 and key is None:
+            raise ValueError("key is required for dropout when inference=False")
+        tokens = eqx.error_if(
+            tokens,
+            (tokens < 0) | (tokens >= self.vocab_size),
+            f"tokens: ids must be in [0, vocab_size={self.vocab_size})",
+        )
+        h = self.token_embedding.weight[tokens]
+        if self.position_embedding is not None:
+            h = h + self.position_embedding.weight[:length]
+        if token_types is not None:
+            if self.token_type_embedding is None:
+                raise ValueError("token_types given but the model has num_token_types=0")
+            token_types = eqx.error_if(
+                token_types,
+                (token_types < 0) | (token_types >= self.num_token_types),
+                f"token_types: ids must be in [0, num_token_types={self.num_token_types})",
+            )
+            h = h + self.token_type_embedding.weight[token_types]
+        elif self.token_type_embedding is not None:
+            h = h + self.token_type_embedding.weight[0]
+        keys = (None, None) if key is None else tuple(jr.split(key))
+        h = self.dropout(apply_norm(self.embedding_norm, h), key=keys[0], inference=inference)
+        if mask is not None:
+            h = jnp.where(mask[:, None], h, 0)
+        params, static = eqx.partition(self.layers, eqx.is_array)
+        layer_keys = None if keys[1] is None else jr.split(keys[1], self.num_layers)
+
+        def step(h, xs):
+            layer_params, layer_key = xs
+            layer = eqx.combine(layer_params, static)
+            return layer(h, mask, key=layer_key, inference=inference), None
+
+        h, _ = jax.lax.scan(step, h, (params, layer_keys))
+        if self.final_norm is not None:
+            h = apply_norm(self.final_norm, h)
+            if mask is not None:
+                h = jnp.where(mask[:, None], h, 0)
+        return h

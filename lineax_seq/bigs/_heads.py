@@ -1,0 +1,200 @@
+"""Task heads on top of the encoder's hidden states (one example at a time)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
+
+from ._layers import _check_positive, apply_dense, apply_norm, dense, gelu
+
+
+def masked_mean(
+    x: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
+) -> Float[Array, " dim"]:
+    """Mean of `x` over the real positions (`mask == True`; all of them if `mask` is None).
+
+    **Arguments:**
+
+    - `x`: shape `(length, dim)`.
+    - `mask`: optional, `True` at real tokens.
+
+    **Returns:**
+
+    Shape `(dim,)` (zero if no position is real).
+    """
+    if mask is None:
+        return jnp.mean(x, axis=0)
+    total = jnp.sum(jnp.where(mask[:, None], x, 0), axis=0)
+    return total / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
+
+
+class MaskedLMHead(eqx.Module):
+    """Masked-LM head: `logits = LN(gelu(W h + b)) E^T + bias`, decoder tied to the
+    token embedding `E` (BERT's)."""
+
+    transform: eqx.nn.Linear
+    norm: eqx.nn.LayerNorm
+    bias: Float[Array, " vocab"]
+
+    def __init__(self, dim: int, vocab_size: int, *, key: PRNGKeyArray):
+        """**Arguments:**
+
+        - `dim`: hidden size.
+        - `vocab_size`: vocabulary size (rows of the tied embedding).
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        _check_positive("vocab_size", vocab_size)
+        self.transform = dense(dim, dim, key=key)
+        self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
+        self.bias = jnp.zeros((vocab_size,))
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self, x: Float[Array, "n dim"], embedding: Float[Array, "vocab dim"]
+    ) -> Float[Array, "n vocab"]:
+        """Vocabulary logits.
+
+        **Arguments:**
+
+        - `x`: hidden states, shape `(n, dim)` (all positions, or only the masked ones).
+        - `embedding`: the tied token embedding, shape `(vocab, dim)`, e.g.
+            `model.token_embedding.weight`.
+
+        **Returns:**
+
+        Shape `(n, vocab)`.
+        """
+        h = apply_norm(self.norm, gelu(apply_dense(self.transform, x)))
+        return h @ embedding.T + self.bias
+
+
+class SequenceClassificationHead(eqx.Module):
+    """Classification / regression head: mean over real tokens, dense, tanh, dropout,
+    dense. `num_outputs` classes (logits), or 1 for regression."""
+
+    pooler: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+    classifier: eqx.nn.Linear
+    num_outputs: int = eqx.field(static=True)
+
+    def __init__(self, dim: int, num_outputs: int, *, dropout: float = 0.1, key: PRNGKeyArray):
+        """**Arguments:**
+
+        - `dim`: hidden size.
+        - `num_outputs`: number of classes (1 for regression).
+        - `dropout`: dropout rate before the last dense layer.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        _check_positive("num_outputs", num_outputs)
+        pool_key, cls_key = jr.split(key)
+        self.pooler = dense(dim, dim, key=pool_key)
+        self.dropout = eqx.nn.Dropout(dropout)
+        self.classifier = dense(dim, num_outputs, key=cls_key)
+        self.num_outputs = num_outputs
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        x: Float[Array, "length dim"],
+        mask: Bool[Array, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, " {self.num_outputs}"]:
+        """Predict from one sequence.
+
+        **Arguments:**
+
+        - `x`: hidden states, shape `(length, dim)`.
+        - `mask`: optional, `True` at real tokens; only they are pooled.
+        - `key`: dropout key; `inference`: disable dropout.
+
+        **Returns:**
+
+        Logits (or the regression value), shape `(num_outputs,)`.
+        """
+        pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
+        pooled = self.dropout(pooled, key=key, inference=inference)
+        return self.classifier(pooled)
+
+
+class SpanExtractionHead(eqx.Module):
+    """SQuAD-style span head: start and end logits per position (one dense layer)."""
+
+    proj: eqx.nn.Linear
+
+    def __init__(self, dim: int, *, key: PRNGKeyArray):
+        """**Arguments:**
+
+        - `dim`: hidden size.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        self.proj = dense(dim, 2, key=key)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self, x: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
+    ) -> tuple[Float[Array, " length"], Float[Array, " length"]]:
+        """Span logits.
+
+        **Arguments:**
+
+        - `x`: hidden states, shape `(length, dim)`.
+        - `mask`: optional, `True` where a span may start or end; other positions get
+            the most negative finite logit.
+
+        **Returns:**
+
+        `(start_logits, end_logits)`, each of shape `(length,)`.
+        """
+        logits = apply_dense(self.proj, x)
+        if mask is not None:
+            logits = jnp.where(mask[:, None], logits, jnp.finfo(logits.dtype).min)
+        return logits[:, 0], logits[:, 1]
+
+
+class MultipleChoiceHead(eqx.Module):
+    """Multiple-choice head: each choice (encoded separately) is pooled and scored by a
+    one-output [`lineax_seq.SequenceClassificationHead`][]; softmax over choices."""
+
+    scorer: SequenceClassificationHead
+
+    def __init__(self, dim: int, *, dropout: float = 0.1, key: PRNGKeyArray):
+        """**Arguments:**
+
+        - `dim`: hidden size.
+        - `dropout`: dropout rate before the scoring layer.
+        - `key`: a `jax.random.key`.
+        """
+        self.scorer = SequenceClassificationHead(dim, 1, dropout=dropout, key=key)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        x: Float[Array, "choices length dim"],
+        mask: Bool[Array, "choices length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, " choices"]:
+        """Score every choice.
+
+        **Arguments:**
+
+        - `x`: hidden states of each (context, choice) sequence, `(choices, length, dim)`.
+        - `mask`: optional, `True` at real tokens, `(choices, length)`.
+        - `key`: dropout key; `inference`: disable dropout.
+
+        **Returns:**
+
+        Logits over choices, shape `(choices,)`.
+        """
+        n = x.shape[0]
+        keys = None if key is None else jr.split(key, n)
+        score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]
+        return jax.vmap(score)(x, mask, keys)

@@ -1,0 +1,388 @@
+"""The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
+
+from ..attention import MultiHeadAttention
+from ._ssm import DirectionalSSM
+
+ROUTINGS = ("ssm", "attention")
+ARCHITECTURES = ("gated", "stack")
+KERNELS = ("shared", "per_channel")
+
+
+def dense(in_features: int, out_features: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
+    """`eqx.nn.Linear` with BERT's initialisation: truncated normal (std 0.02), zero bias."""
+    weight = 0.02 * jr.truncated_normal(key, -2.0, 2.0, (out_features, in_features))
+    linear = eqx.nn.Linear(in_features, out_features, key=key)
+    return eqx.tree_at(
+        lambda lin: (lin.weight, lin.bias), linear, (weight, jnp.zeros((out_features,)))
+    )
+
+
+def apply_dense(linear: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
+    """`x W^T + b` over a sequence."""
+    y = x @ linear.weight.T
+    return y if linear.bias is None else y + linear.bias
+
+
+def apply_norm(norm: eqx.nn.LayerNorm, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
+    """LayerNorm at every position."""
+    return jax.vmap(norm)(x)
+
+
+def gelu(x: Array) -> Array:
+    """GELU (tanh approximation, as in the reference implementation)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _check(name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
+
+
+def _key_mask(mask: Bool[Array, " length"] | None) -> Bool[Array, "length length"] | None:
+    return None if mask is None else jnp.broadcast_to(mask[None, :], (mask.shape[0],) * 2)
+
+
+def _dropout_keys(key: PRNGKeyArray | None, n: int) -> list:
+    return [None] * n if key is None else list(jr.split(key, n))
+
+
+class _SSMSettings(eqx.Module):
+    state_size: int = eqx.field(static=True)
+    kernel: str = eqx.field(static=True)
+    init: str = eqx.field(static=True)
+    dt_min: float = eqx.field(static=True)
+    dt_max: float = eqx.field(static=True)
+
+    def make(self, dim: int, *, reverse: bool, key: PRNGKeyArray) -> DirectionalSSM:
+        return DirectionalSSM(
+            dim,
+            reverse=reverse,
+            state_size=self.state_size,
+            kernel=self.kernel,  # type: ignore[arg-type]
+            init=self.init,  # type: ignore[arg-type]
+            dt_min=self.dt_min,
+            dt_max=self.dt_max,
+            key=key,
+        )
+
+
+class GatedLayer(eqx.Module):
+    """The GATED layer; with `routing="ssm"` this is the BiGS layer.
+
+    Pre-LayerNorm, with `sigma` = GELU, `Flip` reversing the sequence and `inner` =
+    `inner_dim` (`3d` in BiGS-Large):
+
+    ```
+    X  = LN(X_i)                                   (L, d)
+    V  = sigma(W_v X)                              (L, inner)
+    F  = sigma(W_f X)                              (L, d)
+    B  = sigma(W_b Flip(X))                        (L, d)
+    U1 = W_u1 SSM_f(F)                             (L, d)
+    U2 = W_u2 SSM_b(B)                             (L, d)
+    U  = sigma(W_u (U1 * Flip(U2)))                (L, inner)
+    O  = W_o (U * V)                               (L, d)
+    X_{i+1} = X_i + Dropout(O)
+    ```
+
+    about `13 d^2` parameters for `inner = 3d`. `Flip(SSM_b(Flip(.)))` is computed as
+    one anti-causal convolution (`DirectionalSSM(reverse=True)`), so no array is
+    flipped. With `routing="attention"` each SSM is replaced by bidirectional
+    multi-head self-attention (without its own output projection, which `W_u1`/`W_u2`
+    already provide; attention is flip-equivariant, so the flips cancel): about
+    `19 d^2` parameters.
+
+    **Padding.** With `mask` (trailing padding), `F` and `B` are zeroed at padded
+    positions (and attention cannot read them), so the backward SSM starts at each
+    example's last real token; outputs at real positions do not depend on the amount
+    or content of padding, and padded positions of the output are zero.
+    """
+
+    norm: eqx.nn.LayerNorm
+    v_proj: eqx.nn.Linear
+    f_proj: eqx.nn.Linear
+    b_proj: eqx.nn.Linear
+    forward_routing: DirectionalSSM | MultiHeadAttention
+    backward_routing: DirectionalSSM | MultiHeadAttention
+    u1_proj: eqx.nn.Linear
+    u2_proj: eqx.nn.Linear
+    u_proj: eqx.nn.Linear
+    out_proj: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+    dim: int = eqx.field(static=True)
+    inner_dim: int = eqx.field(static=True)
+    routing: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        inner_dim: int | None = None,
+        routing: Literal["ssm", "attention"] = "ssm",
+        num_heads: int | None = None,
+        state_size: int = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dropout: float = 0.0,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: model width `d`.
+        - `inner_dim`: width of `V` and `U` (default `3 * dim`).
+        - `routing`: `"ssm"` (BiGS) or `"attention"`.
+        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`).
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
+        - `dropout`: dropout rate on `O` before the residual sum.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        inner_dim = 3 * dim if inner_dim is None else inner_dim
+        _check_positive("inner_dim", inner_dim)
+        _check("routing", routing, ROUTINGS)
+        _check("kernel", kernel, KERNELS)
+        keys = jr.split(key, 9)
+        self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
+        self.v_proj = dense(dim, inner_dim, key=keys[0])
+        self.f_proj = dense(dim, dim, key=keys[1])
+        self.b_proj = dense(dim, dim, key=keys[2])
+        if routing == "ssm":
+            ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
+            self.forward_routing = ssm.make(dim, reverse=False, key=keys[3])
+            self.backward_routing = ssm.make(dim, reverse=True, key=keys[4])
+        else:
+            heads = max(1, dim // 64) if num_heads is None else num_heads
+            mha = dict(use_bias=True, output_projection=False)
+            self.forward_routing = MultiHeadAttention(dim, heads, key=keys[3], **mha)
+            self.backward_routing = MultiHeadAttention(dim, heads, key=keys[4], **mha)
+        self.u1_proj = dense(dim, dim, key=keys[5])
+        self.u2_proj = dense(dim, dim, key=keys[6])
+        self.u_proj = dense(dim, inner_dim, key=keys[7])
+        self.out_proj = dense(inner_dim, dim, key=keys[8])
+        self.dropout = eqx.nn.Dropout(dropout)
+        self.dim = dim
+        self.inner_dim = inner_dim
+        self.routing = routing
+
+    def kernels(
+        self, length: int
+    ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
+        """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
+
+        `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
+        the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
+        """
+        if self.routing != "ssm":
+            raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
+        return self.forward_routing.kernel(length), self.backward_routing.kernel(length)
+
+    def _route(self, routing, x, mask):
+        if self.routing == "ssm":
+            return routing(x, mask)
+        return routing(x, mask=_key_mask(mask))
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        x: Float[Array, "length dim"],
+        mask: Bool[Array, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "length dim"]:
+        """Apply the layer.
+
+        **Arguments:**
+
+        - `x`: input `X_i`, shape `(length, dim)`.
+        - `mask`: optional, `True` at real tokens (padding is trailing).
+        - `key`: dropout key (needed if `dropout > 0` and not `inference`).
+        - `inference`: disable dropout.
+
+        **Returns:**
+
+        `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
+        """
+        h = apply_norm(self.norm, x)
+        # W_v, W_f, W_b read the same X: one matrix product. B is computed unflipped
+        # (sigma and W_b act per position); the backward routing reads it anti-causally.
+        w = jnp.concatenate([self.v_proj.weight, self.f_proj.weight, self.b_proj.weight])
+        b = jnp.concatenate([self.v_proj.bias, self.f_proj.bias, self.b_proj.bias])
+        v, f, bwd = jnp.split(gelu(h @ w.T + b), [self.inner_dim, self.inner_dim + self.dim], -1)
+        u1 = apply_dense(self.u1_proj, self._route(self.forward_routing, f, mask))
+        u2 = apply_dense(self.u2_proj, self._route(self.backward_routing, bwd, mask))
+        u = gelu(apply_dense(self.u_proj, u1 * u2))
+        o = apply_dense(self.out_proj, u * v)
+        out = x + self.dropout(o, key=key, inference=inference)
+        return out if mask is None else jnp.where(mask[:, None], out, 0)
+
+
+class _SSMBlock(eqx.Module):
+    """Pre-LN residual SSM block of STACK/SSM: `W_out sigma(SSM(W_in LN(x)))`."""
+
+    norm: eqx.nn.LayerNorm
+    in_proj: eqx.nn.Linear
+    ssm: DirectionalSSM
+    out_proj: eqx.nn.Linear
+
+    def __call__(self, x, mask):
+        h = apply_dense(self.in_proj, apply_norm(self.norm, x))
+        return apply_dense(self.out_proj, gelu(self.ssm(h, mask)))
+
+
+class _AttentionBlock(eqx.Module):
+    """Pre-LN residual attention block of STACK/ATT (BERT): `MHA(LN(x))`."""
+
+    norm: eqx.nn.LayerNorm
+    attention: MultiHeadAttention
+
+    def __call__(self, x, mask):
+        return self.attention(apply_norm(self.norm, x), mask=_key_mask(mask))
+
+
+class StackLayer(eqx.Module):
+    """The STACK layer: a pre-LN transformer block; `routing="attention"` is BERT.
+
+    ```
+    routing="attention":  X <- X + Dropout(MHA(LN(X)))
+    routing="ssm":        X <- X + Dropout(W_fo sigma(SSM_f(W_fi LN(X))))      forward
+                          X <- X + Dropout(W_bo sigma(SSM_b(W_bi LN(X))))      backward
+    then:                 X <- X + Dropout(W_2 sigma(W_1 LN(X)))               (d -> inner -> d)
+    ```
+
+    i.e. the attention block is replaced by two sequential SSM blocks (forward, then
+    backward, where `SSM_b = Flip . SSM . Flip` is an anti-causal convolution). Both
+    routings have about `12 d^2` parameters for `inner = 4d` (the SSM blocks' four
+    `d x d` projections stand in for attention's query/key/value/output).
+
+    **Padding.** As [`lineax_seq.GatedLayer`][]: the SSM inputs are zeroed at padded
+    positions and attention cannot read them, so outputs at real positions do not
+    depend on trailing padding; padded positions of the output are zero.
+    """
+
+    routing_blocks: tuple[_SSMBlock, _SSMBlock] | tuple[_AttentionBlock]
+    mlp_norm: eqx.nn.LayerNorm
+    mlp_in: eqx.nn.Linear
+    mlp_out: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+    dim: int = eqx.field(static=True)
+    inner_dim: int = eqx.field(static=True)
+    routing: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        inner_dim: int | None = None,
+        routing: Literal["ssm", "attention"] = "attention",
+        num_heads: int | None = None,
+        state_size: int = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dropout: float = 0.0,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: model width `d`.
+        - `inner_dim`: feed-forward width (default `4 * dim`).
+        - `routing`: `"attention"` (BERT) or `"ssm"`.
+        - `num_heads`: attention heads (default `max(1, dim // 64)`).
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
+        - `dropout`: dropout rate on each residual branch.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        inner_dim = 4 * dim if inner_dim is None else inner_dim
+        _check_positive("inner_dim", inner_dim)
+        _check("routing", routing, ROUTINGS)
+        _check("kernel", kernel, KERNELS)
+        keys = jr.split(key, 8)
+        if routing == "ssm":
+            ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
+            self.routing_blocks = tuple(
+                _SSMBlock(
+                    eqx.nn.LayerNorm(dim, eps=1e-6),
+                    dense(dim, dim, key=keys[3 * i]),
+                    ssm.make(dim, reverse=bool(i), key=keys[3 * i + 1]),
+                    dense(dim, dim, key=keys[3 * i + 2]),
+                )
+                for i in range(2)
+            )
+        else:
+            heads = max(1, dim // 64) if num_heads is None else num_heads
+            mha = MultiHeadAttention(dim, heads, use_bias=True, key=keys[0])
+            mha = eqx.tree_at(
+                lambda m: (m.query_proj, m.key_proj, m.value_proj, m.output_proj),
+                mha,
+                tuple(dense(dim, dim, key=k) for k in jr.split(keys[1], 4)),
+            )
+            self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
+        self.mlp_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
+        self.mlp_in = dense(dim, inner_dim, key=keys[6])
+        self.mlp_out = dense(inner_dim, dim, key=keys[7])
+        self.dropout = eqx.nn.Dropout(dropout)
+        self.dim = dim
+        self.inner_dim = inner_dim
+        self.routing = routing
+
+    def kernels(
+        self, length: int
+    ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
+        """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
+
+        `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
+        the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
+        """
+        if self.routing != "ssm":
+            raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
+        fwd, bwd = self.routing_blocks
+        return fwd.ssm.kernel(length), bwd.ssm.kernel(length)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        x: Float[Array, "length dim"],
+        mask: Bool[Array, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "length dim"]:
+        """Apply the layer.
+
+        **Arguments:**
+
+        - `x`: input, shape `(length, dim)`.
+        - `mask`: optional, `True` at real tokens (padding is trailing).
+        - `key`: dropout key (needed if `dropout > 0` and not `inference`).
+        - `inference`: disable dropout.
+
+        **Returns:**
+
+        Shape `(length, dim)`; zero at padded positions if `mask` is given.
+        """
+        keys = _dropout_keys(key, len(self.routing_blocks) + 1)
+        for block, k in zip(self.routing_blocks, keys, strict=False):
+            x = x + self.dropout(block(x, mask), key=k, inference=inference)
+        h = gelu(apply_dense(self.mlp_in, apply_norm(self.mlp_norm, x)))
+        x = x + self.dropout(apply_dense(self.mlp_out, h), key=keys[-1], inference=inference)
+        return x if mask is None else jnp.where(mask[:, None], x, 0)
