@@ -107,7 +107,7 @@ class RelativePositionBias(eqx.Module):
         self.bidirectional = bidirectional
 
     def buckets(
-        self, query_length: int, key_length: int, *, query_offset: int = 0
+        self, query_length: int, key_length: int, *, query_offset: int | Int[Array, ""] = 0
     ) -> Int[Array, "query_length key_length"]:
         """Bucket index of every (query, key) pair; see `__call__` for the positions."""
         q_pos = query_offset + jnp.arange(query_length)
@@ -120,7 +120,7 @@ class RelativePositionBias(eqx.Module):
         )
 
     def __call__(
-        self, query_length: int, key_length: int, *, query_offset: int = 0
+        self, query_length: int, key_length: int, *, query_offset: int | Int[Array, ""] = 0
     ) -> Float[Array, "heads query_length key_length"]:
         """Additive attention bias.
 
@@ -129,7 +129,7 @@ class RelativePositionBias(eqx.Module):
         - `query_length`: number of queries.
         - `key_length`: number of keys (key positions `0 .. key_length - 1`).
         - `query_offset`: position of the first query (e.g. the number of cached keys in
-          front of the query block).
+          front of the query block); a Python int or a traced scalar (decoding).
 
         **Returns:**
 

@@ -1,0 +1,594 @@
+"""Block transformer layers: sliding window (SLIDE), Block-State (BST), Block-Recurrent (BRECT).
+
+All three share the block transformer cell of Hutchins et al. (2022): pre-LayerNorm,
+causal sliding-window self-attention over blocks of `window` tokens (each block also
+sees the previous block's keys/values), a T5 relative position bias instead of absolute
+positions, and a ReLU MLP, both with residuals. BST and BRECT add cross-attention from
+the tokens to a set of context states; its output is concatenated with the
+self-attention heads and projected back to `dim` by one linear map.
+
+Every layer also has a decoding mode: `init_cache(max_length)` and
+`step(cache, x_t, t) -> (cache, y_t)` reproduce `__call__` one token at a time.
+"""
+
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from einops import rearrange
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from ..attention import MultiHeadAttention, SlidingWindowAttention, sliding_window_mask
+from ..attention._window import check_blocks
+from ._ssm import ContextSSM
+
+CONTEXTS = ("sh", "mh", "mf")
+Cache = dict
+
+
+def _dense(layer: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Array, "*batch b"]:
+    y = x @ layer.weight.T
+    return y if layer.bias is None else y + layer.bias
+
+
+def _norm(norm: eqx.nn.LayerNorm, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch dim"]:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.var(x, axis=-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + norm.eps)
+    return y * norm.weight + norm.bias
+
+
+def _heads(x: Float[Array, "*batch dim"], num_heads: int) -> Float[Array, "*batch heads hd"]:
+    return rearrange(x, "... (h d) -> ... h d", h=num_heads)
+
+
+def _merge(x: Float[Array, "*batch heads hd"]) -> Float[Array, "*batch dim"]:
+    return rearrange(x, "... h d -> ... (h d)")
+
+
+class _MLP(eqx.Module):
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
+
+    def __init__(self, dim: int, hidden: int, *, key: PRNGKeyArray):
+        ku, kd = jr.split(key)
+        self.up = eqx.nn.Linear(dim, hidden, key=ku)
+        self.down = eqx.nn.Linear(hidden, dim, key=kd)
+
+    def __call__(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch dim"]:
+        return _dense(self.down, jax.nn.relu(_dense(self.up, x)))
+
+
+def _check_window(window: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
+
+
+def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
+    return 4 * dim if mlp_dim is None else mlp_dim
+
+
+# --------------------------------------------------------------------------- decoding helpers
+
+
+def _init_frame(attention: SlidingWindowAttention) -> Cache:
+    mha = attention.attention
+    shape = (2 * attention.window, mha.num_heads, mha.head_dim)
+    return {"k": jnp.zeros(shape), "v": jnp.zeros(shape)}
+
+
+def _self_attention_step(
+    attention: SlidingWindowAttention, frame: Cache, h_t: Float[Array, " dim"], t: Int[Array, ""]
+) -> tuple[Cache, Float[Array, "heads hd"]]:
+    """One query of `sliding_window_attention`, keeping a `[previous | current]` block frame.
+
+    The frame holds the keys/values of the previous block and of the current block so far:
+    exactly the keys that the block-parallel computation gives the query at offset
+    `r = t % window`, with the same mask row and relative bias row, so the result is the
+    same to rounding. Cost `O(window)`.
+    """
+    w = attention.window
+    r = t % w
+    shift = lambda a: jnp.concatenate([a[w:], jnp.zeros_like(a[w:])])
+    frame = jax.tree.map(lambda a: jnp.where(r == 0, shift(a), a), frame)
+    q = attention.attention.queries(h_t[None])
+    k, v = attention.attention.keys_values(h_t[None])
+    frame = {
+        "k": jax.lax.dynamic_update_slice_in_dim(frame["k"], k, w + r, axis=0),
+        "v": jax.lax.dynamic_update_slice_in_dim(frame["v"], v, w + r, axis=0),
+    }
+    c = jnp.arange(2 * w)
+    mask = (c > r) & (c <= w + r) & ((t >= w) | (c >= w))
+    bias = attention.relative_bias(1, 2 * w, query_offset=w + r)
+    out = jax.nn.dot_product_attention(q, frame["k"], frame["v"], bias=bias, mask=mask[None])
+    return frame, out[0]
+
+
+# --------------------------------------------------------------------------- SLIDE
+
+
+class SlidingWindowLayer(eqx.Module):
+    """Sliding-window block transformer layer (the SLIDE baseline; no context states).
+
+    `x + SWA(LN(x))` then `x + MLP(LN(x))`, with causal sliding-window attention over
+    blocks of `window` tokens (every token sees the `window` latest tokens) and a T5
+    relative position bias.
+    """
+
+    attention_norm: eqx.nn.LayerNorm
+    attention: SlidingWindowAttention
+    mlp_norm: eqx.nn.LayerNorm
+    mlp: _MLP
+    window: int = eqx.field(static=True)
+
+    def __init__(self, dim: int, num_heads: int, window: int, *, mlp_dim: int | None = None, key):
+        """**Arguments:**
+
+        - `dim`: feature size; divisible by `num_heads`.
+        - `num_heads`: attention heads.
+        - `window`: block / window size `W`.
+        - `mlp_dim`: hidden size of the ReLU MLP (default `4 * dim`).
+        - `key`: PRNG key.
+        """
+        _check_window(window)
+        ka, km = jr.split(key)
+        self.attention_norm = eqx.nn.LayerNorm(dim)
+        self.attention = SlidingWindowAttention(dim, num_heads, window, key=ka)
+        self.mlp_norm = eqx.nn.LayerNorm(dim)
+        self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=km)
+        self.window = window
+
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+        """**Arguments:**
+
+        - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+
+        **Returns:**
+
+        Shape `(length, dim)`.
+        """
+        check_blocks(x.shape[0], self.window)
+        x = x + self.attention(_norm(self.attention_norm, x))
+        return x + self.mlp(_norm(self.mlp_norm, x))
+
+    def init_cache(self, max_length: int) -> Cache:
+        """Empty decoding cache (the attention frame; `O(window)` memory)."""
+        return {"frame": _init_frame(self.attention)}
+
+    def step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
+        """Process the token at position `t`; see the module docstring."""
+        frame, heads = _self_attention_step(
+            self.attention, cache["frame"], _norm(self.attention_norm, x_t), t
+        )
+        x_t = x_t + self.attention.attention.merge_heads(heads[None])[0]
+        return {"frame": frame}, x_t + self.mlp(_norm(self.mlp_norm, x_t))
+
+
+# --------------------------------------------------------------------------- context states
+
+
+class _PositionContext(eqx.Module):
+    """SH / MH: the SSM outputs at the block's own positions, causal mask.
+
+    SH: one stream of `features`, lifted to every head by the key/value projections.
+    MH: one stream per head (its own kernels, hence its own `C`), each head projecting
+    only its own stream.
+    """
+
+    key_proj: Float[Array, "..."]
+    value_proj: Float[Array, "..."]
+    multi_head: bool = eqx.field(static=True)
+
+    def __init__(
+        self, features: int, dim: int, num_heads: int, *, multi_head: bool, key: PRNGKeyArray
+    ):
+        kk, kv = jr.split(key)
+        lim = 1 / math.sqrt(features)
+        head_dim = dim // num_heads
+        shape = (num_heads, features, head_dim) if multi_head else (features, num_heads, head_dim)
+        self.key_proj = jr.uniform(kk, shape, minval=-lim, maxval=lim)
+        self.value_proj = jr.uniform(kv, shape, minval=-lim, maxval=lim)
+        self.multi_head = multi_head
+
+    def _kv(self, y: Float[Array, "*batch streams features"]):
+        if self.multi_head:
+            lift = lambda w: jnp.einsum("...hf,hfd->...hd", y, w)
+        else:
+            lift = lambda w: jnp.einsum("...f,fhd->...hd", y[..., 0, :], w)
+        return lift(self.key_proj), lift(self.value_proj)
+
+    def keys_values(self, y: Float[Array, "length streams features"], window: int):
+        split = lambda a: rearrange(a, "(n w) h d -> n w h d", w=window)
+        k, v = self._kv(y)
+        return split(k), split(v)
+
+    def mask(self, window: int) -> Bool[Array, "w w"]:
+        return jnp.tril(jnp.ones((window, window), bool))
+
+    def init_cache(self, window: int, head_dim: int) -> Cache:
+        heads = self.key_proj.shape[0 if self.multi_head else 1]
+        shape = (window, heads, head_dim)
+        return {"k": jnp.zeros(shape), "v": jnp.zeros(shape)}
+
+    def step(self, cache: Cache, y_t, t: Int[Array, ""], window: int):
+        r = t % window
+        k, v = self._kv(y_t[None])
+        cache = {
+            "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k, r, axis=0),
+            "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v, r, axis=0),
+        }
+        return cache, jnp.arange(window) <= r
+
+
+class _MultiFilterContext(eqx.Module):
+    """MF: the `S` filter outputs at the last position of the previous block, plus IDs."""
+
+    lift: eqx.nn.Linear
+    context_ids: Float[Array, "filters dim"]
+    initial: Float[Array, "filters features"]
+    key_proj: eqx.nn.Linear
+    value_proj: eqx.nn.Linear
+    num_heads: int = eqx.field(static=True)
+
+    def __init__(
+        self, features: int, dim: int, num_heads: int, num_filters: int, *, key: PRNGKeyArray
+    ):
+        kl, ki, k0, kk, kv = jr.split(key, 5)
+        self.lift = eqx.nn.Linear(features, dim, key=kl)
+        self.context_ids = 0.02 * jr.normal(ki, (num_filters, dim))
+        self.initial = jr.normal(k0, (num_filters, features))
+        self.key_proj = eqx.nn.Linear(dim, dim, key=kk)
+        self.value_proj = eqx.nn.Linear(dim, dim, key=kv)
+        self.num_heads = num_heads
+
+    def _kv(self, context: Float[Array, "*batch filters features"]):
+        z = _dense(self.lift, context) + self.context_ids
+        k = _heads(_dense(self.key_proj, z), self.num_heads)
+        v = _heads(_dense(self.value_proj, z), self.num_heads)
+        return k, v
+
+    def keys_values(self, y: Float[Array, "length filters features"], window: int):
+        last = y[window - 1 :: window]  # (blocks, S, f): the last position of every block
+        context = jnp.concatenate([self.initial[None], last[:-1]])  # block b <- block b - 1
+        return self._kv(context)
+
+    def mask(self, window: int) -> None:
+        return None
+
+    def init_cache(self, window: int, head_dim: int) -> Cache:
+        k, v = self._kv(self.initial)
+        return {"k": k, "v": v, "last": jnp.zeros_like(self.initial)}
+
+    def step(self, cache: Cache, y_t, t: Int[Array, ""], window: int):
+        context = jnp.where(t == 0, self.initial, cache["last"])
+        k, v = self._kv(context)
+        new_block = t % window == 0
+        cache = {
+            "k": jnp.where(new_block, k, cache["k"]),
+            "v": jnp.where(new_block, v, cache["v"]),
+            "last": y_t,
+        }
+        return cache, None
+
+
+# --------------------------------------------------------------------------- BST
+
+
+class BlockStateTransformerLayer(eqx.Module):
+    """Block-State Transformer layer (Fathi et al. 2023, section 2.3).
+
+    An SSM sublayer ([`lineax_seq.ContextSSM`][]: down projection to
+    `ssm_features`, S4D kernels or Hyena filters over the whole sequence by FFT) turns
+    the normalised input into context states; a block transformer cell then processes
+    all blocks of `window` tokens in parallel:
+
+    `x + Out([SWA(LN x) ; CrossAttn(LN x, context)])`, then `x + MLP(LN x)`.
+
+    Context states (`context=`):
+
+    - `"sh"` Single-Head: the SSM output (one stream of `ssm_features`) at the block's own
+      `window` positions, lifted to the heads by the key/value projections; token `i`
+      sees the context at positions `<= i` (causal mask).
+    - `"mh"` Multi-Head: `num_heads` SSM output streams (separate kernels, hence separate
+      `C`, per head); head `h` attends to stream `h` with the same causal mask.
+    - `"mf"` Multi-Filter: `num_filters` streams; block `b` attends to the `S` outputs at
+      the last position of block `b - 1` (a learned initial context for block 0), lifted
+      to `dim` plus learned context IDs. No mask needed.
+    """
+
+    attention_norm: eqx.nn.LayerNorm
+    self_attention: SlidingWindowAttention
+    ssm: ContextSSM
+    context: _PositionContext | _MultiFilterContext
+    cross_query: eqx.nn.Linear
+    output: eqx.nn.Linear
+    mlp_norm: eqx.nn.LayerNorm
+    mlp: _MLP
+    window: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    context_kind: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window: int,
+        *,
+        context: Literal["sh", "mh", "mf"] = "sh",
+        ssm: Literal["s4", "unstruct"] = "s4",
+        state_size: int = 16,
+        ssm_features: int | None = None,
+        num_filters: int = 32,
+        mlp_dim: int | None = None,
+        max_length: int | None = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: feature size; divisible by `num_heads`.
+        - `num_heads`: attention heads (self- and cross-attention).
+        - `window`: block / window size `W`.
+        - `context`: `"sh"`, `"mh"` or `"mf"` (see above).
+        - `ssm`: `"s4"` (S4D kernels) or `"unstruct"` (Hyena filters).
+        - `state_size`: S4D state size `N` (the paper's speed setting: 16).
+        - `ssm_features`: width of the SSM after the down projection (default `dim // 4`,
+          and `dim // 8` for `"mf"`).
+        - `num_filters`: `S`, the number of MF context states (paper: 32).
+        - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
+        - `max_length`: training length (required for `ssm="unstruct"`; Hyena positions
+          are normalised by it).
+        - `key`: PRNG key.
+        """
+        _check_window(window)
+        if context not in CONTEXTS:
+            raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
+        ka, ks, kc, kq, ko, km = jr.split(key, 6)
+        self.attention_norm = eqx.nn.LayerNorm(dim)
+        self.self_attention = SlidingWindowAttention(
+            dim, num_heads, window, output_projection=False, key=ka
+        )
+        if ssm_features is None:
+            ssm_features = dim // 8 if context == "mf" else dim // 4
+        streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]
+        if context == "mf" and num_filters < 1:
+            raise ValueError(f"`num_filters` must be >= 1, got num_filters={num_filters}.")
+        self.ssm = ContextSSM(
+            dim,
+            ssm_features,
+            streams,
+            ssm=ssm,
+            state_size=state_size,
+            max_length=max_length,
+            key=ks,
+        )
+        if context in ("sh", "mh"):
+            self.context = _PositionContext(
+                ssm_features, dim, num_heads, multi_head=context == "mh", key=kc
+            )
+        else:
+            self.context = _MultiFilterContext(ssm_features, dim, num_heads, num_filters, key=kc)
+        self.cross_query = eqx.nn.Linear(dim, dim, key=kq)
+        self.output = eqx.nn.Linear(2 * dim, dim, key=ko)
+        self.mlp_norm = eqx.nn.LayerNorm(dim)
+        self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=km)
+        self.window = window
+        self.num_heads = num_heads
+        self.context_kind = context
+
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+        """**Arguments:**
+
+        - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+
+        **Returns:**
+
+        Shape `(length, dim)`.
+        """
+        check_blocks(x.shape[0], self.window)
+        h = _norm(self.attention_norm, x)
+        self_heads = self.self_attention.heads(h)
+        k, v = self.context.keys_values(self.ssm(h), self.window)
+        q = rearrange(
+            _dense(self.cross_query, h), "(n w) (h d) -> n w h d", w=self.window, h=self.num_heads
+        )
+        mask = self.context.mask(self.window)
+        cross = jax.nn.dot_product_attention(
+            q, k, v, mask=None if mask is None else mask[None, None]
+        )
+        cross = rearrange(cross, "n w h d -> (n w) (h d)")
+        x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
+        return x + self.mlp(_norm(self.mlp_norm, x))
+
+    def init_cache(self, max_length: int) -> Cache:
+        """Empty decoding cache: attention frame, SSM state and current-block context."""
+        return {
+            "frame": _init_frame(self.self_attention),
+            "ssm": self.ssm.init_state(max_length),
+            "context": self.context.init_cache(self.window, self.self_attention.attention.head_dim),
+        }
+
+    def step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
+        """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`."""
+        h = _norm(self.attention_norm, x_t)
+        frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
+        ssm_state, y_t = self.ssm.step(cache["ssm"], h, t)
+        context, mask = self.context.step(cache["context"], y_t, t, self.window)
+        q = _heads(_dense(self.cross_query, h), self.num_heads)[None]
+        cross = jax.nn.dot_product_attention(
+            q, context["k"], context["v"], mask=None if mask is None else mask[None]
+        )[0]
+        out = jnp.concatenate([_merge(self_heads), _merge(cross)])
+        x_t = x_t + _dense(self.output, out)
+        cache = {"frame": frame, "ssm": ssm_state, "context": context}
+        return cache, x_t + self.mlp(_norm(self.mlp_norm, x_t))
+
+
+# --------------------------------------------------------------------------- BRECT
+
+
+class BlockRecurrentTransformerLayer(eqx.Module):
+    """Block-Recurrent Transformer layer, fixed gates, skip (BRECT:FIXED:SKIP).
+
+    `num_states` recurrent state vectors are carried across blocks sequentially
+    (`jax.lax.scan` over blocks). For block `b`:
+
+    - tokens (vertical): `x + Out([SWA(LN x) ; CrossAttn(LN x, states_b)])`, then
+      `x + MLP(LN x)`;
+    - states (horizontal): with `s = LN(states_b) + state_ids`,
+      `z = tanh(Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)]))` and the fixed (input
+      independent, learned) gates
+      `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z`; no MLP ("skip").
+
+    Keys/values are shared between directions: the tokens' keys/values serve both the
+    sliding-window self-attention and the states' cross-attention; the states'
+    keys/values serve both the states' self-attention and the tokens' cross-attention.
+    """
+
+    attention_norm: eqx.nn.LayerNorm
+    self_attention: SlidingWindowAttention
+    cross_query: eqx.nn.Linear
+    output: eqx.nn.Linear
+    mlp_norm: eqx.nn.LayerNorm
+    mlp: _MLP
+    state_norm: eqx.nn.LayerNorm
+    state_attention: MultiHeadAttention
+    state_cross_query: eqx.nn.Linear
+    state_output: eqx.nn.Linear
+    initial_state: Float[Array, "states dim"]
+    state_ids: Float[Array, "states dim"]
+    forget_bias: Float[Array, " dim"]
+    input_bias: Float[Array, " dim"]
+    window: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window: int,
+        *,
+        num_states: int | None = None,
+        mlp_dim: int | None = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: feature size; divisible by `num_heads`.
+        - `num_heads`: attention heads.
+        - `window`: block / window size `W`.
+        - `num_states`: number of recurrent states `S` (default `window`, as in the
+          paper).
+        - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
+        - `key`: PRNG key.
+        """
+        _check_window(window)
+        num_states = window if num_states is None else num_states
+        if num_states < 1:
+            raise ValueError(f"`num_states` must be >= 1, got num_states={num_states}.")
+        keys = jr.split(key, 9)
+        self.attention_norm = eqx.nn.LayerNorm(dim)
+        self.self_attention = SlidingWindowAttention(
+            dim, num_heads, window, output_projection=False, key=keys[0]
+        )
+        self.cross_query = eqx.nn.Linear(dim, dim, key=keys[1])
+        self.output = eqx.nn.Linear(2 * dim, dim, key=keys[2])
+        self.mlp_norm = eqx.nn.LayerNorm(dim)
+        self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=keys[3])
+        self.state_norm = eqx.nn.LayerNorm(dim)
+        self.state_attention = MultiHeadAttention(
+            dim, num_heads, output_projection=False, key=keys[4]
+        )
+        self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
+        self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
+        self.initial_state = jr.normal(keys[7], (num_states, dim))
+        self.state_ids = 0.02 * jr.normal(keys[8], (num_states, dim))
+        self.forget_bias = jnp.ones((dim,))
+        self.input_bias = -jnp.ones((dim,))
+        self.window = window
+        self.num_heads = num_heads
+
+    def _state_kv(self, states: Float[Array, "states dim"]):
+        s = _norm(self.state_norm, states) + self.state_ids
+        return s, self.state_attention.keys_values(s)
+
+    def _update_states(self, states, s, ks, vs, k_tokens, v_tokens):
+        s_self = jax.nn.dot_product_attention(self.state_attention.queries(s), ks, vs)
+        q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
+        s_cross = jax.nn.dot_product_attention(q_cross, k_tokens, v_tokens)
+        mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
+        z = jnp.tanh(_dense(self.state_output, mixed))
+        return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
+
+    def _tokens_out(self, x, self_heads, h, ks, vs):
+        q = _heads(_dense(self.cross_query, h), self.num_heads)
+        cross = jax.nn.dot_product_attention(q, ks, vs)
+        x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), _merge(cross)], -1))
+        return x + self.mlp(_norm(self.mlp_norm, x))
+
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+        """**Arguments:**
+
+        - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+
+        **Returns:**
+
+        Shape `(length, dim)`.
+        """
+        check_blocks(x.shape[0], self.window)
+        w = self.window
+        mha = self.self_attention.attention
+        bias = self.self_attention.relative_bias(w, 2 * w, query_offset=w)
+        window_mask = sliding_window_mask(w)
+        has_previous = jnp.arange(2 * w) >= w
+
+        def block(carry, x_b):
+            states, k_prev, v_prev, first = carry
+            h = _norm(self.attention_norm, x_b)
+            q = mha.queries(h)
+            k, v = mha.keys_values(h)
+            mask = window_mask & (has_previous | ~first)
+            self_heads = jax.nn.dot_product_attention(
+                q,
+                jnp.concatenate([k_prev, k]),
+                jnp.concatenate([v_prev, v]),
+                bias=bias,
+                mask=mask,
+            )
+            s, (ks, vs) = self._state_kv(states)
+            out = self._tokens_out(x_b, self_heads, h, ks, vs)
+            states = self._update_states(states, s, ks, vs, k, v)
+            return (states, k, v, jnp.array(False)), out
+
+        zeros = jnp.zeros((w, mha.num_heads, mha.head_dim))
+        init = (self.initial_state, zeros, zeros, jnp.array(True))
+        blocks = rearrange(x, "(n w) d -> n w d", w=w)
+        _, out = jax.lax.scan(block, init, blocks)
+        return rearrange(out, "n w d -> (n w) d")
+
+    def init_cache(self, max_length: int) -> Cache:
+        """Empty decoding cache: attention frame and the recurrent states."""
+        return {"frame": _init_frame(self.self_attention), "states": self.initial_state}
+
+    def step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
+        """Process the token at position `t`; the states update after a block's last token."""
+        w = self.window
+        h = _norm(self.attention_norm, x_t)
+        frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
+        states = cache["states"]
+        s, (ks, vs) = self._state_kv(states)
+        out = self._tokens_out(x_t[None], self_heads[None], h[None], ks, vs)[0]
+        states = jax.lax.cond(
+            t % w == w - 1,
+            lambda: self._update_states(states, s, ks, vs, frame["k"][w:], frame["v"][w:]),
+            lambda: states,
+        )
+        return {"frame": frame, "states": states}, out

@@ -1,0 +1,353 @@
+"""Block-State Transformer language model and the SLIDE / BRECT baselines."""
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from beartype import beartype
+from jaxtyping import Array, Float, Int, PRNGKeyArray, jaxtyped
+
+from ..attention._window import check_blocks
+from ._layers import (
+    CONTEXTS,
+    BlockRecurrentTransformerLayer,
+    BlockStateTransformerLayer,
+    SlidingWindowLayer,
+    _dense,
+    _norm,
+)
+from ._ssm import SSMS
+
+PAPER_BST_LAYERS = (1, 7, 9)
+VARIANTS = (
+    "SLIDE",
+    "BRECT",
+    "BRECT:FIXED:SKIP",
+    "BST:SH:S4",
+    "BST:MH:S4",
+    "BST:MF:S4",
+    "BST:SH:UNSTRUCT",
+    "BST:MH:UNSTRUCT",
+    "BST:MF:UNSTRUCT",
+)
+
+Layer = SlidingWindowLayer | BlockStateTransformerLayer | BlockRecurrentTransformerLayer
+
+
+def _scaled_paper_layers(num_layers: int) -> tuple[int, ...]:
+    """The paper's BST placement {1, 7, 9} of 12, rescaled to `num_layers`."""
+    scaled = {min(num_layers - 1, round(i * num_layers / 12)) for i in PAPER_BST_LAYERS}
+    return tuple(sorted(scaled))
+
+
+def _check_indices(name: str, indices: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    indices = tuple(indices)
+    bad = [i for i in indices if not (isinstance(i, int) and 0 <= i < num_layers)]
+    if bad or len(set(indices)) != len(indices):
+        raise ValueError(
+            f"`{name}` must be distinct layer indices in [0, {num_layers}), got {name}={indices}."
+        )
+    return indices
+
+
+def variant_config(variant: str, num_layers: int = 12) -> dict:
+    """Constructor keywords of [`lineax_seq.BlockStateTransformerLM`][] for a paper variant.
+
+    **Arguments:**
+
+    - `variant`: one of `"SLIDE"`, `"BRECT:FIXED:SKIP"` (alias `"BRECT"`), or
+      `"BST:{SH,MH,MF}:{S4,UNSTRUCT}"` (case-insensitive).
+    - `num_layers`: depth of the stack (BST layer indices are the paper's `(1, 7, 9)` of
+      12, rescaled; the BRECT recurrent layer sits at `10` of 12, rescaled).
+
+    **Returns:**
+
+    A dict with `bst_layers`, `recurrent_layers`, `context` and `ssm`.
+    """
+    name = variant.upper()
+    if name not in VARIANTS:
+        raise ValueError(f"unknown `variant`={variant!r}; expected one of {VARIANTS}.")
+    if name == "SLIDE":
+        return {"bst_layers": (), "recurrent_layers": ()}
+    if name.startswith("BRECT"):
+        return {"bst_layers": (), "recurrent_layers": (min(num_layers - 1, (5 * num_layers) // 6),)}
+    _, context, ssm = name.split(":")
+    return {
+        "bst_layers": _scaled_paper_layers(num_layers),
+        "recurrent_layers": (),
+        "context": context.lower(),
+        "ssm": ssm.lower(),
+    }
+
+
+class BlockStateTransformerLM(eqx.Module):
+    """Block-State Transformer language model (and the SLIDE / BRECT baselines).
+
+    Token embedding, `num_layers` block transformer layers, final LayerNorm and an LM
+    head (tied to the embedding by default). There are no absolute position embeddings:
+    every layer has a T5 relative position bias and the SSM layers carry position.
+
+    - Layers listed in `bst_layers` are [`lineax_seq.BlockStateTransformerLayer`][]s
+      (SSM + context states, `context=` / `ssm=`); the paper uses `(1, 7, 9)` of 12.
+    - Layers listed in `recurrent_layers` are
+      [`lineax_seq.BlockRecurrentTransformerLayer`][]s (BRECT:FIXED:SKIP).
+    - All others are [`lineax_seq.SlidingWindowLayer`][]s.
+
+    So `bst_layers=()` is SLIDE, `bst_layers=(), recurrent_layers=(10,)` is BRECT, and
+    [`lineax_seq.BlockStateTransformerLM.from_variant`][] builds the paper's named
+    variants. The model runs on any length that is a multiple of `window` (the SSM
+    kernels are generated for the actual length).
+    """
+
+    embedding: eqx.nn.Embedding
+    layers: tuple[Layer, ...]
+    final_norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear | None
+    vocab_size: int = eqx.field(static=True)
+    dim: int = eqx.field(static=True)
+    window: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 512,
+        num_layers: int = 12,
+        *,
+        num_heads: int = 8,
+        window: int = 128,
+        mlp_dim: int | None = None,
+        bst_layers: Sequence[int] | None = None,
+        context: Literal["sh", "mh", "mf"] = "sh",
+        ssm: Literal["s4", "unstruct"] = "s4",
+        state_size: int = 16,
+        ssm_features: int | None = None,
+        num_filters: int = 32,
+        recurrent_layers: Sequence[int] = (),
+        num_states: int | None = None,
+        max_length: int | None = None,
+        tie_embeddings: bool = True,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `vocab_size`: number of tokens.
+        - `dim`: model width; divisible by `num_heads` (and by 4, or 8 for `"mf"`, unless
+          `ssm_features` is given).
+        - `num_layers`: number of layers.
+        - `num_heads`: attention heads.
+        - `window`: block / window size `W`.
+        - `mlp_dim`: MLP hidden size (default `4 * dim`).
+        - `bst_layers`: indices of the BST layers; `None` means the paper's `(1, 7, 9)`
+          of 12 rescaled to `num_layers`; `()` gives SLIDE.
+        - `context`, `ssm`, `state_size`, `ssm_features`, `num_filters`: of the BST
+          layers (see [`lineax_seq.BlockStateTransformerLayer`][]).
+        - `recurrent_layers`: indices of BRECT:FIXED:SKIP layers.
+        - `num_states`: recurrent states of BRECT layers (default `window`).
+        - `max_length`: training length; required for `ssm="unstruct"`.
+        - `tie_embeddings`: use the embedding matrix (scaled by `1/sqrt(dim)`) as the
+          LM head.
+        - `key`: PRNG key.
+        """
+        if vocab_size < 1 or num_layers < 1:
+            raise ValueError(
+                f"`vocab_size` and `num_layers` must be >= 1, got {vocab_size}, {num_layers}."
+            )
+        if dim % num_heads:
+            raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
+        if context not in CONTEXTS:
+            raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
+        if ssm not in SSMS:
+            raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
+        if ssm == "unstruct" and max_length is None and bst_layers != ():
+            raise ValueError('`max_length` (the training length) is required for ssm="unstruct".')
+        bst = (
+            _scaled_paper_layers(num_layers)
+            if bst_layers is None
+            else _check_indices("bst_layers", bst_layers, num_layers)
+        )
+        rec = _check_indices("recurrent_layers", recurrent_layers, num_layers)
+        if set(bst) & set(rec):
+            raise ValueError(f"`bst_layers`={bst} and `recurrent_layers`={rec} must not overlap.")
+        ke, kh, *kl = jr.split(key, num_layers + 2)
+        self.embedding = eqx.nn.Embedding(weight=jr.normal(ke, (vocab_size, dim)))
+        layers: list[Layer] = []
+        for i in range(num_layers):
+            if i in bst:
+                layer = BlockStateTransformerLayer(
+                    dim,
+                    num_heads,
+                    window,
+                    context=context,
+                    ssm=ssm,
+                    state_size=state_size,
+                    ssm_features=ssm_features,
+                    num_filters=num_filters,
+                    mlp_dim=mlp_dim,
+                    max_length=max_length,
+                    key=kl[i],
+                )
+            elif i in rec:
+                layer = BlockRecurrentTransformerLayer(
+                    dim, num_heads, window, num_states=num_states, mlp_dim=mlp_dim, key=kl[i]
+                )
+            else:
+                layer = SlidingWindowLayer(dim, num_heads, window, mlp_dim=mlp_dim, key=kl[i])
+            layers.append(layer)
+        self.layers = tuple(layers)
+        self.final_norm = eqx.nn.LayerNorm(dim)
+        self.head = None if tie_embeddings else eqx.nn.Linear(dim, vocab_size, key=kh)
+        self.vocab_size = vocab_size
+        self.dim = dim
+        self.window = window
+
+    @classmethod
+    def from_variant(
+        cls,
+        variant: str,
+        vocab_size: int,
+        dim: int = 512,
+        num_layers: int = 12,
+        *,
+        key: PRNGKeyArray,
+        **kwargs,
+    ) -> "BlockStateTransformerLM":
+        """Build a paper variant by name.
+
+        **Arguments:**
+
+        - `variant`: `"SLIDE"`, `"BRECT:FIXED:SKIP"` (or `"BRECT"`),
+          `"BST:SH:S4"`, `"BST:MH:S4"`, `"BST:MF:UNSTRUCT"`, ... (see
+          [`lineax_seq.bst_variant_config`][]).
+        - `vocab_size`, `dim`, `num_layers`, `key`, `**kwargs`: as for the constructor;
+          `kwargs` override the variant's defaults.
+
+        **Returns:**
+
+        The model.
+        """
+        config = variant_config(variant, num_layers) | kwargs
+        return cls(vocab_size, dim, num_layers, key=key, **config)
+
+    def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
+        x = _norm(self.final_norm, x)
+        if self.head is None:
+            return x @ self.embedding.weight.T / math.sqrt(self.dim)
+        return _dense(self.head, x)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, tokens: Int[Array, " length"]) -> Float[Array, "length vocab"]:
+        """Next-token logits.
+
+        **Arguments:**
+
+        - `tokens`: integer tokens, shape `(length,)`, `length` a multiple of `window`.
+
+        **Returns:**
+
+        Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
+        """
+        check_blocks(tokens.shape[0], self.window, "tokens")
+        x = self.embedding.weight[tokens]
+        for layer in self.layers:
+            x = layer(x)
+        return self._logits(x)
+
+    def init_cache(self, max_length: int) -> dict:
+        """Empty decoding cache for up to `max_length` tokens (see `step`)."""
+        return {
+            "t": jnp.zeros((), jnp.int32),
+            "layers": tuple(layer.init_cache(max_length) for layer in self.layers),
+        }
+
+    def step(self, cache: dict, token: Int[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
+        """Feed one token; return the next-token logits (incremental decoding).
+
+        Feeding `tokens[0], tokens[1], ...` from `init_cache(max_length)` gives the rows
+        of `self(tokens)` one by one (any position, no multiple-of-`window` needed). Each
+        step costs `O(window + N)` per layer for SLIDE, BRECT and `ssm="s4"` BST layers,
+        and `O(t)` (a direct convolution over the stored inputs) for `ssm="unstruct"`.
+
+        **Arguments:**
+
+        - `cache`: from `init_cache` or the previous `step`.
+        - `token`: scalar integer token.
+
+        **Returns:**
+
+        `(cache, logits)` with logits of shape `(vocab_size,)`.
+        """
+        t = cache["t"]
+        x = self.embedding.weight[token]
+        new = []
+        for layer, layer_cache in zip(self.layers, cache["layers"], strict=True):
+            layer_cache, x = layer.step(layer_cache, x, t)
+            new.append(layer_cache)
+        return {"t": t + 1, "layers": tuple(new)}, self._logits(x)
+
+
+@eqx.filter_jit
+def _generate(lm, prompt, steps: int, key, temperature, top_k):
+    cache = lm.init_cache(prompt.shape[0] + steps)
+    cache, logits = jax.lax.scan(lambda c, token: lm.step(c, token), cache, prompt)
+    logits = logits[-1]
+
+    def sample(carry, k):
+        cache, logits = carry
+        if top_k is not None:
+            kth = jax.lax.top_k(logits, top_k)[0][-1]
+            logits = jnp.where(logits < kth, -jnp.inf, logits)
+        if temperature == 0:
+            token = jnp.argmax(logits)
+        else:
+            token = jr.categorical(k, logits / temperature)
+        token = token.astype(prompt.dtype)
+        cache, logits = lm.step(cache, token)
+        return (cache, logits), token
+
+    _, tokens = jax.lax.scan(sample, (cache, logits), jr.split(key, steps))
+    return jnp.concatenate([prompt, tokens])
+
+
+def generate(
+    lm: BlockStateTransformerLM,
+    prompt: Int[Array, " prompt"],
+    steps: int,
+    *,
+    key: PRNGKeyArray,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> Int[Array, " total"]:
+    """Sample `steps` tokens after `prompt` with the incremental decoder.
+
+    The prompt is fed token by token through `lm.step` (a `lax.scan`), then each new
+    token is sampled from the last logits and fed back. Every token costs `O(window + N)`
+    per layer (attention frame of two blocks, S4D recurrent state, BRECT states),
+    except `ssm="unstruct"` BST layers, whose filters have no recurrence: they keep the
+    inputs and convolve directly, `O(t)` per token. The prompt may have any length.
+
+    **Arguments:**
+
+    - `lm`: the model.
+    - `prompt`: integer tokens, shape `(prompt,)`, at least one.
+    - `steps`: number of tokens to sample.
+    - `key`: PRNG key.
+    - `temperature`: softmax temperature; `0` means greedy (argmax).
+    - `top_k`: if given, sample among the `top_k` most likely tokens only.
+
+    **Returns:**
+
+    `prompt` followed by the `steps` sampled tokens, shape `(prompt + steps,)`.
+    """
+    if prompt.ndim != 1 or prompt.shape[0] < 1:
+        raise ValueError(f"`prompt` must be a non-empty 1-d token array, got shape {prompt.shape}.")
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got steps={steps}.")
+    if temperature < 0:
+        raise ValueError(f"`temperature` must be >= 0, got temperature={temperature}.")
+    if top_k is not None and not 1 <= top_k <= lm.vocab_size:
+        raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
+    return _generate(lm, prompt, steps, key, temperature, top_k)

@@ -1,0 +1,146 @@
+"""The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
+
+from typing import Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+from einops import rearrange, repeat
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from ..ssm import HyenaFilter, S4DKernel, fft_conv
+
+SSMS = ("s4", "unstruct")
+
+
+class ContextSSM(eqx.Module):
+    """Long-range context sublayer of a BST layer.
+
+    The input is projected down to `features` (the paper: `dim / 4`, and `dim / 8` for
+    Multi-Filter), copied to `streams` streams (1 for SH, `num_heads` for MH, `S` filters
+    for MF), and each of the `streams * features` channels is convolved over the whole
+    sequence with its own kernel (`jax.numpy.fft` via [`lineax_seq.fft_conv`][]), plus a
+    per-channel skip `D * u`:
+
+    - `"s4"`: [`lineax_seq.S4DKernel`][] kernels, generated for the actual length, so the
+      layer runs at any length and has an exact `O(N)` recurrent step mode.
+    - `"unstruct"`: [`lineax_seq.HyenaFilter`][] implicit filters (the paper's eq. 2.3.4);
+      no recurrence, so step mode is a direct convolution over the stored inputs
+      (`O(t)` per token at position `t`).
+
+    Channels are laid out stream-major: channel `s * features + f` is stream `s`,
+    feature `f`.
+    """
+
+    down: eqx.nn.Linear
+    kernel: S4DKernel | HyenaFilter
+    skip: Float[Array, " channels"] | None
+    streams: int = eqx.field(static=True)
+    features: int = eqx.field(static=True)
+    ssm: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        features: int,
+        streams: int,
+        *,
+        ssm: Literal["s4", "unstruct"] = "s4",
+        state_size: int = 16,
+        max_length: int | None = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: input feature size.
+        - `features`: size after the down projection.
+        - `streams`: number of output streams (SH 1, MH heads, MF filters).
+        - `ssm`: `"s4"` or `"unstruct"`.
+        - `state_size`: S4D state size `N` (`"s4"` only).
+        - `max_length`: the training length that Hyena positions are normalised by
+          (required for `"unstruct"`).
+        - `key`: PRNG key.
+        """
+        if ssm not in SSMS:
+            raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
+        if features < 1:
+            raise ValueError(
+                f"the SSM feature size must be >= 1, got {features} (is `dim`={dim} too small "
+                "for the down projection?)."
+            )
+        kd, kk = jr.split(key)
+        channels = streams * features
+        self.down = eqx.nn.Linear(dim, features, key=kd)
+        if ssm == "s4":
+            self.kernel = S4DKernel(state_size, channels, key=kk)
+            self.skip = jnp.ones((channels,))
+        else:
+            if max_length is None:
+                raise ValueError('`max_length` is required when ssm="unstruct".')
+            self.kernel = HyenaFilter(channels, max_length=max_length, key=kk)
+            self.skip = None
+        self.streams = streams
+        self.features = features
+        self.ssm = ssm
+
+    def _skip(self) -> Float[Array, " channels"]:
+        return self.kernel.bias if self.skip is None else self.skip
+
+    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length streams features"]:
+        """**Arguments:**
+
+        - `x`: shape `(length, dim)`.
+
+        **Returns:**
+
+        The SSM outputs, shape `(length, streams, features)`; position `t` depends on
+        `x[: t + 1]` only.
+        """
+        u = x @ self.down.weight.T + self.down.bias
+        u = repeat(u, "l f -> l (s f)", s=self.streams)
+        y = fft_conv(u, self.kernel(x.shape[0])) + self._skip() * u
+        return rearrange(y, "l (s f) -> l s f", s=self.streams)
+
+    def init_state(self, max_length: int) -> dict[str, Array]:
+        """Zero state for `step`, for decoding up to `max_length` tokens."""
+        channels = self.streams * self.features
+        if self.ssm == "s4":
+            modes = self.kernel.state_size // 2
+            return {"s4": jnp.zeros((channels, modes), jnp.complex64)}
+        return {
+            "inputs": jnp.zeros((max_length, self.features)),
+            "filter": self.kernel(max_length),
+        }
+
+    def step(
+        self, state: dict[str, Array], x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[dict[str, Array], Float[Array, "streams features"]]:
+        """One token of the same computation: `O(N)` for `"s4"`, `O(t)` for `"unstruct"`.
+
+        **Arguments:**
+
+        - `state`: from `init_state` or the previous `step`.
+        - `x_t`: the input at position `t`, shape `(dim,)`.
+        - `t`: the position (scalar integer array).
+
+        **Returns:**
+
+        `(state, y_t)` with `y_t` of shape `(streams, features)`.
+        """
+        u = self.down(x_t)
+        u_all = repeat(u, "f -> (s f)", s=self.streams)
+        if self.ssm == "s4":
+            abar, cb = self.kernel.discretize()
+            s = abar * state["s4"] + u_all.astype(jnp.complex64)[:, None]
+            y = 2 * jnp.sum((cb * s).real, axis=-1)
+            state = {"s4": s}
+        else:
+            inputs = state["inputs"].at[t].set(u)
+            filt = state["filter"]
+            lag = t - jnp.arange(filt.shape[1])
+            taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
+            history = repeat(inputs, "T f -> T (s f)", s=self.streams)
+            y = jnp.einsum("cT,Tc->c", taps, history)
+            state = {"inputs": inputs, "filter": filt}
+        y = y + self._skip() * u_all
+        return state, rearrange(y, "(s f) -> s f", s=self.streams)
