@@ -1,7 +1,6 @@
 """Diagonal state-space (S4D) convolution kernels."""
 
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -95,8 +94,8 @@ class S4DKernel(eqx.Module):
         state_size: int = 64,
         channels: int = 1,
         *,
-        init: Literal["lin", "inv", "real", "legs"] = "lin",
-        discretization: Literal["zoh", "bilinear"] = "zoh",
+        init: str = "lin",
+        discretization: str = "zoh",
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         key: PRNGKeyArray,

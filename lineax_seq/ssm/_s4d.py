@@ -1,7 +1,6 @@
 """The S4D layer: diagonal SSM convolution + skip, with a recurrent mode."""
 
 from collections.abc import Callable
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -47,8 +46,8 @@ class S4D(eqx.Module):
         state_size: int = 64,
         channels: int | None = None,
         bidirectional: bool = False,
-        init: Literal["lin", "inv", "real", "legs"] = "lin",
-        discretization: Literal["zoh", "bilinear"] = "zoh",
+        init: str = "lin",
+        discretization: str = "zoh",
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         activation: Callable[[Array], Array] | None = None,
@@ -113,7 +112,11 @@ class S4D(eqx.Module):
         length = x.shape[0]
         k = self.kernel(length)
         k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
-        y = fft_conv(x, k, k_backward) + self.skip * x
+        if k.shape[0] == self.dim:
+            # Fold the skip into lag 0: one convolution computes `K * x + D x`.
+            y = fft_conv(x, k.at[:, 0].add(self.skip), k_backward)
+        else:
+            y = fft_conv(x, k, k_backward) + self.skip * x
         return self._output(y)
 
     def init_state(self) -> Complex[Array, "dim modes"]:

@@ -1,0 +1,269 @@
+"""Oracle tests for the SSM core: S4D kernels and FFT convolution."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import lineax_seq as ls
+from lineax_seq.ssm._fft_conv import _fft_size
+
+INITS = ["lin", "inv", "real", "legs"]
+DISCRETIZATIONS = ["zoh", "bilinear"]
+
+
+def _continuous(kernel):
+    """(A, B, C, dt) from the stored real parameters, in float64 numpy."""
+
+    def get(name):
+        return np.asarray(getattr(kernel, name), np.float64)
+
+    a = -np.exp(get("log_neg_real_a")) + 1j * get("imag_a")
+    b = get("b_real") + 1j * get("b_imag")
+    c = get("c_real") + 1j * get("c_imag")
+    dt = np.exp(get("log_dt"))[:, None]
+    return a, b, c, dt
+
+
+def _loop_kernel(kernel, length):
+    """K[c, l] = sum over the full conjugate-pair state of C Abar^l Bbar, by a plain loop."""
+    a, b, c, dt = _continuous(kernel)
+    if kernel.discretization == "zoh":
+        abar = np.exp(dt * a)
+        bbar = (abar - 1) / a * b
+    else:
+        abar = (1 + dt * a / 2) / (1 - dt * a / 2)
+        bbar = dt * b / (1 - dt * a / 2)
+    # The full state holds each mode and its conjugate.
+    abar = np.concatenate([abar, abar.conj()], axis=-1)
+    bbar = np.concatenate([bbar, bbar.conj()], axis=-1)
+    c = np.concatenate([c, c.conj()], axis=-1)
+    out = np.zeros((kernel.channels, length))
+    power = np.ones_like(abar)
+    for step in range(length):
+        out[:, step] = np.real(np.sum(c * power * bbar, axis=-1))
+        power = power * abar
+    return out
+
+
+@pytest.mark.parametrize("discretization", DISCRETIZATIONS)
+@pytest.mark.parametrize("init", INITS)
+def test_kernel_equals_loop(init, discretization, getkey):
+    kernel = ls.S4DKernel(8, 3, init=init, discretization=discretization, key=getkey())
+    for length in (1, 70):  # 70 is not a multiple of the block size
+        k = kernel(length)
+        assert k.shape == (3, length) and k.dtype == jnp.float32
+        expected = _loop_kernel(kernel, length)
+        np.testing.assert_allclose(k, expected, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("discretization", DISCRETIZATIONS)
+def test_discretize_matches_kernel(discretization, getkey):
+    kernel = ls.S4DKernel(6, 2, init="inv", discretization=discretization, key=getkey())
+    abar, cb = kernel.discretize()
+    assert abar.shape == cb.shape == (2, 3)
+    assert jnp.iscomplexobj(abar) and jnp.iscomplexobj(cb)
+    abar, cb = np.asarray(abar, np.complex128), np.asarray(cb, np.complex128)
+    expected = np.stack([2 * np.real(np.sum(cb * abar**step, -1)) for step in range(40)], -1)
+    np.testing.assert_allclose(kernel(40), expected, atol=1e-5 * np.abs(expected).max())
+
+
+def test_inits(getkey):
+    n = 16
+    modes = np.arange(n // 2)
+    a = {}
+    for init in INITS:
+        kernel = ls.S4DKernel(n, 2, init=init, key=getkey())
+        a[init] = -np.exp(np.asarray(kernel.log_neg_real_a[0])) + 1j * np.asarray(kernel.imag_a[0])
+        assert np.allclose(kernel.log_neg_real_a[0], kernel.log_neg_real_a[1])
+    np.testing.assert_allclose(a["lin"], -0.5 + 1j * np.pi * modes, rtol=1e-6)
+    inv_imag = n / np.pi * (n / (2 * modes + 1) - 1)
+    np.testing.assert_allclose(a["inv"], -0.5 + 1j * inv_imag, rtol=1e-6)
+    np.testing.assert_allclose(a["real"], -(modes + 1.0), rtol=1e-6)
+    # HiPPO-LegS: A[i, j] = -sqrt(2i+1) sqrt(2j+1) (i > j), -(i+1) (i = j), 0 (i < j);
+    # its normal part is A + P P^T with P_i = sqrt(i + 1/2).
+    hippo = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            if i > j:
+                hippo[i, j] = -np.sqrt(2 * i + 1) * np.sqrt(2 * j + 1)
+            elif i == j:
+                hippo[i, j] = -(i + 1)
+    p = np.sqrt(np.arange(n) + 0.5)
+    eig = np.linalg.eigvals(hippo + np.outer(p, p))
+    eig = eig[eig.imag > 0]
+    np.testing.assert_allclose(eig.real, -0.5, atol=1e-6)
+    np.testing.assert_allclose(a["legs"], -0.5 + 1j * np.sort(eig.imag), rtol=1e-5)
+
+
+def test_parameters_real_and_init_statistics(getkey):
+    kernel = ls.S4DKernel(64, 64, dt_min=1e-3, dt_max=1e-1, key=getkey())
+    leaves = jax.tree.leaves(eqx.filter(kernel, eqx.is_array))
+    assert all(jnp.issubdtype(x.dtype, jnp.floating) for x in leaves)
+    np.testing.assert_array_equal(kernel.b_real, 1.0)
+    np.testing.assert_array_equal(kernel.b_imag, 0.0)
+    for part in (kernel.c_real, kernel.c_imag):
+        assert abs(float(jnp.var(part)) - 0.5) < 0.05
+    assert float(kernel.log_dt.min()) >= np.log(1e-3) and float(kernel.log_dt.max()) <= np.log(1e-1)
+    # Any value of the stored log keeps Re(A) < 0: the discrete system stays stable.
+    for shift in (-3.0, 3.0):
+        bumped = eqx.tree_at(lambda k: k.log_neg_real_a, kernel, kernel.log_neg_real_a + shift)
+        abar, _ = bumped.discretize()
+        assert bool(jnp.all(jnp.abs(abar) < 1))
+
+
+def test_bilinear_approaches_zoh_as_dt_shrinks(getkey):
+    key = getkey()
+    errors = []
+    for dt in (1e-2, 1e-3, 1e-4):
+        kernels = [
+            ls.S4DKernel(8, 2, init="inv", discretization=d, dt_min=dt, dt_max=1.0001 * dt, key=key)
+            for d in DISCRETIZATIONS
+        ]
+        zoh, bil = (np.asarray(k(64), np.float64) for k in kernels)
+        errors.append(np.abs(zoh - bil).max() / np.abs(zoh).max())
+    assert errors[-1] < 1e-3
+    assert errors[0] > 10 * errors[-1]
+
+
+def test_length_generalisation_prefix(getkey):
+    kernel = ls.S4DKernel(8, 2, key=getkey())
+    np.testing.assert_allclose(kernel(300)[:, :37], kernel(37), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("init", INITS)
+def test_long_kernel_finite_and_accurate(init, getkey):
+    length = 65_536
+    kernel = ls.S4DKernel(64, 2, init=init, dt_min=1e-3, dt_max=2e-3, key=getkey())
+    k = jax.jit(lambda m: m(length))(kernel)
+    assert k.shape == (2, length)
+    assert bool(jnp.all(jnp.isfinite(k)))
+    # Against the float64 Vandermonde sum at scattered positions (including the end).
+    a, b, c, dt = _continuous(kernel)
+    abar = np.exp(dt * a)
+    cb = c * (abar - 1) / a * b
+    positions = np.array([0, 1, 17, 1000, 4097, 30_000, length - 1])
+    expected = 2 * np.real(
+        np.einsum("cn,cnl->cl", cb, np.exp(dt[..., None] * a[..., None] * positions))
+    )
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(np.asarray(k)[:, positions], expected, atol=1e-5 * scale)
+
+
+def test_kernel_grads(getkey):
+    kernel = ls.S4DKernel(4, 2, discretization="bilinear", key=getkey())
+    params, static = eqx.partition(kernel, eqx.is_array)
+    weights = jr.normal(getkey(), (2, 12))
+
+    @jax.jit
+    def f(p):
+        return jnp.sum(weights * eqx.combine(p, static)(12))
+
+    check_grads(f, (params,), order=1, modes=["rev"], eps=1e-3, atol=2e-2, rtol=2e-2)
+
+
+# --------------------------------------------------------------------------- fft_conv
+
+
+def _direct_conv(u, k, kb=None):
+    u, k = np.asarray(u, np.float64), np.asarray(k, np.float64)
+    length, channels = u.shape
+    k = np.broadcast_to(k, (channels, length))
+    kb = None if kb is None else np.broadcast_to(np.asarray(kb, np.float64), (channels, length))
+    y = np.zeros_like(u)
+    for t in range(length):
+        for s in range(length):
+            if s <= t:
+                y[t] += k[:, t - s] * u[s]
+            elif kb is not None:
+                y[t] += kb[:, s - t - 1] * u[s]
+    return y
+
+
+@pytest.mark.parametrize("kc", [1, 3])
+def test_fft_conv_causal_equals_direct(kc, getkey):
+    u = jr.normal(getkey(), (37, 3))
+    k = jr.normal(getkey(), (kc, 37))
+    y = ls.fft_conv(u, k)
+    assert y.shape == (37, 3) and y.dtype == u.dtype
+    np.testing.assert_allclose(y, _direct_conv(u, k), atol=1e-4)
+
+
+@pytest.mark.parametrize("kc", [1, 3])
+def test_fft_conv_bidirectional_equals_direct(kc, getkey):
+    u = jr.normal(getkey(), (37, 3))
+    k, kb = jr.normal(getkey(), (2, kc, 37))
+    np.testing.assert_allclose(ls.fft_conv(u, k, kb), _direct_conv(u, k, kb), atol=1e-4)
+
+
+def test_fft_conv_bidirectional_impulse_response(getkey):
+    length, p = 20, 7
+    k, kb = jr.normal(getkey(), (2, 1, length))
+    u = jnp.zeros((length, 1)).at[p, 0].set(1.0)
+    y = np.asarray(ls.fft_conv(u, k, kb))[:, 0]
+    # Lag 0 (t = p) comes from the forward kernel only.
+    np.testing.assert_allclose(y[p:], k[0, : length - p], atol=1e-5)
+    np.testing.assert_allclose(y[:p], kb[0, :p][::-1], atol=1e-5)
+
+
+def test_fft_conv_is_causal(getkey):
+    u = jr.normal(getkey(), (30, 2))
+    k = jr.normal(getkey(), (2, 30))
+    v = u.at[11:].add(jr.normal(getkey(), (19, 2)))
+    np.testing.assert_allclose(ls.fft_conv(u, k)[:11], ls.fft_conv(v, k)[:11], atol=1e-5)
+
+
+def test_fft_conv_grads(getkey):
+    u = jr.normal(getkey(), (9, 2))
+    k, kb = jr.normal(getkey(), (2, 2, 9))
+
+    @jax.jit
+    def f(u, k, kb):
+        return ls.fft_conv(u, k, kb)
+
+    check_grads(f, (u, k, kb), order=1, modes=["rev"], eps=1e-2, atol=1e-2, rtol=1e-2)
+
+
+def test_fft_size():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for minimum in (1, 2, 7, 14, 74, 1000, 2049, 4097):
+        size = _fft_size(minimum)
+        assert size >= minimum and smooth(size)
+        assert not any(smooth(s) for s in range(minimum, size))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_kernel_bad_inputs(getkey):
+    key = getkey()
+    with pytest.raises(ValueError, match="state_size.*7"):
+        ls.S4DKernel(7, key=key)
+    with pytest.raises(ValueError, match="init.*'diag'"):
+        ls.S4DKernel(8, init="diag", key=key)
+    with pytest.raises(ValueError, match="discretization.*'euler'"):
+        ls.S4DKernel(8, discretization="euler", key=key)
+    with pytest.raises(ValueError, match="dt_min=0.1.*dt_max=0.01"):
+        ls.S4DKernel(8, dt_min=0.1, dt_max=0.01, key=key)
+    with pytest.raises(ValueError, match="dt_min=0.0"):
+        ls.S4DKernel(8, dt_min=0.0, dt_max=0.1, key=key)
+    with pytest.raises(ValueError, match="channels=0"):
+        ls.S4DKernel(8, 0, key=key)
+    with pytest.raises(ValueError, match="length=0"):
+        ls.S4DKernel(8, key=key)(0)
+
+
+def test_fft_conv_bad_inputs(getkey):
+    u = jnp.ones((10, 3))
+    with pytest.raises(ValueError, match="k must have 1 or channels=3"):
+        ls.fft_conv(u, jnp.ones((2, 10)))
+    with pytest.raises(TypeError):  # jaxtyping: lengths of u and k differ
+        ls.fft_conv(u, jnp.ones((3, 11)))
