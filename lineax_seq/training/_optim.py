@@ -18,13 +18,13 @@ DEFAULT_GROUP = "default"
 
 
 def make_schedule(
-    peak_lr: float,
+    peak_lr: float | int,
     *,
     schedule: str = "cosine",
     warmup_steps: int = 0,
     total_steps: int | None = None,
-    init_lr: float = 0.0,
-    end_lr: float = 0.0,
+    init_lr: float | int = 0.0,
+    end_lr: float | int = 0.0,
 ) -> optax.Schedule:
     """Learning-rate schedule: linear warmup to `peak_lr`, then a decay.
 
@@ -106,8 +106,8 @@ class ParamGroup:
 
     match: str | Callable[[str, Any], bool] | None = None
     where: Callable[[PyTree], Any] | None = None
-    learning_rate: float | None = None
-    weight_decay: float | None = None
+    learning_rate: float | int | None = None
+    weight_decay: float | int | None = None
 
     def __post_init__(self):
         if (self.match is None) == (self.where is None):
@@ -196,17 +196,17 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
 
 
 def make_optimizer(
-    learning_rate: float = 1e-3,
+    learning_rate: float | int = 1e-3,
     *,
     schedule: str = "cosine",
     warmup_steps: int = 0,
     total_steps: int | None = None,
-    end_lr_ratio: float = 0.0,
-    weight_decay: float = 0.01,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    clip_norm: float | None = 1.0,
+    end_lr_ratio: float | int = 0.0,
+    weight_decay: float | int = 0.01,
+    b1: float | int = 0.9,
+    b2: float | int = 0.999,
+    eps: float | int = 1e-8,
+    clip_norm: float | int | None = 1.0,
     accumulate_steps: int = 1,
     groups: Mapping[str, ParamGroup] | None = None,
 ) -> optax.GradientTransformation:
@@ -254,7 +254,7 @@ def make_optimizer(
     if not 0.0 <= end_lr_ratio <= 1.0:
         raise ValueError(f"end_lr_ratio={end_lr_ratio} must be in [0, 1].")
 
-    def _adamw(lr: float, wd: float) -> optax.GradientTransformation:
+    def _adamw(lr, wd) -> optax.GradientTransformation:
         sched = make_schedule(
             lr,
             schedule=schedule,

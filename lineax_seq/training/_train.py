@@ -90,7 +90,9 @@ def make_train_step(
     """
 
     def _step(batch_key, model, opt_state):
-        batch, key = batch_key
+        batch, key, step = batch_key
+        if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
+            key = jr.fold_in(key, step)
         (loss, aux), grads = eqx.filter_value_and_grad(
             lambda m: loss_fn(m, batch, key), has_aux=True
         )(model)
@@ -106,8 +108,8 @@ def make_train_step(
 
     jitted = eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
 
-    def step(model, opt_state, batch, key):
-        return jitted((batch, key), model, opt_state)
+    def step(model, opt_state, batch, key, *, _fold_in=None):
+        return jitted((batch, key, _fold_in), model, opt_state)
 
     return step
 
@@ -335,9 +337,10 @@ def train(
     ckpt_dir = None if out is None else out / CHECKPOINT_DIR
 
     # Copy so that donation never invalidates the caller's arrays.
-    model = jax.tree.map(lambda x: jnp.array(x, copy=True) if eqx.is_array(x) else x, model)
+    dynamic, static = eqx.partition(model, eqx.is_array)
+    model = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
     if opt_state is None:
-        opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+        opt_state = eqx.filter_jit(optimizer.init)(eqx.filter(model, eqx.is_inexact_array))
     it = _DataIterator(data)
     start = 0
     resumed_from = None
@@ -462,8 +465,10 @@ def train(
             window["items"] += _count(batch, unit)
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
-            step_key = jr.fold_in(train_key, step)
-            model, opt_state, metrics = step_fn(model, opt_state, batch, step_key)
+            # The key of step s is jr.fold_in(train_key, s), computed inside the step.
+            model, opt_state, metrics = step_fn(
+                model, opt_state, batch, train_key, _fold_in=np.int32(step)
+            )
             step += 1
             pending.append((step, metrics))
             if bar is not None:
