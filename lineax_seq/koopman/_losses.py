@@ -1,5 +1,7 @@
 """Training objectives of the Koopman autoencoder (equations 1.3.4-1.3.6) and the MLP baseline."""
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -24,6 +26,7 @@ def koopman_loss(
     sparsity: float = 1e-3,
     action: float = 1.0,
     reencode_every: int | None = None,
+    method: Literal["parallel", "sequential"] = "parallel",
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """The Koopman objective on one window `x_t, ..., x_{t+T}` (section 1.3.1).
 
@@ -46,6 +49,8 @@ def koopman_loss(
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights.
     - `reencode_every`: reencoding period inside the training unroll, or `None`.
+    - `method`: how the training unroll is computed (see [`unroll`][lineax_seq.unroll];
+        for short windows on CPU `"sequential"` is often cheaper).
 
     **Returns:**
 
@@ -55,7 +60,9 @@ def koopman_loss(
     if steps < 1:
         raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
     zs = jax.vmap(model.encode)(xs)
-    zhat = unroll_latents(model, xs[0], actions, steps=steps, reencode_every=reencode_every)
+    zhat = unroll_latents(
+        model, xs[0], actions, steps=steps, reencode_every=reencode_every, method=method
+    )
     terms = {
         "alignment": jnp.sum(_norms(zhat - zs[1:])),
         "reconstruction": jnp.sum(_norms(xs - jax.vmap(model.decode)(zs))),
