@@ -28,7 +28,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import jax.tree_util as jtu
 import numpy as np
+import optax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+import lineax_seq as ls
 
 # Relative positions shown in the kernel heat maps (Figure 3 crops -10..10).
 KERNEL_RADIUS = 10
@@ -339,6 +348,223 @@ def _save_json(payload: dict[str, Any], path: pathlib.Path) -> pathlib.Path:
 
 
 # ---------------------------------------------------------------------------------------
+# Models and losses
+# ---------------------------------------------------------------------------------------
+
+
+class MaskedLM(eqx.Module):
+    """A BiGS-family encoder with the masked-LM head (decoder tied to the embedding)."""
+
+    encoder: ls.BiGS
+    head: ls.MaskedLMHead
+
+    def __init__(self, encoder: ls.BiGS, *, key: PRNGKeyArray):
+        self.encoder = encoder
+        self.head = ls.MaskedLMHead(encoder.dim, encoder.vocab_size, key=key)
+
+    def __call__(
+        self,
+        tokens: Int[Array, " length"],
+        mask: Bool[Array, " length"],
+        positions: Int[Array, " n"],
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "n vocab"]:
+        """Vocabulary logits at `positions` only (the masked ones): the tied decoder is
+        the largest matrix product, so it is applied to the predicted tokens alone."""
+        h = self.encoder(tokens, mask, key=key, inference=inference)
+        return self.head(h[positions], self.encoder.token_embedding.weight)
+
+
+class Classifier(eqx.Module):
+    """A BiGS-family encoder with a sequence classification/regression head."""
+
+    encoder: ls.BiGS
+    head: ls.SequenceClassificationHead
+
+    def __init__(self, encoder: ls.BiGS, num_outputs: int, *, key: PRNGKeyArray):
+        self.encoder = encoder
+        self.head = ls.SequenceClassificationHead(
+            encoder.dim, num_outputs, dropout=encoder.dropout_rate, key=key
+        )
+
+    def __call__(
+        self,
+        tokens: Int[Array, " length"],
+        mask: Bool[Array, " length"],
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, " outputs"]:
+        """Logits (or the regression value) of one sequence."""
+        k1, k2 = (None, None) if key is None else jr.split(key)
+        h = self.encoder(tokens, mask, key=k1, inference=inference)
+        return self.head(h, mask, key=k2, inference=inference)
+
+
+def max_predictions(length: int, mask_rate: float) -> int:
+    """Masked positions scored per sequence: the mean `rate * length` plus six standard
+    deviations of the binomial count (more than that is astronomically rare and the
+    surplus would simply not be scored)."""
+    mean = mask_rate * length
+    return min(length, math.ceil(mean + 6 * math.sqrt(mean * (1 - mask_rate)) + 1))
+
+
+def mlm_loss(
+    model: MaskedLM,
+    batch: dict[str, Array],
+    key: PRNGKeyArray,
+    *,
+    max_masked: int,
+    inference: bool = False,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Mean cross-entropy over the masked tokens of a batch, and their accuracy.
+
+    **Arguments:**
+
+    - `model`: a [`MaskedLM`][lineax_seq.experiments._bigs.MaskedLM].
+    - `batch`: `tokens` (batch, length) ids with the masking applied, `mask` (batch,
+        length) `True` at real tokens, `targets` (batch, length) the original id at
+        masked positions and `-1` elsewhere.
+    - `key`: dropout key.
+    - `max_masked`: predictions scored per sequence (see `max_predictions`).
+    - `inference`: disable dropout.
+
+    **Returns:**
+
+    `(loss, {"accuracy": ...})`, averaged over all masked tokens of the batch.
+    """
+    tokens, mask, targets = batch["tokens"], batch["mask"], batch["targets"]
+
+    def one(tokens, mask, targets, key):
+        is_target = targets >= 0
+        (positions,) = jnp.nonzero(is_target, size=max_masked, fill_value=0)
+        valid = jnp.arange(max_masked) < jnp.sum(is_target)
+        logits = model(tokens, mask, positions, key=key, inference=inference)
+        labels = jnp.where(valid, targets[positions], 0)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        hit = valid & (jnp.argmax(logits, axis=-1) == labels)
+        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(hit), jnp.sum(valid)
+
+    keys = jr.split(key, tokens.shape[0])
+    nll, hits, count = jax.vmap(one)(tokens, mask, targets, keys)
+    count = jnp.maximum(jnp.sum(count), 1).astype(jnp.float32)
+    loss = jnp.sum(nll) / count
+    return loss, {"accuracy": jnp.sum(hits).astype(jnp.float32) / count}
+
+
+def classification_loss(
+    model: Classifier,
+    batch: dict[str, Array],
+    key: PRNGKeyArray,
+    *,
+    inference: bool = False,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Cross-entropy and accuracy (integer `labels`) or squared error (float `labels`,
+    regression with one output) of a batch of `tokens`/`mask`/`labels`."""
+    keys = jr.split(key, batch["tokens"].shape[0])
+    call = lambda t, m, k: model(t, m, key=k, inference=inference)
+    out = jax.vmap(call)(batch["tokens"], batch["mask"], keys)
+    labels = batch["labels"]
+    if jnp.issubdtype(labels.dtype, jnp.floating):
+        err = out[:, 0] - labels
+        return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out, labels))
+    accuracy = jnp.mean((jnp.argmax(out, axis=-1) == labels).astype(jnp.float32))
+    return loss, {"accuracy": accuracy}
+
+
+def ssm_parameter_paths(model: PyTree) -> frozenset[str]:
+    """`jax.tree_util.keystr` paths of every S4D kernel parameter (A, B, C, dt) in a model:
+    the SSM parameter group (own learning rate, no weight decay, as S4 trains them)."""
+    is_kernel = lambda x: isinstance(x, ls.S4DKernel)
+    paths = set()
+    for path, node in jtu.tree_flatten_with_path(model, is_leaf=is_kernel)[0]:
+        if is_kernel(node):
+            for sub, leaf in jtu.tree_flatten_with_path(node)[0]:
+                if eqx.is_inexact_array(leaf):
+                    paths.add(jtu.keystr((*path, *sub)))
+    return frozenset(paths)
+
+
+def make_optimizer(
+    model: PyTree,
+    *,
+    lr: float,
+    steps: int,
+    warmup: float,
+    weight_decay: float,
+    ssm_lr: float,
+    schedule: str = "cosine",
+) -> optax.GradientTransformation:
+    """The paper's pretraining optimiser (Table 7): AdamW with beta1 0.9, beta2 0.98,
+    eps 1e-6, no gradient clipping, linear warmup over a fraction `warmup` of `steps`
+    then `schedule` decay to 0; SSM kernel parameters in their own group (`ssm_lr`, no
+    weight decay; capped at `lr` so the group never outruns the warmup peak)."""
+    paths = ssm_parameter_paths(model)
+    groups = {}
+    if paths:
+        groups["ssm"] = ls.ParamGroup(
+            match=lambda path, _: path in paths,
+            learning_rate=min(ssm_lr, lr) if ssm_lr > 0 else lr,
+            weight_decay=0.0,
+        )
+    warmup_steps = min(max(int(round(warmup * steps)), 0), max(steps - 1, 0))
+    return ls.make_optimizer(
+        lr,
+        schedule=schedule,
+        warmup_steps=warmup_steps,
+        total_steps=max(steps, warmup_steps + 1),
+        weight_decay=weight_decay,
+        b1=0.9,
+        b2=0.98,
+        eps=1e-6,
+        clip_norm=None,
+        groups=groups,
+    )
+
+
+def _count(tree: PyTree) -> int:
+    # Like `ls.count_parameters`, but also counts `jax.ShapeDtypeStruct` leaves, so that
+    # models built abstractly with `eqx.filter_eval_shape` can be sized for free.
+    leaves = jax.tree.leaves(tree)
+    return sum(
+        int(np.prod(x.shape))
+        for x in leaves
+        if hasattr(x, "dtype") and hasattr(x, "shape") and jnp.issubdtype(x.dtype, jnp.inexact)
+    )
+
+
+def parameter_counts(model: PyTree) -> dict[str, int]:
+    """Total parameters and those outside the token/position/type embeddings."""
+    encoder = model.encoder if hasattr(model, "encoder") else model
+    embeddings = (
+        encoder.token_embedding,
+        encoder.position_embedding,
+        encoder.token_type_embedding,
+    )
+    total = _count(model)
+    return {"params": total, "params_non_embedding": total - _count(embeddings)}
+
+
+def matched_inner_dim(config: dict[str, Any], target: int) -> int:
+    """The `inner_dim` giving the encoder `config` closest to `target` non-embedding
+    parameters (the count is affine in `inner_dim`; measured, not assumed)."""
+
+    def count(inner: int) -> int:
+        enc = eqx.filter_eval_shape(
+            lambda: ls.BiGS(**{**config, "inner_dim": inner}, key=jr.key(0))
+        )
+        return parameter_counts(enc)["params_non_embedding"]
+
+    base = config["dim"]
+    c1, c2 = count(base), count(2 * base)
+    slope = (c2 - c1) / base
+    return max(8, int(round(base + (target - c1) / slope)))
+
+
+# ---------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------
 
@@ -472,11 +698,463 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ker.add_argument("--out", type=pathlib.Path, default=pathlib.Path("outputs/bigs/kernels.png"))
 
 
-def _pending(args: argparse.Namespace) -> None:
-    raise NotImplementedError(f"`bigs {args.bigs_command}` lands with the BiGS models")
+# ---------------------------------------------------------------------------------------
+# Data (thin adapters over lineax_seq.data)
+# ---------------------------------------------------------------------------------------
 
 
-pretrain = finetune = ablation = kernels = _pending
+class _Tokens:
+    """Temporary byte-level tokenizer (replaced by lineax_seq.data's)."""
+
+    pad, cls, sep, mask = 0, 1, 2, 3
+    offset = 4
+    vocab_size = 260
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8", "replace")]
+
+    def save(self, path: pathlib.Path) -> None:
+        pathlib.Path(path).write_text(json.dumps({"kind": "byte"}))
+
+
+def _load_texts(corpus: pathlib.Path | None, max_files: int) -> list[str]:
+    import sysconfig
+
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"]) if corpus is None else corpus
+    files = [root] if root.is_file() else sorted(root.rglob("*.py" if corpus is None else "*"))
+    files = [f for f in files if "site-packages" not in f.parts and f.is_file()]
+    texts = []
+    for f in files[:max_files]:
+        try:
+            texts.append(f.read_text())
+        except (UnicodeDecodeError, OSError):
+            continue
+    return texts
+
+
+def _tokenizer(texts: Sequence[str], kind: str, vocab_size: int) -> _Tokens:
+    del texts, kind, vocab_size
+    return _Tokens()
+
+
+def _load_tokenizer(run_dir: pathlib.Path) -> _Tokens:
+    return _Tokens()
+
+
+def _split_documents(texts: Sequence[str], held_out: float = 0.05) -> tuple[list, list]:
+    """Deterministic document-level split: every `1 / held_out`-th document is held out."""
+    every = max(2, round(1 / held_out))
+    train = [t for i, t in enumerate(texts) if i % every != every - 1]
+    test = [t for i, t in enumerate(texts) if i % every == every - 1]
+    return train, test
+
+
+def _mlm_batches(
+    texts: Sequence[str],
+    tok: _Tokens,
+    *,
+    length: int,
+    batch_size: int,
+    mask_rate: float,
+    seed: int,
+    num_batches: int | None = None,
+):
+    """MLM batches `{tokens, mask, targets}` of windows of the token stream."""
+    stream = np.concatenate([np.asarray(tok.encode(t), np.int32) for t in texts])
+    rng = np.random.default_rng(seed)
+    i = 0
+    while num_batches is None or i < num_batches:
+        starts = rng.integers(0, len(stream) - length, size=batch_size)
+        orig = np.stack([stream[s : s + length] for s in starts])
+        chosen = rng.random(orig.shape) < mask_rate
+        r = rng.random(orig.shape)
+        tokens = np.where(chosen & (r < 0.8), tok.mask, orig)
+        rand = rng.integers(tok.offset, tok.vocab_size, size=orig.shape)
+        tokens = np.where(chosen & (r >= 0.8) & (r < 0.9), rand, tokens).astype(np.int32)
+        yield {
+            "tokens": tokens,
+            "mask": np.ones_like(tokens, dtype=bool),
+            "targets": np.where(chosen, orig, -1).astype(np.int32),
+        }
+        i += 1
+
+
+def _encode_rows(
+    rows: Sequence[tuple[str, float]], tok: _Tokens, *, length: int, regression: bool
+) -> dict[str, np.ndarray]:
+    tokens = np.full((len(rows), length), tok.pad, np.int32)
+    mask = np.zeros((len(rows), length), bool)
+    for i, (text, _) in enumerate(rows):
+        ids = [tok.cls, *tok.encode(text)][:length]
+        tokens[i, : len(ids)] = ids
+        mask[i, : len(ids)] = True
+    labels = np.asarray([y for _, y in rows], np.float32 if regression else np.int32)
+    return {"tokens": tokens, "mask": mask, "labels": labels}
+
+
+def _read_rows(path: pathlib.Path) -> list[tuple[str, float]]:
+    path = pathlib.Path(path)
+    if path.suffix == ".jsonl":
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [(r["text"], float(r["label"])) for r in records]
+    with path.open(newline="") as f:
+        return [(r["text"], float(r["label"])) for r in csv.DictReader(f)]
+
+
+def _listops_rows(num: int, *, seed: int) -> list[tuple[str, float]]:
+    raise NotImplementedError("ListOps lands with lineax_seq.data")
+
+
+def _batches(data: dict[str, np.ndarray], batch_size: int, *, seed: int | None):
+    """Epochs of shuffled batches (`seed`), or one ordered pass (`seed=None`)."""
+    n = len(data["labels"])
+    rng = None if seed is None else np.random.default_rng(seed)
+    while True:
+        order = np.arange(n) if rng is None else rng.permutation(n)
+        for i in range(0, n - batch_size + 1 if rng is not None else n, batch_size):
+            idx = order[i : i + batch_size]
+            yield {k: v[idx] for k, v in data.items()}
+        if rng is None:
+            return
+
+
+class _Reiterable:
+    """`iter()` restarts a generator function (what `train`'s `eval_data` wants)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __iter__(self):
+        return iter(self.fn())
+
+
+# ---------------------------------------------------------------------------------------
+# Runs: build, pretrain, fine-tune, save/load
+# ---------------------------------------------------------------------------------------
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+FINAL_DIR = "final"
+
+
+def _save_run(out: pathlib.Path, model: eqx.Module, step: int, config: dict) -> None:
+    _save_json(config, out / CONFIG_FILE)
+    ls.save_checkpoint(out / FINAL_DIR, step, model=model, keep=1)
+
+
+def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, Any, dict[str, Any]]:
+    """Load a finished `bigs pretrain` run: the MLM model, its tokenizer and config."""
+    run_dir = pathlib.Path(run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{run_dir} is not a `bigs pretrain` output (no {CONFIG_FILE})")
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    template = eqx.filter_eval_shape(
+        lambda: MaskedLM(ls.BiGS(**config["model"], key=jr.key(0)), key=jr.key(1))
+    )
+    model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
+    return model, _load_tokenizer(run_dir), config
+
+
+def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    print(f"{prefix}: {shown}", flush=True)
+
+
+def _last(history: list[dict], split: str) -> dict[str, float]:
+    records = [r for r in history if r.get("split") == split]
+    if not records:
+        return {}
+    return {k: v for k, v in records[-1].items() if k not in ("step", "split")}
+
+
+def pretrain_mlm(
+    model: MaskedLM,
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    length: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.01,
+    schedule: str = "cosine",
+    mask_rate: float = 0.15,
+    eval_batches: int = 8,
+    eval_every: int = 0,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`).
+
+    Evaluates on `eval_batches` fixed batches of `eval_texts` (same batches for every
+    model with the same seed) at the end and every `eval_every` steps.
+    """
+    max_masked = max_predictions(length, mask_rate)
+    loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked)
+    eval_loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked, inference=True)
+    data = _mlm_batches(
+        train_texts, tok, length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed
+    )
+    eval_data = _Reiterable(
+        lambda: _mlm_batches(
+            eval_texts,
+            tok,
+            length=length,
+            batch_size=batch_size,
+            mask_rate=mask_rate,
+            seed=10_000 + seed,
+            num_batches=eval_batches,
+        )
+    )
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule=schedule,
+    )
+    return ls.train(
+        model,
+        optimizer,
+        loss,
+        data,
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=eval_data,
+        eval_fn=eval_loss,
+        eval_every=eval_every,
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        unit="tokens",
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def finetune_classifier(
+    model: Classifier,
+    train_data: dict[str, np.ndarray],
+    eval_data: dict[str, np.ndarray],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.1,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Fine-tune a classifier (Table 8's recipe: AdamW, 10% warmup, linear decay) and
+    evaluate it on all of `eval_data` at the end."""
+    if len(train_data["labels"]) < batch_size:
+        raise ValueError(
+            f"the training set has {len(train_data['labels'])} examples, fewer than "
+            f"batch_size={batch_size}"
+        )
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule="linear",
+    )
+    return ls.train(
+        model,
+        optimizer,
+        classification_loss,
+        _batches(train_data, batch_size, seed=seed),
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=_Reiterable(lambda: _batches(eval_data, batch_size, seed=None)),
+        eval_fn=lambda m, b, k: classification_loss(m, b, k, inference=True),
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def model_kernels(
+    model: MaskedLM | Classifier | ls.BiGS, length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(forward, backward)` kernels of every layer, each `(layers, kc, length)`."""
+    encoder = model if isinstance(model, ls.BiGS) else model.encoder
+    k = np.asarray(encoder.kernels(length))
+    return k[:, 0], k[:, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------
+
+
+def pretrain(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
+    curves, the final model and (SSM routing) the kernel heat map into `--out`."""
+    out: pathlib.Path = args.out
+    texts = _load_texts(args.corpus, args.max_files)
+    train_texts, eval_texts = _split_documents(texts)
+    if args.resume:
+        if not (out / CONFIG_FILE).exists():
+            raise ValueError(f"--resume: {out} holds no run to resume (no {CONFIG_FILE})")
+        config = json.loads((out / CONFIG_FILE).read_text())
+        tok = _load_tokenizer(out)
+        model = MaskedLM(ls.BiGS(**config["model"], key=jr.key(args.seed)), key=jr.key(1))
+    elif args.init_from is not None:
+        model, tok, config = load_pretrained(args.init_from)
+        config = {**config, "init_from": str(args.init_from)}
+    else:
+        tok = _tokenizer(train_texts, args.tokenizer, args.vocab_size)
+        encoder = ls.BiGS(
+            tok.vocab_size,
+            args.dim,
+            args.layers,
+            architecture=args.architecture,
+            routing=args.routing,
+            inner_dim=args.inner,
+            num_heads=args.heads if args.routing == "attention" else None,
+            max_length=args.length if args.routing == "attention" else None,
+            state_size=args.state_size,
+            dropout=args.dropout,
+            key=jr.key(args.seed),
+        )
+        model = MaskedLM(encoder, key=jr.fold_in(jr.key(args.seed), 1))
+        config = {"model": encoder.config()}
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(out / TOKENIZER_FILE)
+    config["pretrain"] = {
+        k: str(v) if isinstance(v, pathlib.Path) else v
+        for k, v in vars(args).items()
+        if k not in ("func",)
+    }
+    _save_json(config, out / CONFIG_FILE)
+    counts = parameter_counts(model)
+    print(
+        f"BiGS {config['model']['architecture']}/{config['model']['routing']}: "
+        f"{counts['params']:,} parameters ({counts['params_non_embedding']:,} non-embedding), "
+        f"{len(train_texts)} training documents, length {args.length}",
+        flush=True,
+    )
+    result = pretrain_mlm(
+        model,
+        train_texts,
+        eval_texts,
+        tok,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        length=args.length,
+        lr=args.lr,
+        ssm_lr=args.ssm_lr,
+        weight_decay=args.weight_decay,
+        warmup=args.warmup,
+        schedule=args.schedule,
+        mask_rate=args.mask_rate,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        out_dir=out,
+        checkpoint_every=max(1, args.steps // 4),
+        resume=args.resume,
+    )
+    _save_run(out, result.model, result.step, config)
+    metrics = _last(result.history, "eval")
+    _print_metrics("held-out MLM", metrics)
+    if result.model.encoder.routing == "ssm":
+        fwd, bwd = model_kernels(result.model, max(args.length, 2 * KERNEL_RADIUS + 1))
+        path = plot_kernels({"pretrained": (fwd, bwd)}, out / "kernels.png")
+        print(f"kernels: {path}")
+    print(f"model, checkpoints and metrics in {out}/")
+    return metrics
+
+
+def finetune(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
+    mlm, tok, config = load_pretrained(args.checkpoint)
+    if args.task == "listops":
+        rows = _listops_rows(args.listops_examples, seed=args.seed)
+        cut = int(0.9 * len(rows))
+        train_rows, eval_rows = rows[:cut], rows[cut:]
+        regression = False
+    else:
+        if args.train is None:
+            raise ValueError("--task file needs --train PATH (a CSV or JSONL file)")
+        train_rows = _read_rows(args.train)
+        if args.eval is not None:
+            eval_rows = _read_rows(args.eval)
+        else:
+            cut = int(0.9 * len(train_rows))
+            train_rows, eval_rows = train_rows[:cut], train_rows[cut:]
+        regression = args.regression
+        if not regression and not _is_integer_labels([y for _, y in train_rows]):
+            raise ValueError("labels are not integers: pass --regression for real values")
+    num_outputs = 1 if regression else int(max(y for _, y in train_rows + eval_rows)) + 1
+    encode = lambda rows: _encode_rows(rows, tok, length=args.length, regression=regression)
+    model = Classifier(mlm.encoder, num_outputs, key=jr.key(args.seed + 1))
+    print(
+        f"fine-tuning {args.checkpoint} on {len(train_rows)} examples "
+        f"({'regression' if regression else f'{num_outputs} classes'}), "
+        f"{len(eval_rows)} held out",
+        flush=True,
+    )
+    result = finetune_classifier(
+        model,
+        encode(train_rows),
+        encode(eval_rows),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        ssm_lr=args.ssm_lr,
+        weight_decay=args.weight_decay,
+        warmup=args.warmup,
+        seed=args.seed,
+        out_dir=args.out,
+    )
+    metrics = _last(result.history, "eval")
+    _print_metrics("held-out", metrics)
+    _save_json(
+        {"checkpoint": str(args.checkpoint), "task": args.task, **metrics}, args.out / "result.json"
+    )
+    if result.model.encoder.routing == "ssm":
+        fwd, bwd = model_kernels(result.model, max(args.length, 2 * KERNEL_RADIUS + 1))
+        pre_fwd, pre_bwd = model_kernels(mlm, max(args.length, 2 * KERNEL_RADIUS + 1))
+        plot_kernels(
+            {"pretrained": (pre_fwd, pre_bwd), "fine-tuned": (fwd, bwd)},
+            args.out / "kernels.png",
+        )
+    return metrics
+
+
+def kernels(args: argparse.Namespace) -> pathlib.Path:
+    """`bigs kernels`: Figure 3 heat map of one or more pretraining runs."""
+    panels = {}
+    for run_dir in args.checkpoint:
+        model, _, config = load_pretrained(run_dir)
+        if model.encoder.routing != "ssm":
+            print(f"skipping {run_dir}: routing={model.encoder.routing!r} has no kernels")
+            continue
+        length = max(128, 2 * args.radius + 1)
+        arch = config["model"]["architecture"].upper()
+        panels[f"{run_dir.name} ({arch}/SSM)"] = model_kernels(model, length)
+    path = plot_kernels(panels, args.out, radius=args.radius)
+    print(f"kernel heat map: {path}")
+    return path
+
+
+def ablation(args: argparse.Namespace) -> dict[str, Any]:
+    raise NotImplementedError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -489,3 +1167,7 @@ def run(args: argparse.Namespace) -> int:
     }
     commands[args.bigs_command](args)
     return 0
+
+
+def demo(out_dir: pathlib.Path, *, small: bool) -> None:
+    raise NotImplementedError
