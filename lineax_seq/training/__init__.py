@@ -22,14 +22,14 @@ Train loop (`loss_fn(model, batch, key) -> (scalar loss, dict of scalar metrics 
 the batch is the whole batch: vmap inside `loss_fn`):
 
 ```python
-step = make_train_step(loss_fn, optimizer, *, mesh=None, donate=True)
+step = make_train_step(loss_fn, optimizer, *, mesh=None, min_shard_size=2**16, donate=True)
 model, opt_state, metrics = step(model, opt_state, batch, key)   # metrics: loss, grad_norm, aux
 eval_step = make_eval_step(loss_fn); metrics = eval_step(model, batch, key)
 result = train(model, optimizer, loss_fn, data, *, steps, key, opt_state=None,
                eval_data=None, eval_fn=None, eval_every=0, eval_batches=None,
                log_every=10, out_dir=None, checkpoint_every=0, keep_checkpoints=3,
-               resume=True, unit="samples"|"tokens", mesh=None, progress=True,
-               plot=False, callback=None) -> TrainResult
+               resume=True, unit="samples"|"tokens", mesh=None, min_shard_size=2**16,
+               progress=True, plot=False, callback=None) -> TrainResult
 # TrainResult(model, opt_state, step, key, history: list[dict], resumed_from)
 # out_dir/metrics.jsonl, out_dir/checkpoints/step_XXXXXXXX/, out_dir/curves.png
 plot_metrics(history_or_jsonl_path, path=None, *, keys=None) -> Figure

@@ -63,6 +63,7 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     *,
     mesh: jax.sharding.Mesh | None = None,
+    min_shard_size: int = 2**16,
     donate: bool = True,
 ) -> Callable[[PyTree, PyTree, Any, PRNGKeyArray], tuple[PyTree, PyTree, dict[str, Array]]]:
     """Build the jitted train step `step(model, opt_state, batch, key)`.
@@ -79,6 +80,9 @@ def make_train_step(
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
     - `mesh`: if given, the new model and optimiser state are constrained to
         [`lineax_seq.param_sharding`][] on this mesh (tensor-parallel weights stay put).
+        Without it, whatever shardings the inputs carry are propagated by the compiler.
+    - `min_shard_size`: arrays with fewer elements are replicated rather than split
+        over the mesh's `"model"` axis (see [`lineax_seq.param_sharding`][]).
     - `donate`: donate the model's and optimiser state's buffers to the step (the
         arrays passed in are invalid afterwards; memory is reused in place).
 
@@ -97,13 +101,13 @@ def make_train_step(
             lambda m: loss_fn(m, batch, key), has_aux=True
         )(model)
         metrics = _metrics(loss, aux, "loss_fn")
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         params = eqx.filter(model, eqx.is_inexact_array)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         model = eqx.apply_updates(model, updates)
         if mesh is not None:
-            model = shard_params(model, mesh)
-            opt_state = shard_params(opt_state, mesh)
+            model = shard_params(model, mesh, min_size=min_shard_size)
+            opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
         return model, opt_state, metrics
 
     jitted = eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
@@ -252,6 +256,7 @@ def train(
     resume: bool = True,
     unit: str = "samples",
     mesh: jax.sharding.Mesh | None = None,
+    min_shard_size: int = 2**16,
     progress: bool = True,
     plot: bool = False,
     callback: Callable[[int, PyTree, dict[str, float]], None] | None = None,
@@ -296,7 +301,9 @@ def train(
         `"tokens"` (product of its first two dimensions).
     - `mesh`: if given, batches are split over its `"data"` axis
         ([`lineax_seq.shard_batch`][]) and large weights over `"model"`
-        ([`lineax_seq.shard_params`][]).
+        ([`lineax_seq.shard_params`][]); every process feeds its own slice of the
+        global batch.
+    - `min_shard_size`: smaller arrays are replicated, not split over `"model"`.
     - `progress`: show a tqdm progress bar with the loss and the throughput.
     - `plot`: save the loss curves to `out_dir/curves.png` at the end.
     - `callback`: called as `callback(step, model, record)` after every train record.
@@ -362,11 +369,11 @@ def train(
         if is_main and metrics_path.exists():
             _rewrite_jsonl(metrics_path, history)
     if mesh is not None:
-        model = shard_params(model, mesh)
-        opt_state = shard_params(opt_state, mesh)
+        model = shard_params(model, mesh, min_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
 
     train_key, eval_key = jr.split(key)
-    step_fn = make_train_step(loss_fn, optimizer, mesh=mesh)
+    step_fn = make_train_step(loss_fn, optimizer, mesh=mesh, min_shard_size=min_shard_size)
     eval_step = make_eval_step(loss_fn if eval_fn is None else eval_fn)
 
     log_file = open(metrics_path, "a") if metrics_path is not None and is_main else None  # noqa: SIM115
@@ -462,7 +469,8 @@ def train(
                     stacklevel=2,
                 )
                 break
-            window["items"] += _count(batch, unit)
+            # Each process feeds its own slice of the global batch.
+            window["items"] += _count(batch, unit) * (1 if mesh is None else jax.process_count())
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
             # The key of step s is jr.fold_in(train_key, s), computed inside the step.

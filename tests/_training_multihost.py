@@ -1,0 +1,66 @@
+"""One process of a 2-process data-parallel run (launched by tests/test_training_sharding.py).
+
+Usage: python tests/_training_multihost.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR
+
+Each process has 2 CPU devices; `jax.distributed.initialize` joins them into one
+4-device mesh (CPU collectives: gloo, JAX's default `jax_cpu_collectives_implementation`).
+Every process feeds its own half of each global batch, exactly as a grain pipeline
+sharded with `ShardByJaxProcess` would.
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+
+import pathlib  # noqa: E402
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
+    out_dir = pathlib.Path(sys.argv[4])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    import _training_sharding_common as common
+
+    import lineax_seq as ls
+
+    assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
+    mesh = ls.make_mesh()  # ("data", "model") = (4, 1) over both processes
+    batches = common.batches()
+    local = len(batches[0][0]) // num_processes
+    sl = slice(process_id * local, (process_id + 1) * local)
+    data = [(x[sl], y[sl]) for x, y in batches]
+    result = ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        data,
+        steps=len(batches),
+        key=jax.random.key(0),
+        log_every=1,
+        out_dir=out_dir,
+        checkpoint_every=2,
+        mesh=mesh,
+        progress=False,
+    )
+    if process_id == 0:
+        arrays = jax.tree.leaves(eqx.filter(result.model, eqx.is_array))
+        leaves = [np.asarray(x.addressable_data(0)) for x in arrays]
+        np.savez(out_dir / "final.npz", *leaves)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Sharding on the 8 host CPU devices, and a 2-process data-parallel run on loopback."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import _training_sharding_common as common
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import lineax_seq as ls
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def test_make_mesh():
+    mesh = ls.make_mesh(4, 2)
+    assert dict(mesh.shape) == {"data": 4, "model": 2}
+    assert dict(ls.make_mesh().shape) == {"data": len(jax.devices()), "model": 1}
+    assert dict(ls.make_mesh(model=4).shape) == {"data": 2, "model": 4}
+    with pytest.raises(ValueError, match=r"model=3 must be a positive integer dividing"):
+        ls.make_mesh(model=3)
+    with pytest.raises(ValueError, match=r"data=5 must be a positive integer"):
+        ls.make_mesh(5, 2)
+
+
+def test_shard_batch():
+    mesh = ls.make_mesh(8, 1)
+    batch = {"x": np.arange(16 * 3.0).reshape(16, 3), "n": np.float32(2.0)}
+    out = ls.shard_batch(batch, mesh)
+    assert out["x"].sharding.spec == P("data")
+    assert {s.data.shape for s in out["x"].addressable_shards} == {(2, 3)}
+    assert len({s.device for s in out["x"].addressable_shards}) == 8
+    np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"])
+    assert out["n"].sharding.is_fully_replicated
+    with pytest.raises(ValueError, match=r"batch leaf \['x'\] has leading \(batch\) size 12"):
+        ls.shard_batch({"x": np.zeros((12, 3))}, mesh)
+    with pytest.raises(ValueError, match=r"axis='batch' is not an axis of the mesh"):
+        ls.shard_batch(batch, mesh, axis="batch")
+
+
+def test_param_sharding_rule():
+    mesh = ls.make_mesh(4, 2)
+    tree = {"w": jnp.zeros((8, 6)), "odd": jnp.zeros((3, 5)), "b": jnp.zeros(8), "i": 3}
+    specs = ls.param_sharding(tree, mesh, min_size=1)
+    assert specs["w"].spec == P(None, "model")  # last divisible dimension
+    assert specs["odd"].spec == P()  # nothing divisible: replicated
+    assert specs["b"].spec == P()  # vectors replicated
+    assert specs["i"] is None
+    assert ls.param_sharding(tree, mesh)["w"].spec == P()  # below default min_size
+    placed = ls.shard_params(tree, mesh, min_size=1)
+    assert {s.data.shape for s in placed["w"].addressable_shards} == {(8, 3)}
+
+
+def test_sharded_step_equals_single_device():
+    """Data parallel over 4 devices x tensor parallel over 2 == one device."""
+    batch = common.batches(1, 8)[0]
+    key = jr.key(1)
+    opt = common.optimizer()
+
+    def run(mesh):
+        model = common.make_model()
+        opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+        b = batch
+        if mesh is not None:
+            model = ls.shard_params(model, mesh, min_size=1)
+            opt_state = ls.shard_params(opt_state, mesh, min_size=1)
+            b = ls.shard_batch(batch, mesh)
+        step = ls.make_train_step(common.loss_fn, opt, mesh=mesh, min_shard_size=1)
+        for _ in range(2):
+            model, opt_state, metrics = step(model, opt_state, b, key)
+        return model, opt_state, metrics
+
+    mesh = ls.make_mesh(4, 2)
+    model_1, _, metrics_1 = run(None)
+    model_8, opt_8, metrics_8 = run(mesh)
+    np.testing.assert_allclose(metrics_8["loss"], metrics_1["loss"], rtol=1e-5)
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(model_8, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(model_1, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The step kept the layout asked for: weights split over "model", batch over "data".
+    assert model_8.layers[1].weight.sharding.spec == P(None, "model")
+    assert model_8.layers[1].bias.sharding.is_fully_replicated
+    adam_mu = [x for x in jax.tree.leaves(opt_8) if getattr(x, "shape", None) == (8, 8)]
+    assert adam_mu and all(x.sharding.spec == P(None, "model") for x in adam_mu)
+    assert len(model_8.layers[1].weight.addressable_shards) == 8
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_data_parallel_equals_single_process(tmp_path):
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "_training_multihost.py"),
+                str(i),
+                "2",
+                str(port),
+                str(tmp_path / "multi"),
+            ],
+            cwd=HERE,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
+    # Meanwhile: the same run in this process, on one device, without a mesh.
+    batches = common.batches()
+    single = ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        batches,
+        steps=len(batches),
+        key=jr.key(0),
+        log_every=1,
+        progress=False,
+    )
+    for p in procs:
+        out = p.communicate(timeout=120)[0].decode()
+        assert p.returncode == 0, out
+    multi = [
+        json.loads(line) for line in (tmp_path / "multi/metrics.jsonl").read_text().splitlines()
+    ]
+    np.testing.assert_allclose(
+        [r["loss"] for r in multi], [r["loss"] for r in single.history], rtol=1e-5
+    )
+    assert multi[0]["samples_per_s"] > 0
+    final = np.load(tmp_path / "multi/final.npz")
+    expected = jax.tree.leaves(eqx.filter(single.model, eqx.is_array))
+    assert len(final.files) == len(expected)
+    for i, b in enumerate(expected):
+        np.testing.assert_allclose(final[f"arr_{i}"], np.asarray(b), rtol=1e-5, atol=1e-6)
+    # Process 0 wrote the checkpoints (gathered from both processes); they load.
+    ckpt = ls.load_checkpoint(
+        tmp_path / "multi/checkpoints",
+        model=common.make_model(),
+        opt_state=common.optimizer().init(eqx.filter(common.make_model(), eqx.is_inexact_array)),
+    )
+    assert ckpt.step == len(batches)
