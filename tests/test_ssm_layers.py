@@ -1,0 +1,232 @@
+"""Oracle tests for the S4D layer (conv vs recurrent mode), HyenaFilter and linear_scan."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import lineax_seq as ls
+
+
+def _unroll(layer, x):
+    """Run the layer in recurrent mode over a whole sequence."""
+
+    def body(state, x_t):
+        return layer.step(state, x_t)
+
+    _, ys = jax.lax.scan(body, layer.init_state(), x)
+    return ys
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(channels=1, discretization="bilinear", init="legs"),
+        dict(activation=jax.nn.gelu, glu=True, init="inv"),
+    ],
+    ids=["default", "shared-bilinear-legs", "gelu-glu"],
+)
+def test_s4d_convolution_equals_recurrence(options, getkey):
+    layer = ls.S4D(3, state_size=6, key=getkey(), **options)
+    x = jr.normal(getkey(), (50, 3))
+    conv = eqx.filter_jit(lambda m, x: m(x))(layer, x)
+    rec = eqx.filter_jit(_unroll)(layer, x)
+    assert conv.shape == rec.shape == (50, 3)
+    np.testing.assert_allclose(conv, rec, atol=2e-5 * float(jnp.abs(conv).max()))
+
+
+def test_s4d_equals_explicit_recurrence(getkey):
+    """The linear layer against x_t = Abar x_{t-1} + Bbar u_t, y_t = 2 Re(C x_t) + D u_t."""
+    layer = ls.S4D(2, state_size=4, key=getkey())
+    x = np.asarray(jr.normal(getkey(), (25, 2)), np.float64)
+    kernel = layer.kernel
+    a = -np.exp(np.asarray(kernel.log_neg_real_a, np.float64)) + 1j * np.asarray(kernel.imag_a)
+    b = np.asarray(kernel.b_real) + 1j * np.asarray(kernel.b_imag)
+    c = np.asarray(kernel.c_real) + 1j * np.asarray(kernel.c_imag)
+    dt = np.exp(np.asarray(kernel.log_dt, np.float64))[:, None]
+    abar = np.exp(dt * a)
+    bbar = (abar - 1) / a * b
+    state = np.zeros_like(abar)
+    expected = []
+    for u in x:
+        state = abar * state + bbar * u[:, None]
+        expected.append(2 * np.real(np.sum(c * state, -1)) + np.asarray(layer.skip) * u)
+    out = eqx.filter_jit(layer)(jnp.asarray(x, jnp.float32))
+    np.testing.assert_allclose(out, np.stack(expected), atol=1e-4)
+
+
+def test_s4d_causal(getkey):
+    layer = ls.S4D(2, state_size=4, activation=jax.nn.gelu, glu=True, key=getkey())
+    x = jr.normal(getkey(), (40, 2))
+    y = x.at[21:].add(jr.normal(getkey(), (19, 2)))
+    out_x, out_y = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(layer, jnp.stack([x, y]))
+    np.testing.assert_allclose(out_x[:21], out_y[:21], atol=1e-5)
+    assert not np.allclose(out_x[21:], out_y[21:])
+
+
+def test_s4d_bidirectional(getkey):
+    layer = ls.S4D(3, state_size=4, channels=1, bidirectional=True, key=getkey())
+    x = jr.normal(getkey(), (30, 3))
+    k, kb = layer.kernel(30), layer.kernel_backward(30)
+    expected = ls.fft_conv(x, k, kb) + layer.skip * x
+    out_x, out_y = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(
+        layer, jnp.stack([x, x.at[20:].add(1.0)])
+    )
+    np.testing.assert_allclose(out_x, expected, atol=1e-5)
+    assert not np.allclose(out_x[:20], out_y[:20])  # the future matters
+    with pytest.raises(ValueError, match="bidirectional"):
+        layer.init_state()
+
+
+def test_s4d_any_length_and_vmap(getkey):
+    layer = ls.S4D(4, state_size=8, key=getkey())
+    call = eqx.filter_jit(lambda m, x: m(x))
+    for length in (1, 129):
+        assert call(layer, jnp.ones((length, 4))).shape == (length, 4)
+    batched = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(layer, jnp.ones((2, 9, 4)))
+    np.testing.assert_allclose(batched[1], call(layer, jnp.ones((9, 4))), atol=1e-6)
+
+
+def test_s4d_grads(getkey):
+    layer = ls.S4D(2, state_size=4, glu=True, key=getkey())
+    x = jr.normal(getkey(), (8, 2))
+    params, static = eqx.partition(layer, eqx.is_array)
+
+    @jax.jit
+    def f(p, x):
+        return jnp.sum(jnp.sin(eqx.combine(p, static)(x)))
+
+    check_grads(f, (params, x), order=1, modes=["rev"], eps=1e-3, atol=2e-2, rtol=2e-2)
+
+
+def test_s4d_bad_inputs(getkey):
+    key = getkey()
+    with pytest.raises(ValueError, match="state_size.*5"):
+        ls.S4D(4, state_size=5, key=key)
+    with pytest.raises(ValueError, match="channels.*3"):
+        ls.S4D(4, channels=3, key=key)
+    with pytest.raises(ValueError, match="init.*'foo'"):
+        ls.S4D(4, init="foo", key=key)
+    layer = ls.S4D(4, state_size=4, key=key)
+    with pytest.raises(ValueError, match="x must have dim=4 features, got 5"):
+        layer(jnp.ones((10, 5)))
+    with pytest.raises(TypeError, match="x"):  # rank checked at run time (jaxtyping)
+        layer(jnp.ones((2, 10, 4)))
+    with pytest.raises((ValueError, TypeError), match="x_t"):
+        layer.step(layer.init_state(), jnp.ones(3))
+
+
+# --------------------------------------------------------------------------- HyenaFilter
+
+
+def test_hyena_filter_formula(getkey):
+    filt = ls.HyenaFilter(3, order=8, max_length=16, emb_dim=5, depth=2, key=getkey())
+    h = filt(20)
+    assert h.shape == (3, 20)
+    # Eq. 2.3.4 by hand: exp(-alpha_c t) * FFN(PositionalEncoding(t)), sine activations.
+    t = np.arange(20) / 16
+    f = np.linspace(1e-4, 1, 2)
+    z = np.concatenate(
+        [t[:, None], np.cos(2 * np.pi * t[:, None] * f), -np.sin(2 * np.pi * t[:, None] * f)], -1
+    )
+    for layer, w in zip(filt.layers, filt.frequencies, strict=True):
+        z = np.sin(np.asarray(w) * (z @ np.asarray(layer.weight).T + np.asarray(layer.bias)))
+    z = z @ np.asarray(filt.output.weight).T
+    expected = np.exp(-np.asarray(filt.decay)[:, None] * t) * z.T
+    np.testing.assert_allclose(h, expected, atol=1e-5)
+    # Decay rates spread over the channels, from ln(100)/1.5 to ln(100)/0.3.
+    np.testing.assert_allclose(filt.decay, np.log(100) / np.array([1.5, 0.5, 0.3]), rtol=1e-5)
+
+
+def test_hyena_filter_extrapolates_beyond_max_length(getkey):
+    filt = ls.HyenaFilter(2, max_length=32, key=getkey())
+    call = eqx.filter_jit(lambda f, n: f(n))
+    long = call(filt, 100)
+    np.testing.assert_allclose(long[:, :32], call(filt, 32), atol=1e-6)
+    assert bool(jnp.all(jnp.isfinite(long)))
+
+
+def test_hyena_filter_grads_and_fixed_decay(getkey):
+    filt = ls.HyenaFilter(2, order=4, max_length=8, emb_dim=3, depth=1, key=getkey())
+    params, static = eqx.partition(filt, eqx.is_array)
+    grads = jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(8) ** 2))(params)
+    np.testing.assert_array_equal(grads.decay, 0.0)  # decay rates are not trained
+    check_grads(
+        jax.jit(lambda p: jnp.sum(jnp.sin(eqx.combine(p, static)(8)))),
+        (params,),
+        order=1,
+        modes=["rev"],
+        eps=1e-3,
+        atol=2e-2,
+        rtol=2e-2,
+    )
+
+
+def test_hyena_filter_bad_inputs(getkey):
+    with pytest.raises(ValueError, match="emb_dim.*4"):
+        ls.HyenaFilter(2, max_length=8, emb_dim=4, key=getkey())
+    with pytest.raises(ValueError, match="max_length.*0"):
+        ls.HyenaFilter(2, max_length=0, key=getkey())
+    with pytest.raises(ValueError, match="fast_decay"):
+        ls.HyenaFilter(2, max_length=8, fast_decay=2.0, slow_decay=1.0, key=getkey())
+
+
+# --------------------------------------------------------------------------- linear_scan
+
+
+def _loop(a, b, reverse=False, initial=None):
+    a, b = np.asarray(a), np.asarray(b)
+    x = np.zeros(b.shape[1:], b.dtype) if initial is None else np.asarray(initial)
+    out = np.zeros_like(b)
+    steps = range(len(b) - 1, -1, -1) if reverse else range(len(b))
+    for t in steps:
+        x = (a[t] @ x if a.ndim == 3 else a[t] * x) + b[t]
+        out[t] = x
+    return out
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["diagonal", "dense"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_linear_scan_equals_loop(dense, reverse, getkey):
+    shape = (23, 3, 3) if dense else (23, 3)
+    a = jr.normal(getkey(), shape) * (0.5 if dense else 0.9)
+    b = jr.normal(getkey(), (23, 3))
+    initial = jr.normal(getkey(), (3,))
+    scan = jax.jit(ls.linear_scan, static_argnames="reverse")
+    np.testing.assert_allclose(scan(a, b, reverse=reverse), _loop(a, b, reverse), atol=1e-5)
+    np.testing.assert_allclose(
+        scan(a, b, reverse=reverse, initial=initial),
+        _loop(a, b, reverse, initial),
+        atol=1e-5,
+    )
+
+
+def test_linear_scan_complex_reproduces_s4d(getkey):
+    """The diagonal complex scan of the S4D state gives the layer's output."""
+    layer = ls.S4D(2, state_size=4, key=getkey())
+    x = jr.normal(getkey(), (30, 2))
+    abar, cb = layer.kernel.discretize()
+    a = jnp.broadcast_to(abar.reshape(-1), (30, abar.size))
+    b = jnp.repeat(x, abar.shape[1], axis=1).astype(abar.dtype)
+    states = jax.jit(ls.linear_scan)(a, b).reshape(30, *abar.shape)
+    y = 2 * jnp.sum((cb * states).real, -1) + layer.skip * x
+    np.testing.assert_allclose(y, eqx.filter_jit(layer)(x), atol=1e-5)
+
+
+def test_linear_scan_grads(getkey):
+    a = jr.uniform(getkey(), (6, 2, 2)) * 0.5
+    b = jr.normal(getkey(), (6, 2))
+    init = jr.normal(getkey(), (2,))
+    f = jax.jit(lambda a, b, init: ls.linear_scan(a, b, initial=init, reverse=True))
+    check_grads(f, (a, b, init), order=1, modes=["rev"], eps=1e-2, atol=1e-2, rtol=1e-2)
+
+
+def test_linear_scan_bad_inputs():
+    with pytest.raises((ValueError, TypeError), match="a"):
+        ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 4)))
+    with pytest.raises((ValueError, TypeError), match="initial"):
+        ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(4))
