@@ -182,7 +182,7 @@ def _count(batch: Any, unit: str) -> int:
     return int(np.prod(shape[:2])) if len(shape) >= 2 else int(np.prod(shape))
 
 
-def _read_jsonl(path: pathlib.Path, max_step: int) -> list[dict]:
+def _read_jsonl(path: pathlib.Path, max_step: float | int) -> list[dict]:
     """Records with step <= max_step; a line cut short by a crash is dropped."""
     records = []
     if not path.is_file():
@@ -399,7 +399,8 @@ def train(
         fetched = [(s, {k: _host(v) for k, v in m.items()}) for s, m in pending]
         pending.clear()
         for s, m in fetched:
-            for k, v in m.items():
+            for k in sorted(m, key=lambda k: (k != "loss", k)):  # the loss first
+                v = m[k]
                 if not math.isfinite(v):
                     raise NonFiniteError(
                         f"Non-finite {'loss' if k == 'loss' else repr(k)} = {v} at train "

@@ -1,0 +1,288 @@
+"""The train loop (metrics, eval, progress, plots, non-finite errors, resume) and
+checkpoints (round trip, pruning, truncated / mismatched files, interrupted saves)."""
+
+import json
+import pathlib
+import shutil
+
+import _training_sharding_common as common
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+from lineax_seq.training import _checkpoint
+
+
+def _records(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _leaves(model):
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
+
+
+def _opt_state(model):
+    return common.optimizer().init(eqx.filter(model, eqx.is_inexact_array))
+
+
+@pytest.fixture(scope="module")
+def data():
+    return common.batches(12, 8)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, data):
+    """12 steps, eval every 4, log every 2, checkpoints every 5 (last 2 kept), plot."""
+    out = tmp_path_factory.mktemp("full")
+    result = ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        data,
+        steps=12,
+        key=jr.key(0),
+        eval_data=data[:2],
+        eval_every=4,
+        log_every=2,
+        out_dir=out,
+        checkpoint_every=5,
+        keep_checkpoints=2,
+        plot=True,
+        progress=False,
+    )
+    return out, result
+
+
+def test_train_writes_metrics_checkpoints_and_plot(full_run):
+    out, result = full_run
+    records = _records(out)
+    assert records == result.history
+    train = [r for r in records if r["split"] == "train"]
+    evals = [r for r in records if r["split"] == "eval"]
+    # Every 2 steps, plus a flush before each checkpoint (step 5) and eval.
+    assert [r["step"] for r in train] == [2, 4, 5, 6, 8, 10, 12]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    assert set(train[0]) == {"step", "split", "loss", "grad_norm", "max_err", "samples_per_s"}
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    assert [p.name for p in ls.list_checkpoints(out / "checkpoints")] == [
+        "step_00000010",
+        "step_00000012",  # the end of the run is always checkpointed
+    ]
+    assert (out / "curves.png").stat().st_size > 1000
+    assert result.step == 12 and result.resumed_from is None
+
+
+def test_progress_bar_shows_loss_and_throughput(data, capsys):
+    ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        data[:2],
+        steps=2,
+        key=jr.key(0),
+        log_every=1,
+        unit="tokens",
+    )
+    err = capsys.readouterr().err
+    assert "loss=" in err and "tokens/s=" in err
+
+
+def test_resume_rewinds_metrics_and_matches(full_run, data, tmp_path):
+    """A run cut after step 7, resumed from its step-5 checkpoint, replays exactly."""
+    out_ref, ref = full_run
+    out = tmp_path / "run"
+    kw = dict(
+        key=jr.key(0),
+        eval_data=data[:2],
+        eval_every=4,
+        log_every=2,
+        out_dir=out,
+        checkpoint_every=5,
+        keep_checkpoints=2,
+        progress=False,
+    )
+    args = (common.make_model(), common.optimizer(), common.loss_fn, data)
+    ls.train(*args, steps=7, **kw)
+    shutil.rmtree(out / "checkpoints/step_00000007")  # as if killed before that save
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "split": "tr')  # and mid-way through a write
+    result = ls.train(*args, steps=12, **kw)
+    assert result.resumed_from == 5
+    records = _records(out)
+    assert [r["step"] for r in records] == [r["step"] for r in _records(out_ref)]
+    for r, s in zip(records, _records(out_ref), strict=True):
+        assert r["split"] == s["split"]
+        np.testing.assert_array_equal(r["loss"], s["loss"])
+    for a, b in zip(_leaves(result.model), _leaves(ref.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nonfinite_loss_stops_and_names_step(data, tmp_path):
+    bad = [(x, y) for x, y in data[:6]]
+    bad[3] = (bad[3][0], np.full_like(bad[3][1], np.nan))
+    with pytest.raises(ls.NonFiniteError, match=r"Non-finite loss = nan at train step 4"):
+        ls.train(
+            common.make_model(),
+            common.optimizer(),
+            common.loss_fn,
+            bad,
+            steps=6,
+            key=jr.key(0),
+            log_every=100,
+            out_dir=tmp_path,
+            checkpoint_every=2,
+            progress=False,
+        )
+    # The step-2 checkpoint was written, nothing after the NaN.
+    assert [p.name for p in ls.list_checkpoints(tmp_path / "checkpoints")] == ["step_00000002"]
+
+    def aux_inf(model, batch, key):
+        loss, _ = common.loss_fn(model, batch, key)
+        return loss, {"ratio": jnp.float32(1.0) / jnp.float32(0.0)}
+
+    with pytest.raises(ls.NonFiniteError, match=r"Non-finite 'ratio' = inf at train step 1"):
+        ls.train(
+            common.make_model(),
+            common.optimizer(),
+            aux_inf,
+            data,
+            steps=1,
+            key=jr.key(0),
+            progress=False,
+        )
+
+
+def test_train_bad_input(data, tmp_path):
+    args = (common.make_model(), common.optimizer(), common.loss_fn, data)
+    with pytest.raises(ValueError, match=r"steps=-1 must be"):
+        ls.train(*args, steps=-1, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"unit='bytes' is not one of"):
+        ls.train(*args, steps=1, key=jr.key(0), unit="bytes")
+    with pytest.raises(ValueError, match=r"checkpoint_every=5 needs out_dir"):
+        ls.train(*args, steps=1, key=jr.key(0), checkpoint_every=5)
+    with pytest.raises(ValueError, match=r"eval_every=5 needs eval_data"):
+        ls.train(*args, steps=1, key=jr.key(0), eval_every=5)
+    with pytest.raises(ValueError, match=r"log_every=0"):
+        ls.train(*args, steps=1, key=jr.key(0), log_every=0)
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"already holds a run .* resume=False"):
+        ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path, resume=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"  # nothing lost
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Three checkpoints of a model + optimiser state, keep=2."""
+    directory = tmp_path_factory.mktemp("ckpts")
+    model = common.make_model()
+    opt_state = _opt_state(model)
+    state = {"grain": {"next_index": 7, "blob": b"\x00\xff"}, "arr": np.arange(3)}
+    for step in (1, 2, 3):
+        ls.save_checkpoint(
+            directory,
+            step,
+            model=model,
+            opt_state=opt_state,
+            key=jr.key(step),
+            data_state=state,
+            extra={"lr": 0.1},
+            keep=2,
+        )
+    return directory, model, opt_state, state
+
+
+def test_checkpoint_round_trip_and_pruning(saved):
+    directory, model, opt_state, state = saved
+    assert [p.name for p in ls.list_checkpoints(directory)] == ["step_00000002", "step_00000003"]
+    like = eqx.filter_eval_shape(common.make_model)
+    ckpt = ls.load_checkpoint(directory, model=like, opt_state=opt_state)
+    assert ckpt.step == 3 and ckpt.extra == {"lr": 0.1}
+    assert ckpt.data_state["grain"] == state["grain"]
+    np.testing.assert_array_equal(ckpt.data_state["arr"], state["arr"])
+    assert jnp.array_equal(jr.key_data(ckpt.key), jr.key_data(jr.key(3)))
+    for a, b in zip(_leaves(ckpt.model), _leaves(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(ckpt.opt_state), jax.tree.leaves(opt_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_truncated_checkpoint_is_reported_and_previous_loads(saved, tmp_path):
+    src, model, opt_state, _ = saved
+    directory = tmp_path / "c"
+    shutil.copytree(src, directory)
+    arrays = directory / "step_00000003/arrays.eqx"
+    arrays.write_bytes(arrays.read_bytes()[:-10])
+    with pytest.raises(ls.CheckpointError, match=rf"{arrays}.* truncated or corrupt"):
+        ls.load_checkpoint(directory / "step_00000003", model=model, opt_state=opt_state)
+    with pytest.warns(UserWarning, match="Skipping checkpoint"):
+        ckpt = ls.load_latest_checkpoint(directory, model=model, opt_state=opt_state)
+    assert ckpt.step == 2
+    manifest = directory / "step_00000002/manifest.json"
+    manifest.write_text(manifest.read_text()[:50])
+    with pytest.raises(ls.CheckpointError, match=rf"{manifest} is truncated or corrupt"):
+        ls.load_checkpoint(directory / "step_00000002", model=model, opt_state=opt_state)
+
+
+def test_mismatched_model_shape_is_reported(saved, tmp_path):
+    directory, _, _, _ = saved
+    other = eqx.nn.MLP(4, 2, 16, 2, key=jr.key(0))  # width 16 instead of 8
+    with pytest.raises(
+        ls.CheckpointError,
+        match=r"manifest.json does not match .* leaf \['model'\]\.layers\[0\]\.weight has "
+        r"shape \(8, 4\) .* in the checkpoint but shape \(16, 4\)",
+    ):
+        ls.load_checkpoint(directory, model=other, opt_state=_opt_state(other))
+    # train() refuses to resume into a different model, and leaves the run untouched.
+    run = tmp_path / "run"
+    shutil.copytree(directory, run / "checkpoints")
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with pytest.raises(ls.CheckpointError, match=r"does not match"):
+        ls.train(
+            other,
+            common.optimizer(),
+            common.loss_fn,
+            common.batches(2),
+            steps=2,
+            key=jr.key(0),
+            out_dir=run,
+            progress=False,
+        )
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    with pytest.raises(ls.CheckpointError, match=r"No checkpoint .* found in"):
+        ls.load_checkpoint(tmp_path, model=other)
+
+
+def test_interrupted_save_leaves_previous_intact(saved, tmp_path, monkeypatch):
+    src, model, opt_state, _ = saved
+    directory = tmp_path / "c"
+    shutil.copytree(src, directory)
+
+    def crash(path):
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(_checkpoint, "_fsync_dir", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ls.save_checkpoint(directory, 4, model=model, opt_state=opt_state, keep=2)
+    monkeypatch.undo()
+    assert [p.name for p in ls.list_checkpoints(directory)] == ["step_00000002", "step_00000003"]
+    assert ls.load_latest_checkpoint(directory, model=model, opt_state=opt_state).step == 3
+    ls.save_checkpoint(directory, 4, model=model, opt_state=opt_state, keep=2)
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == ["step_00000003", "step_00000004"]  # the leftover temp dir is gone
+
+
+def test_plot_metrics_from_file(full_run):
+    out, _ = full_run
+    fig = ls.plot_metrics(out / "metrics.jsonl", keys=("loss",))
+    assert len(fig.axes) == 1
+    with pytest.raises(ValueError, match="no metrics"):
+        ls.plot_metrics([])
+    assert pathlib.Path(out / "curves.png").exists()
