@@ -96,12 +96,16 @@ def test_param_labels(toy):
     assert labels.encoder.bias == "bias"
     assert labels.encoder.weight == "weights"
     assert labels.count is None  # integer leaves are not optimised
-    labels = ls.param_labels(toy, {"enc": ls.ParamGroup(where=lambda m: m.encoder)})
-    assert (labels.encoder.weight, labels.encoder.bias, labels.dynamics) == (
-        "enc",
-        "enc",
-        "default",
-    )
+    for group in (
+        ls.ParamGroup(where=lambda m: m.encoder),
+        ls.ParamGroup(instance_of=eqx.nn.Linear),
+    ):
+        labels = ls.param_labels(toy, {"enc": group})
+        assert (labels.encoder.weight, labels.encoder.bias, labels.dynamics) == (
+            "enc",
+            "enc",
+            "default",
+        )
 
 
 def test_param_group_bad_input(toy):

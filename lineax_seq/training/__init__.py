@@ -9,6 +9,7 @@ make_schedule(peak_lr, *, schedule="cosine"|"linear"|"constant", warmup_steps=0,
               total_steps=None, init_lr=0.0, end_lr=0.0) -> optax.Schedule
 ParamGroup(match: str | (path: str, leaf) -> bool = None,    # regex on keystr path
            where: (model) -> node(s) = None,                  # eqx.tree_at-style
+           instance_of: type | tuple[type, ...] = None,       # e.g. ls.S4DKernel
            learning_rate: float | None = None, weight_decay: float | None = None)
 param_labels(model, groups: dict[str, ParamGroup]) -> PyTree[str]   # "default" if none
 make_optimizer(learning_rate=1e-3, *, schedule="cosine", warmup_steps=0,

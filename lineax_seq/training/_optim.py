@@ -86,7 +86,7 @@ def make_schedule(
 class ParamGroup:
     """A group of parameters with its own learning rate and weight decay.
 
-    Select the members in exactly one of two ways:
+    Select the members in exactly one of three ways:
 
     - `match`: a regular expression searched in the parameter's path (as written by
         `jax.tree_util.keystr`, e.g. `".layers[0].kernel.log_dt"`), or a predicate
@@ -94,11 +94,14 @@ class ParamGroup:
     - `where`: an `equinox.tree_at`-style selector, `lambda model: model.dynamics` or
         `lambda model: (model.encoder, model.decoder.bias)`; every array below the
         selected nodes belongs to the group.
+    - `instance_of`: a module class (or tuple of classes), e.g. `lineax_seq.S4DKernel`;
+        every array inside an instance belongs to the group.
 
     **Fields:**
 
     - `match`: regex or predicate, see above.
     - `where`: selector, see above.
+    - `instance_of`: module class(es), see above.
     - `learning_rate`: peak learning rate of the group (the schedule's shape is shared
         by all groups); `None` keeps the optimiser's base learning rate.
     - `weight_decay`: decoupled weight decay of the group; `None` keeps the base one.
@@ -106,15 +109,18 @@ class ParamGroup:
 
     match: str | Callable[[str, Any], bool] | None = None
     where: Callable[[PyTree], Any] | None = None
+    instance_of: type | tuple[type, ...] | None = None
     learning_rate: float | int | None = None
     weight_decay: float | int | None = None
 
     def __post_init__(self):
-        if (self.match is None) == (self.where is None):
+        given = [self.match is not None, self.where is not None, self.instance_of is not None]
+        if sum(given) != 1:
             raise ValueError(
-                "ParamGroup needs exactly one of `match` (regex or predicate on the path) "
-                f"or `where` (selector on the model); got match={self.match!r}, "
-                f"where={self.where!r}."
+                "ParamGroup needs exactly one of `match` (regex or predicate on the path), "
+                "`where` (selector on the model) or `instance_of` (module class); got "
+                f"match={self.match!r}, where={self.where!r}, "
+                f"instance_of={self.instance_of!r}."
             )
         if self.learning_rate is not None and self.learning_rate < 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be >= 0.")
@@ -159,19 +165,26 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
     index_tree = jtu.tree_unflatten(treedef, list(range(len(paths))))
     selected: dict[str, set[int]] = {}
     for name, group in groups.items():
-        if group.where is None:
+        if group.where is None and group.instance_of is None:
             continue
         marker = object()
-        try:
-            marked = eqx.tree_at(
-                group.where,
+        mark = lambda node, marker=marker: jax.tree.map(lambda _: marker, node)
+        if group.instance_of is not None:
+            types = group.instance_of
+            marked = jax.tree.map(
+                lambda node, types=types, mark=mark: (
+                    mark(node) if isinstance(node, types) else node
+                ),
                 index_tree,
-                replace_fn=lambda node, marker=marker: jax.tree.map(lambda _: marker, node),
+                is_leaf=lambda node, types=types: isinstance(node, types),
             )
-        except Exception as e:
-            raise ValueError(
-                f"groups[{name!r}].where could not select nodes of the model: {e}"
-            ) from e
+        else:
+            try:
+                marked = eqx.tree_at(group.where, index_tree, replace_fn=mark)
+            except Exception as e:
+                raise ValueError(
+                    f"groups[{name!r}].where could not select nodes of the model: {e}"
+                ) from e
         flat = jtu.tree_leaves(marked)
         if len(flat) != len(paths):
             raise ValueError(
@@ -181,7 +194,7 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
         selected[name] = {i for i, x in enumerate(flat) if x is marker}
     for i, (path, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True)):
         for name, group in groups.items():
-            if group.where is not None:
+            if name in selected:
                 hit = i in selected[name]
             elif isinstance(group.match, str):
                 hit = re.search(group.match, path) is not None
