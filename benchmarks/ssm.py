@@ -1,0 +1,204 @@
+"""S4D layer forward: FFT convolution vs sequential recurrence vs parallel scan.
+
+The issue's shape: dim 256, state size N = 64, batch 8, L = 1k, 4k, 16k, 64k. Timed
+side by side in one process (medians of several calls, after a compiling warm-up):
+
+- `layer_fft`: the `lineax_seq.S4D` layer (kernel generation + FFT convolution + skip).
+- `bare_fft_conv`: `lineax_seq.fft_conv` alone with a precomputed kernel of the same
+    size: the floor the layer is measured against (target: layer <= 1.3x of it).
+- `kernel`: kernel generation alone (block powers, the layer's method), and
+    `kernel_vandermonde`: the naive kernel with one complex `exp` per
+    (channel, mode, position), as the PyTorch reference computes it.
+- `sequential_scan`: the recurrent mode, `lax.scan` over `S4D.step` (target: the FFT
+    layer >= 30x faster at 16k).
+- `linear_scan`: the same recurrence with `lineax_seq.linear_scan` (associative scan
+    over the `(L, dim * N/2)` complex state), one batch element at a time.
+
+Peak memory is XLA's plan for one call (`compiled_memory`). Competitors whose plan
+exceeds `--memory-limit` GiB, or whose estimated time is minutes, are skipped and the
+reason is written to the JSON.
+
+    python benchmarks/ssm.py            # full (a few minutes on 2 cores)
+    python benchmarks/ssm.py --quick    # smoke run
+"""
+
+import argparse
+import functools
+import pathlib
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import compiled_memory, median_time, save  # noqa: E402
+
+import lineax_seq as ls  # noqa: E402
+
+# PyTorch reference S4D layer (state-spaces/s4, models/s4/s4d.py), forward, batch 8,
+# H 256, N 64, measured on the 2-core development machine (issue, section 4), in ms.
+PYTORCH_REFERENCE_MS = {1024: 235.0, 4096: 998.0, 16384: 3844.0}
+
+
+def _vandermonde_kernel(kernel: ls.S4DKernel, length: int) -> jax.Array:
+    """The naive kernel: one complex exp per (channel, mode, position)."""
+    abar, cb = kernel.discretize()
+    positions = jnp.arange(length, dtype=jnp.float32).astype(abar.dtype)
+    powers = jnp.exp(jnp.log(abar)[..., None] * positions)  # (channels, modes, L)
+    return 2 * jnp.einsum("cn,cnl->cl", cb, powers).real
+
+
+def _sequential(layer: ls.S4D, x: jax.Array) -> jax.Array:
+    """Recurrent mode over a whole sequence with `lax.scan`."""
+    _, ys = jax.lax.scan(lambda state, x_t: layer.step(state, x_t), layer.init_state(), x)
+    return ys
+
+
+def _linear_scan(layer: ls.S4D, x: jax.Array) -> jax.Array:
+    """The recurrence as a parallel associative scan of the complex diagonal state."""
+    abar, cb = layer.kernel.discretize()
+    length = x.shape[0]
+    modes = abar.shape[-1]
+    a = jnp.broadcast_to(
+        jnp.broadcast_to(abar, (layer.dim, modes)).reshape(-1), (length, layer.dim * modes)
+    )
+    b = jnp.repeat(x, modes, axis=1).astype(abar.dtype)
+    states = ls.linear_scan(a, b).reshape(length, layer.dim, modes)
+    return 2 * jnp.sum((cb * states).real, -1) + layer.skip * x
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--memory-limit", type=float, default=6.0, help="GiB per competitor")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="skip slower calls")
+    args = parser.parse_args()
+
+    if args.quick:
+        dim, state_size, batch, lengths, repeats = 32, 16, 2, [256, 1024], 3
+    else:
+        dim, state_size, batch, lengths, repeats = 256, 64, 8, [1024, 4096, 16384, 65536], 5
+    limit = args.memory_limit * 2**30
+    layer = ls.S4D(dim, state_size=state_size, key=jr.key(0))
+    params, static = eqx.partition(layer, eqx.is_array)
+
+    def with_layer(fn):
+        return lambda p, x: fn(eqx.combine(p, static), x)
+
+    competitors = {
+        "layer_fft": lambda p, x: jax.vmap(eqx.combine(p, static))(x),
+        "bare_fft_conv": lambda k, x: jax.vmap(lambda u: ls.fft_conv(u, k))(x),
+        "kernel": lambda p, length: eqx.combine(p, static).kernel(length),
+        "kernel_vandermonde": lambda p, length: _vandermonde_kernel(
+            eqx.combine(p, static).kernel, length
+        ),
+        "sequential_scan": with_layer(lambda m, x: jax.vmap(lambda u: _sequential(m, u))(x)),
+        "linear_scan": with_layer(lambda m, x: jax.lax.map(lambda u: _linear_scan(m, u), x)),
+    }
+
+    results = []
+    previous: dict[str, float] = {}
+    for length in lengths:
+        x = jr.normal(jr.key(1), (batch, length, dim))
+        k = jr.normal(jr.key(2), (dim, length))
+        row: dict = {"length": length, "ms": {}, "peak_bytes": {}, "skipped": {}}
+        for name, fn in competitors.items():
+            if name == "bare_fft_conv":
+                call_args = (k, x)
+            elif name.startswith("kernel"):
+                call_args = (params,)
+                fn = (lambda f, n: lambda p: f(p, n))(fn, length)
+            else:
+                call_args = (params, x)
+            estimate = previous.get(name, 0.0) * 4.5  # ~linear in L (with log factors)
+            if estimate > args.max_seconds:
+                row["skipped"][name] = (
+                    f"estimated {estimate:.0f} s per call from the previous length "
+                    f"(> --max-seconds {args.max_seconds:.0f})"
+                )
+                continue
+            memory = compiled_memory(fn, *call_args)
+            if memory.get("peak_bytes", 0) > limit:
+                row["skipped"][name] = (
+                    f"XLA plans {memory['peak_bytes'] / 2**30:.1f} GiB "
+                    f"(> --memory-limit {args.memory_limit:g} GiB)"
+                )
+                continue
+            call = functools.partial(jax.jit(fn), *call_args)
+            slow = name in ("sequential_scan", "linear_scan") and length >= 16384
+            seconds = median_time(call, repeats=2 if slow else repeats)
+            previous[name] = seconds
+            row["ms"][name] = seconds * 1e3
+            row["peak_bytes"][name] = memory.get("peak_bytes")
+            print(f"L={length:6d} {name:20s} {seconds * 1e3:10.2f} ms", flush=True)
+        ms = row["ms"]
+        ratios = {}
+        if "layer_fft" in ms:
+            if "bare_fft_conv" in ms:
+                ratios["layer_over_bare_conv"] = ms["layer_fft"] / ms["bare_fft_conv"]
+            for other in ("sequential_scan", "linear_scan"):
+                if other in ms:
+                    ratios[f"{other}_over_layer"] = ms[other] / ms["layer_fft"]
+            if not args.quick and length in PYTORCH_REFERENCE_MS:
+                row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
+                ratios["pytorch_reference_over_layer"] = (
+                    PYTORCH_REFERENCE_MS[length] / ms["layer_fft"]
+                )
+        if "kernel" in ms and "kernel_vandermonde" in ms:
+            ratios["vandermonde_over_kernel"] = ms["kernel_vandermonde"] / ms["kernel"]
+        row["ratios"] = ratios
+        print(f"L={length:6d} ratios {ratios}", flush=True)
+        results.append(row)
+
+    payload = {
+        "config": {
+            "dim": dim,
+            "state_size": state_size,
+            "batch": batch,
+            "lengths": lengths,
+            "repeats": repeats,
+            "quick": args.quick,
+            "dtype": "float32",
+        },
+        "results": results,
+    }
+    name = "ssm_quick" if args.quick else "ssm"
+    path = save(name, payload)
+    _plot(results, path.with_suffix(".png"), quick=args.quick)
+    print(f"wrote {path}")
+
+
+def _plot(results: list[dict], path: pathlib.Path, *, quick: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    names = [n for n in results[0]["ms"]] + [
+        n for r in results for n in r["ms"] if n not in results[0]["ms"]
+    ]
+    for name in dict.fromkeys(names):
+        points = [(r["length"], r["ms"][name]) for r in results if name in r["ms"]]
+        ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    if not quick:
+        ref = sorted(PYTORCH_REFERENCE_MS.items())
+        ax.plot(*zip(*ref, strict=True), "k--", marker="x", label="PyTorch S4D reference")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("forward time per batch (ms)")
+    ax.set_title(
+        f"S4D forward, {jax.default_backend()} ({'quick' if quick else 'batch 8, H 256, N 64'})"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
