@@ -1,5 +1,7 @@
 """Model, data and loss shared by the sharding tests and their multi-process helper."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ def make_model():
     return eqx.nn.MLP(4, 2, 8, 2, key=jr.key(0))
 
 
+@functools.cache  # one optimiser object: train() reuses its compiled step
 def optimizer():
     return ls.make_optimizer(1e-2, warmup_steps=1, total_steps=10, weight_decay=0.1)
 

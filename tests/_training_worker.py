@@ -13,6 +13,7 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import pathlib  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
@@ -60,12 +61,16 @@ def make_model():
     return eqx.nn.MLP(3, 1, 16, 2, key=jr.key(0))
 
 
+@functools.cache
+def optimizer():
+    return ls.make_optimizer(3e-2, warmup_steps=3, total_steps=STEPS, accumulate_steps=2)
+
+
 def run(out_dir, *, sleep: float = 0.0, progress: bool = False) -> ls.TrainResult:
     model = make_model()
-    opt = ls.make_optimizer(3e-2, warmup_steps=3, total_steps=STEPS, accumulate_steps=2)
     return ls.train(
         model,
-        opt,
+        optimizer(),
         loss_fn,
         iter(dataset(sleep)),
         steps=STEPS,

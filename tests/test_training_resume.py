@@ -59,8 +59,7 @@ def _last_step(out_dir):
 
 def _template():
     model = worker.make_model()
-    opt = ls.make_optimizer(3e-2, warmup_steps=3, total_steps=worker.STEPS, accumulate_steps=2)
-    return model, opt.init(worker.eqx.filter(model, worker.eqx.is_inexact_array))
+    return model, worker.optimizer().init(worker.eqx.filter(model, worker.eqx.is_inexact_array))
 
 
 def _check_all_checkpoints_load(ckpt_dir):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -58,6 +59,52 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
     return out
 
 
+def _cached(build: Callable, *args):
+    """`build(*args)`, memoised while the arguments are hashable: calling `train` twice
+    with the same loss function and optimiser (e.g. to resume) compiles once."""
+    try:
+        hash(args)
+    except TypeError:
+        return build.__wrapped__(*args)
+    return build(*args)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_train_step(loss_fn, optimizer, mesh, min_shard_size, donate):
+    def _step(batch_key, model, opt_state):
+        batch, key, step = batch_key
+        if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
+            key = jr.fold_in(key, step)
+        (loss, aux), grads = eqx.filter_value_and_grad(
+            lambda m: loss_fn(m, batch, key), has_aux=True
+        )(model)
+        metrics = _metrics(loss, aux, "loss_fn")
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        params = eqx.filter(model, eqx.is_inexact_array)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        model = eqx.apply_updates(model, updates)
+        if mesh is not None:
+            model = shard_params(model, mesh, min_size=min_shard_size)
+            opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
+        return model, opt_state, metrics
+
+    return eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init(optimizer):
+    return eqx.filter_jit(optimizer.init)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_eval_step(loss_fn):
+    def eval_step(model, batch, key):
+        loss, aux = loss_fn(model, batch, key)
+        return _metrics(loss, aux, "eval_fn")
+
+    return eqx.filter_jit(eval_step)
+
+
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -93,24 +140,7 @@ def make_train_step(
     all as scalar arrays.
     """
 
-    def _step(batch_key, model, opt_state):
-        batch, key, step = batch_key
-        if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
-            key = jr.fold_in(key, step)
-        (loss, aux), grads = eqx.filter_value_and_grad(
-            lambda m: loss_fn(m, batch, key), has_aux=True
-        )(model)
-        metrics = _metrics(loss, aux, "loss_fn")
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        params = eqx.filter(model, eqx.is_inexact_array)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        model = eqx.apply_updates(model, updates)
-        if mesh is not None:
-            model = shard_params(model, mesh, min_size=min_shard_size)
-            opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
-        return model, opt_state, metrics
-
-    jitted = eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
+    jitted = _cached(_jitted_train_step, loss_fn, optimizer, mesh, min_shard_size, donate)
 
     def step(model, opt_state, batch, key, *, _fold_in=None):
         return jitted((batch, key, _fold_in), model, opt_state)
@@ -134,12 +164,7 @@ def make_eval_step(
     `eval_step(model, batch, key) -> metrics`, a dict of scalar arrays with `"loss"`.
     """
 
-    @eqx.filter_jit
-    def eval_step(model, batch, key):
-        loss, aux = loss_fn(model, batch, key)
-        return _metrics(loss, aux, "eval_fn")
-
-    return eval_step
+    return _cached(_jitted_eval_step, loss_fn)
 
 
 @dataclasses.dataclass
@@ -273,7 +298,7 @@ def train(
 
     **Arguments:**
 
-    - `model`: the model (any PyTree; it is copied, not donated).
+    - `model`: the model (any PyTree; it is copied, so the caller's arrays stay valid).
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
     - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, see
         [`lineax_seq.make_train_step`][].
@@ -347,7 +372,11 @@ def train(
     dynamic, static = eqx.partition(model, eqx.is_array)
     model = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
     if opt_state is None:
-        opt_state = eqx.filter_jit(optimizer.init)(eqx.filter(model, eqx.is_inexact_array))
+        params = eqx.filter(model, eqx.is_inexact_array)
+        opt_state = _cached(_jitted_init, optimizer)(params)
+    else:
+        dynamic, static = eqx.partition(opt_state, eqx.is_array)
+        opt_state = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
     it = _DataIterator(data)
     start = 0
     resumed_from = None
