@@ -1,0 +1,263 @@
+"""Forward-pass speed and memory of one Block-State Transformer layer (the paper's Fig. 2.5).
+
+One layer each of BST:SH, BST:MH, BST:MF (S4 kernels, state size 16), SLIDE (the
+sliding-window block transformer) and BRECT:FIXED:SKIP (the block-recurrent layer,
+`lax.scan` over blocks), at the paper's shape: embedding 512, 16 heads, window
+W = 128, batch 1, sequence lengths 1k, 4k, 16k and 64k. All five are timed side by
+side in one process (jitted forward, median of several calls) and compared by ratio;
+peak memory is what XLA plans for one call.
+
+    python benchmarks/bst.py            # L = 1k, 4k, 16k, 64k
+    python benchmarks/bst.py --quick    # L = 1k, 4k, fewer repeats
+
+Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU) and a PNG beside it.
+Runs unchanged on GPU, where the blocks of BST run in parallel and the paper's 6-11x
+over BRECT is expected; on a 2-core CPU the parallelism has little room to pay off.
+"""
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import RESULTS, compiled_memory, median_time, save  # noqa: E402
+
+import lineax_seq as ls  # noqa: E402
+
+DIM = 512
+HEADS = 16
+WINDOW = 128
+STATE_SIZE = 16
+BRECT_STATES = 128
+VARIANTS = ("BST:SH", "BST:MH", "BST:MF", "SLIDE", "BRECT")
+# google-research/meliad on this machine's CPU (fixed gates, skip FFN, 128 states,
+# W 128, E 512, batch 1): forward seconds by sequence length.
+MELIAD_CPU = {
+    "SLIDE": {1024: 0.022, 16384: 0.424},
+    "BRECT": {1024: 0.043, 16384: 0.884},
+}
+# ratio name -> (numerator, denominator)
+RATIOS = {
+    "BST:SH/SLIDE": ("BST:SH", "SLIDE"),
+    "BST:MH/SLIDE": ("BST:MH", "SLIDE"),
+    "BST:MF/SLIDE": ("BST:MF", "SLIDE"),
+    "BRECT/SLIDE": ("BRECT", "SLIDE"),
+    "BRECT/BST:SH": ("BRECT", "BST:SH"),
+    "BRECT/BST:MH": ("BRECT", "BST:MH"),
+    "BRECT/BST:MF": ("BRECT", "BST:MF"),
+}
+
+
+def build_layer(variant: str, *, key: jax.Array) -> eqx.Module:
+    """One layer of `variant` at the Fig. 2.5 shape."""
+    if variant.startswith("BST:"):
+        context = variant.split(":")[1].lower()
+        return ls.BlockStateTransformerLayer(
+            DIM, HEADS, WINDOW, context=context, ssm="s4", state_size=STATE_SIZE, key=key
+        )
+    if variant == "SLIDE":
+        return ls.SlidingWindowLayer(DIM, HEADS, WINDOW, key=key)
+    if variant == "BRECT":
+        return ls.BlockRecurrentTransformerLayer(
+            DIM, HEADS, WINDOW, num_states=BRECT_STATES, key=key
+        )
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def forward_fn(layer: eqx.Module):
+    """`(params, x) -> y`: the layer's forward pass as a pure function of its arrays."""
+    params, static = eqx.partition(layer, eqx.is_array)
+
+    def fn(params, x):
+        return eqx.combine(params, static)(x)
+
+    return params, fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="L = 1k, 4k; fewer repeats")
+    parser.add_argument("--lengths", type=int, nargs="+", help="override sequence lengths")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+    lengths = args.lengths or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536])
+    repeats = args.repeats or (3 if args.quick else 5)
+
+    keys = jr.split(jr.key(0), len(args.variants) + 1)
+    layers = {v: build_layer(v, key=k) for v, k in zip(args.variants, keys[1:], strict=True)}
+    params = {}
+    for variant, layer in layers.items():
+        params[variant] = sum(x.size for x in jax.tree.leaves(eqx.filter(layer, eqx.is_array)))
+        print(f"{variant:8s} {params[variant] / 1e6:6.2f}M parameters", flush=True)
+
+    gemm = _gemm_gflops()
+    print(f"machine: {gemm:.0f} GFLOP/s on a (1024 x 512) @ (512 x 2048) float32 matmul")
+    times: dict[str, dict[int, float]] = {v: {} for v in args.variants}
+    best: dict[str, dict[int, float]] = {v: {} for v in args.variants}
+    memory: dict[str, dict[int, int]] = {v: {} for v in args.variants}
+    flops: dict[str, dict[int, float]] = {v: {} for v in args.variants}
+    for length in lengths:
+        x = jr.normal(keys[0], (length, DIM), jnp.float32)
+        calls = {}
+        for variant, layer in layers.items():
+            p, fn = forward_fn(layer)
+            jitted = jax.jit(fn)
+            calls[variant] = lambda jitted=jitted, p=p, x=x: jitted(p, x)
+            memory[variant][length] = compiled_memory(fn, p, x).get("peak_bytes", -1)
+            cost = jitted.lower(p, x).compile().cost_analysis()
+            cost = cost[0] if isinstance(cost, list | tuple) else cost
+            flops[variant][length] = float((cost or {}).get("flops", float("nan")))
+            if variant == "BRECT":
+                # XLA counts a while loop's body once: BRECT's work is all in its
+                # `lax.scan` over the length / W blocks.
+                flops[variant][length] *= length // WINDOW
+        # Round robin: every repeat times each variant once, so that load from other
+        # processes on a shared machine hits all competitors alike.
+        reps = repeats if length <= 16384 else max(3, repeats // 2)
+        samples: dict[str, list[float]] = {v: [] for v in layers}
+        for r in range(reps):
+            for variant, call in calls.items():
+                samples[variant].append(median_time(call, repeats=1, warmup=int(r == 0)))
+        for variant in layers:
+            times[variant][length] = statistics.median(samples[variant])
+            best[variant][length] = min(samples[variant])
+            print(
+                f"L={length:6d} {variant:8s} median {times[variant][length] * 1e3:9.2f} ms  "
+                f"min {best[variant][length] * 1e3:9.2f} ms  "
+                f"{flops[variant][length] / 1e9:7.2f} GFLOP  "
+                f"peak {memory[variant][length] / 2**20:8.1f} MiB",
+                flush=True,
+            )
+
+    ratios = _ratios(times, lengths)
+    flop_ratios = _ratios(flops, lengths)
+    for name, by_length in ratios.items():
+        row = "  ".join(
+            f"{length // 1024:>3d}k {r:5.2f}x (FLOPs {flop_ratios[name][length]:4.2f}x)"
+            for length, r in by_length.items()
+        )
+        print(f"{name:14s} {row}")
+
+    targets = _targets(times, ratios, lengths)
+    for name, result in targets.items():
+        print(f"target {name}: {result}")
+
+    payload = {
+        "setting": {
+            "dim": DIM,
+            "heads": HEADS,
+            "window": WINDOW,
+            "ssm_state_size": STATE_SIZE,
+            "brect_states": BRECT_STATES,
+            "batch": 1,
+            "pass": "forward, jitted, one layer",
+            "repeats": repeats,
+        },
+        "lengths": lengths,
+        "parameters": params,
+        "seconds": {v: {str(k): t for k, t in d.items()} for v, d in times.items()},
+        "min_seconds": {v: {str(k): t for k, t in d.items()} for v, d in best.items()},
+        "xla_flops": {v: {str(k): f for k, f in d.items()} for v, d in flops.items()},
+        "peak_bytes": {v: {str(k): m for k, m in d.items()} for v, d in memory.items()},
+        "ratios": {n: {str(k): r for k, r in d.items()} for n, d in ratios.items()},
+        "flop_ratios": {n: {str(k): r for k, r in d.items()} for n, d in flop_ratios.items()},
+        "meliad_cpu_seconds": {v: {str(k): t for k, t in d.items()} for v, d in MELIAD_CPU.items()},
+        "targets": targets,
+        "gemm_gflops": gemm,
+        "gflops_per_s": {
+            v: {str(k): flops[v][k] / times[v][k] / 1e9 for k in d} for v, d in times.items()
+        },
+    }
+    path = save("bst", payload)
+    _plot(times, memory, lengths, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+    return 0
+
+
+def _gemm_gflops() -> float:
+    """Throughput of one mid-sized float32 matmul, to calibrate the machine (and its load)."""
+    a = jnp.ones((1024, DIM))
+    b = jnp.ones((DIM, 4 * DIM))
+    matmul = jax.jit(jnp.matmul)
+    return 2 * a.shape[0] * DIM * 4 * DIM / median_time(lambda: matmul(a, b), repeats=21) / 1e9
+
+
+def _ratios(values, lengths) -> dict[str, dict[int, float]]:
+    """`RATIOS` of `values[variant][length]`, for the variants and lengths present."""
+    return {
+        name: {k: values[a][k] / values[b][k] for k in lengths if k in values[a] and k in values[b]}
+        for name, (a, b) in RATIOS.items()
+        if a in values and b in values
+    }
+
+
+def _targets(times, ratios, lengths) -> dict[str, str]:
+    """The issue's targets, as 'met'/'missed' with the measured figures."""
+    out = {}
+    backend = jax.default_backend()
+    if "BST:SH/SLIDE" in ratios:
+        worst = max(ratios["BST:SH/SLIDE"].values())
+        out["BST:SH/SLIDE <= 1.3x (all L)"] = (
+            f"{'met' if worst <= 1.3 else 'missed'} (max {worst:.2f}x)"
+        )
+    if "BRECT/BST:SH" in ratios:
+        goal = 1.7 if backend == "cpu" else 6.0
+        long = {k: r for k, r in ratios["BRECT/BST:SH"].items() if k >= 16384}
+        if long:
+            worst = min(long.values())
+            out[f"BRECT/BST:SH >= {goal}x (L >= 16k, {backend})"] = (
+                f"{'met' if worst >= goal else 'missed'} (min {worst:.2f}x)"
+            )
+    if backend == "cpu":
+        for variant, ref in MELIAD_CPU.items():
+            for length, seconds in ref.items():
+                if length in times.get(variant, {}):
+                    ours = times[variant][length]
+                    verdict = "met" if ours <= seconds else "missed"
+                    out[f"{variant} <= meliad at {length // 1024}k"] = (
+                        f"{verdict} ({ours * 1e3:.0f} ms vs {seconds * 1e3:.0f} ms)"
+                    )
+    return out
+
+
+def _plot(times, memory, lengths, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for variant in times:
+        xs = [k for k in lengths if k in times[variant]]
+        ax_t.plot(xs, [times[variant][k] * 1e3 for k in xs], "o-", label=variant)
+        ax_m.plot(xs, [memory[variant][k] / 2**20 for k in xs], "o-", label=variant)
+    for ref in MELIAD_CPU.values():
+        if jax.default_backend() == "cpu":
+            ax_t.plot(list(ref), [t * 1e3 for t in ref.values()], "x:", color="grey")
+    for ax, label in ((ax_t, "forward time (ms)"), (ax_m, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend()
+    device = jax.devices()[0].device_kind
+    ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW} ({device})")
+    ax_m.set_title("XLA-planned peak memory of one call")
+    if jax.default_backend() == "cpu":
+        ax_t.annotate("x: meliad reference (SLIDE, BRECT)", (0.02, 0.95), xycoords="axes fraction")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    sys.exit(main())
