@@ -146,7 +146,7 @@ def test_two_processes_data_parallel_equals_single_process(tmp_path):
     np.testing.assert_allclose(
         [r["loss"] for r in multi], [r["loss"] for r in single.history], rtol=1e-5
     )
-    assert multi[0]["samples_per_s"] > 0
+    assert multi[-1]["samples_per_s"] > 0
     final = np.load(tmp_path / "multi/final.npz")
     expected = jax.tree.leaves(eqx.filter(single.model, eqx.is_array))
     assert len(final.files) == len(expected)

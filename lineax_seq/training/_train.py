@@ -442,12 +442,15 @@ def train(
         record = {"step": last, "split": "train"}
         for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
             record[k] = float(np.mean([m[k] for _, m in fetched]))
-        record[f"{unit}_per_s"] = window["items"] / elapsed
+        if window["items"]:  # (none yet right after the first, compiling, step)
+            record[f"{unit}_per_s"] = window["items"] / elapsed
         window.update(items=0, time=now)
         write(record)
         if bar is not None:
-            rate = record[f"{unit}_per_s"]
-            bar.set_postfix({"loss": f"{record['loss']:.4g}", f"{unit}/s": f"{rate:.3g}"})
+            postfix = {"loss": f"{record['loss']:.4g}"}
+            if f"{unit}_per_s" in record:
+                postfix[f"{unit}/s"] = f"{record[f'{unit}_per_s']:.3g}"
+            bar.set_postfix(postfix)
         if callback is not None:
             callback(last, model, record)
 
@@ -509,6 +512,9 @@ def train(
             )
             step += 1
             pending.append((step, metrics))
+            if step == start + 1:  # throughput excludes the compilation of the first step
+                jax.block_until_ready(metrics)
+                window.update(items=0, time=time.perf_counter())
             if bar is not None:
                 bar.update(1)
             if step % log_every == 0:
@@ -517,10 +523,12 @@ def train(
                 flush()
                 evaluate(step)
                 last_eval = step
+                window["time"] = time.perf_counter()  # throughput excludes evaluation
             if checkpoint_every and step % checkpoint_every == 0:
                 flush()  # never checkpoint a non-finite state
                 checkpoint(step)
                 last_ckpt = step
+                window["time"] = time.perf_counter()
         flush()
         if eval_data is not None and last_eval != step:
             evaluate(step)
