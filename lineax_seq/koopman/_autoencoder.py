@@ -1,7 +1,5 @@
 """Koopman autoencoder (encoder, dynamics, decoder, action encoder / head), MLP baseline."""
 
-from typing import Literal
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -70,15 +68,15 @@ class KoopmanAutoencoder(eqx.Module):
         action_dim: int = 0,
         *,
         action_latent_dim: int | None = None,
-        decoder: Literal["linear", "mlp"] = "linear",
-        dynamics: Literal["koopman", "mlp"] = "koopman",
+        decoder: str = "linear",
+        dynamics: str = "koopman",
         width: int = 256,
         encoder_layers: int = 4,
         decoder_layers: int = 4,
         dynamics_width: int | None = None,
         action_head: bool = False,
         dt: float = 0.01,
-        discretization: Literal["bilinear", "exact"] = "bilinear",
+        discretization: str = "bilinear",
         key: PRNGKeyArray,
     ):
         """**Arguments:**

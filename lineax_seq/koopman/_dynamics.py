@@ -1,7 +1,6 @@
 """Latent dynamics: linear Koopman generators (bilinear / exact) and a nonlinear MLP."""
 
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -14,7 +13,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 _DISCRETIZATIONS = ("bilinear", "exact")
 
 
-def _check_positive(name: str, value: float) -> None:
+def _check_positive(name: str, value: int | float) -> None:
     if not value > 0:
         raise ValueError(f"{name}={value} must be positive")
 
@@ -50,7 +49,7 @@ class LinearKoopmanDynamics(eqx.Module):
         action_latent_dim: int = 0,
         *,
         dt: float = 0.01,
-        discretization: Literal["bilinear", "exact"] = "bilinear",
+        discretization: str = "bilinear",
         init_scale: float = 1.0,
         key: PRNGKeyArray,
     ):

@@ -1,7 +1,5 @@
 """Training objectives of the Koopman autoencoder (equations 1.3.4-1.3.6) and the MLP baseline."""
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -26,7 +24,7 @@ def koopman_loss(
     sparsity: float = 1e-3,
     action: float = 1.0,
     reencode_every: int | None = None,
-    method: Literal["parallel", "sequential"] = "parallel",
+    method: str = "parallel",
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """The Koopman objective on one window `x_t, ..., x_{t+T}` (section 1.3.1).
 

@@ -1,7 +1,6 @@
 """Unrolling Koopman models: discrete (parallel between reencodings) and continuous (diffrax)."""
 
 import math
-from typing import Literal
 
 import diffrax
 import equinox as eqx
@@ -154,7 +153,7 @@ def unroll_latents(
     *,
     steps: int,
     reencode_every: int | None = None,
-    method: Literal["parallel", "sequential"] = "parallel",
+    method: str = "parallel",
 ) -> Float[Array, "horizon latent_dim"]:
     """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll].
 
@@ -180,7 +179,7 @@ def unroll(
     *,
     steps: int,
     reencode_every: int | None = None,
-    method: Literal["parallel", "sequential"] = "parallel",
+    method: str = "parallel",
 ) -> Float[Array, "horizon state_dim"]:
     """Predict `steps` future states from `x0` in discrete time (section 1.3.2).
 
