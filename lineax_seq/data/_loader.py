@@ -1,0 +1,106 @@
+"""Turning a per-example `MapDataset` into a sharded, shuffled, batched `IterDataset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grain
+import numpy as np
+
+__all__ = ["batch_examples"]
+
+
+def check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size}")
+
+
+def batch_examples(
+    examples: grain.MapDataset,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    shard_options: grain.sharding.ShardOptions | None = None,
+    num_workers: int = 0,
+    num_threads: int = 0,
+    random_transform: Callable | None = None,
+) -> grain.IterDataset:
+    """Shard, shuffle, repeat, (randomly transform,) and batch a per-example dataset.
+
+    The order of operations is that of grain's own `DataLoader`:
+
+    1. **shard** across JAX processes: process `i` of `n` keeps examples `i, i+n, ...`
+        (`shard_options`, default `grain.sharding.ShardByJaxProcess(drop_remainder=True)`,
+        so that every process sees the same number of examples and takes the same
+        number of steps);
+    2. **shuffle** globally within the shard, differently (but deterministically) each
+        epoch, seeded by `seed`;
+    3. **repeat** for `num_epochs` (`None`: forever);
+    4. apply `random_transform(example, rng)` (a per-position `np.random.Generator`,
+        so a transform applied here, like dynamic MLM masking, differs every epoch);
+    5. **batch** `batch_size` examples (per process) into stacked NumPy arrays;
+    6. read with `num_threads` threads, and with `num_workers > 0` prefetch in that many
+        worker processes (`IterDataset.mp_prefetch`).
+
+    `iter(dataset)` gives a grain `DatasetIterator` whose `get_state()` /
+    `set_state(state)` save and restore its exact position (a small JSON-able dict).
+
+    **Arguments:**
+
+    - `examples`: a `grain.MapDataset` of examples (PyTrees of NumPy arrays).
+    - `batch_size`: examples per batch, per process (positive).
+    - `seed`: seed of the shuffle and of `random_transform`.
+    - `shuffle`: whether to shuffle.
+    - `num_epochs`: passes over the data; `None` repeats forever.
+    - `drop_remainder`: drop a last incomplete batch (keeps shapes static under `jit`).
+    - `shard_options`: a `grain.sharding.ShardOptions`; `grain.sharding.NoSharding()`
+        disables sharding.
+    - `num_workers`: worker processes for `mp_prefetch` (0: in this process).
+    - `num_threads`: reader threads (`grain.ReadOptions`; 0: read in the calling thread).
+    - `random_transform`: optional `fn(example, rng) -> example`, picklable if
+        `num_workers > 0`.
+
+    **Returns:**
+
+    A `grain.IterDataset` of batches.
+    """
+    check_batch_size(batch_size)
+    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+        raise ValueError(f"num_epochs must be None or a positive integer, got {num_epochs!r}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got num_workers={num_workers}")
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 0, got num_threads={num_threads}")
+    shard = shard_options if shard_options is not None else grain.sharding.ShardByJaxProcess(True)
+    ds = examples
+    n = len(ds)
+    if shard.shard_count > 1:
+        if shard.drop_remainder:
+            ds = ds[: n - n % shard.shard_count]
+        ds = ds[shard.shard_index :: shard.shard_count]
+    if len(ds) == 0:
+        raise ValueError(f"no examples left for shard {shard.shard_index} of {shard.shard_count}")
+    if drop_remainder and num_epochs is not None and len(ds) * num_epochs < batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the {len(ds) * num_epochs} examples "
+            "available (per process) with drop_remainder=True"
+        )
+    ds = ds.seed(seed)
+    if shuffle:
+        ds = ds.shuffle()
+    if num_epochs != 1:
+        ds = ds.repeat(num_epochs)
+    if random_transform is not None:
+        ds = ds.random_map(random_transform)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    it = ds.to_iter_dataset(
+        grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(num_threads, 1) * 4)
+    )
+    if num_workers > 0:
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+    return it

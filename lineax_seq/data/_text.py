@@ -1,0 +1,370 @@
+"""Causal-LM windows and BERT/RoBERTa masked-LM examples over tokenized documents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import grain
+import numpy as np
+from beartype import beartype
+from jaxtyping import Int
+
+from ._loader import batch_examples
+from ._tokenizers import Tokenizer
+
+IGNORE_INDEX = -100
+
+
+def tokenize_documents(
+    texts: grain.MapDataset | Sequence[str],
+    tokenizer: Tokenizer,
+    *,
+    add_bos_eos: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize documents into one flat int32 array plus document offsets.
+
+    Document `i` is `tokens[offsets[i]:offsets[i + 1]]`, wrapped in `<bos> ... <eos>`
+    when `add_bos_eos`.
+    """
+    docs = tokenizer.encode_batch([str(t) for t in texts])
+    if add_bos_eos:
+        bos = np.array([tokenizer.bos_id], np.int32)
+        eos = np.array([tokenizer.eos_id], np.int32)
+        docs = [np.concatenate([bos, d, eos]) for d in docs]
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat = np.concatenate(docs).astype(np.int32) if docs else np.zeros(0, np.int32)
+    return flat, offsets
+
+
+class _LMWindows:
+    """Random-access source: window `i` is `tokens[starts[i] : starts[i] + length + 1]`."""
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, length: int):
+        self.tokens, self.starts, self.length = tokens, starts, length
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):
+        s = int(self.starts[i])
+        w = self.tokens[s : s + self.length + 1]
+        return {"inputs": w[:-1], "targets": w[1:]}
+
+
+def _check_length(length: int, minimum: int) -> None:
+    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < minimum:
+        raise ValueError(f"length must be an integer >= {minimum}, got length={length!r}")
+
+
+def _lm_starts(offsets: np.ndarray, length: int, stride: int) -> np.ndarray:
+    lengths = np.diff(offsets)
+    if lengths.size == 0 or lengths.max() < length + 1:
+        longest = int(lengths.max()) if lengths.size else 0
+        raise ValueError(
+            f"length={length} needs documents of length + 1 = {length + 1} tokens, but the "
+            f"longest document has {longest} tokens"
+        )
+    starts = []
+    for a, n in zip(offsets[:-1], lengths, strict=True):
+        if n >= length + 1:
+            starts.append(a + np.arange(0, n - length, stride, dtype=np.int64))
+    return np.concatenate(starts)
+
+
+@beartype
+def lm_windows(
+    texts: grain.MapDataset | Sequence[str],
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+    stride: int | None = None,
+) -> grain.MapDataset:
+    """Causal-LM windows of `length + 1` tokens taken within documents.
+
+    Each document is tokenized as `<bos> text <eos>`; window `k` of a document starts at
+    token `k * stride` and is split into `inputs = w[:-1]` and `targets = w[1:]`. With the
+    default `stride = length` the targets tile each document once, so any `length`
+    works for training and for long-context evaluation (4x-16x the training length)
+    as long as some document has `length + 1` tokens; shorter documents are skipped.
+
+    **Arguments:**
+
+    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][].
+    - `tokenizer`: any [`lineax_seq.Tokenizer`][].
+    - `length`: `L`, the model's input length.
+    - `stride`: distance between window starts (default `length`).
+
+    **Returns:**
+
+    A `grain.MapDataset` of `{"inputs": int32 (L,), "targets": int32 (L,)}`.
+
+    **Raises:**
+
+    `ValueError` if `length < 1` or longer than every document.
+    """
+    _check_length(length, 1)
+    stride = length if stride is None else stride
+    if stride < 1:
+        raise ValueError(f"stride must be a positive integer, got stride={stride}")
+    tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=True)
+    return grain.MapDataset.source(_LMWindows(tokens, _lm_starts(offsets, length, stride), length))
+
+
+@beartype
+def lm_dataset(
+    texts: grain.MapDataset | Sequence[str],
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+    batch_size: int,
+    stride: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    shard_options: grain.sharding.ShardOptions | None = None,
+    num_workers: int = 0,
+    num_threads: int = 0,
+) -> grain.IterDataset:
+    """Batches of causal-LM windows: [`lineax_seq.lm_windows`][] + [`lineax_seq.batch_examples`][].
+
+    **Arguments:** as for those two functions.
+
+    **Returns:**
+
+    A `grain.IterDataset` of `{"inputs": int32 (B, L), "targets": int32 (B, L)}`;
+    `iter()` of it is checkpointable with `get_state()` / `set_state()`.
+    """
+    windows = lm_windows(texts, tokenizer, length=length, stride=stride)
+    return batch_examples(
+        windows,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        shard_options=shard_options,
+        num_workers=num_workers,
+        num_threads=num_threads,
+    )
+
+
+def mask_tokens(
+    tokens: Int[np.ndarray, " length"],
+    rng: np.random.Generator,
+    *,
+    vocab_size: int,
+    mask_id: int,
+    special_ids: Sequence[int],
+    mask_prob: float = 0.15,
+    mask_token_prob: float = 0.8,
+    random_token_prob: float = 0.1,
+) -> tuple[Int[np.ndarray, " length"], Int[np.ndarray, " length"]]:
+    """BERT/RoBERTa masking of one sequence.
+
+    Exactly `max(1, round(mask_prob * n))` of the `n` non-special positions are chosen
+    uniformly without replacement (none if `n = 0`), as BERT's pretraining data
+    builder does. Each chosen position independently becomes `mask_id` with
+    probability `mask_token_prob` (80%), a uniformly random non-special token with
+    probability `random_token_prob` (10%), and stays unchanged otherwise (10%).
+
+    **Arguments:**
+
+    - `tokens`: int token ids of one sequence.
+    - `rng`: a NumPy generator (the only source of randomness).
+    - `vocab_size`, `mask_id`, `special_ids`: from the tokenizer.
+    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates.
+
+    **Returns:**
+
+    `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
+    token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
+    """
+    tokens = np.asarray(tokens, dtype=np.int32)
+    special = np.asarray(sorted(set(special_ids)), dtype=np.int32)
+    candidates = np.flatnonzero(~np.isin(tokens, special))
+    labels = np.full(tokens.shape, IGNORE_INDEX, dtype=np.int32)
+    masked = tokens.copy()
+    if candidates.size == 0:
+        return masked, labels
+    k = max(1, int(round(mask_prob * candidates.size)))
+    chosen = np.sort(rng.choice(candidates, size=k, replace=False))
+    labels[chosen] = tokens[chosen]
+    u = rng.random(k)
+    to_mask = chosen[u < mask_token_prob]
+    to_random = chosen[(u >= mask_token_prob) & (u < mask_token_prob + random_token_prob)]
+    masked[to_mask] = mask_id
+    normal = np.setdiff1d(np.arange(vocab_size, dtype=np.int32), special)
+    masked[to_random] = rng.choice(normal, size=to_random.size)
+    return masked, labels
+
+
+class _MLMChunks:
+    """Random-access source: `<cls> chunk <sep> <pad>...` of exactly `length` tokens."""
+
+    def __init__(self, tokens, starts, stops, length, cls_id, sep_id, pad_id):
+        self.tokens, self.starts, self.stops, self.length = tokens, starts, stops, length
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):
+        body = self.tokens[int(self.starts[i]) : int(self.stops[i])]
+        out = np.full(self.length, self.pad_id, dtype=np.int32)
+        out[0] = self.cls_id
+        out[1 : 1 + body.size] = body
+        out[1 + body.size] = self.sep_id
+        return {"tokens": out, "padding_mask": np.arange(self.length) < body.size + 2}
+
+
+class _Mask:
+    """Picklable `(example, rng) -> example` applying `mask_tokens`."""
+
+    def __init__(self, vocab_size, mask_id, special_ids, mask_prob, mask_token_prob, random_prob):
+        self.kwargs = dict(
+            vocab_size=vocab_size,
+            mask_id=mask_id,
+            special_ids=tuple(special_ids),
+            mask_prob=mask_prob,
+            mask_token_prob=mask_token_prob,
+            random_token_prob=random_prob,
+        )
+
+    def __call__(self, example, rng):
+        tokens, labels = mask_tokens(example["tokens"], rng, **self.kwargs)
+        return {"tokens": tokens, "labels": labels, "padding_mask": example["padding_mask"]}
+
+
+class _FixedMask:
+    """Picklable `(index, example) -> example`: the mask depends on (seed, index) only."""
+
+    def __init__(self, mask: _Mask, seed: int):
+        self.mask, self.seed = mask, seed
+
+    def __call__(self, index, example):
+        return self.mask(example, np.random.default_rng([self.seed, int(index)]))
+
+
+@beartype
+def mlm_examples(
+    texts: grain.MapDataset | Sequence[str],
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+) -> grain.MapDataset:
+    """Unmasked masked-LM examples: `<cls> chunk <sep>` padded to `length`.
+
+    Each document is tokenized and cut into consecutive chunks of `length - 2` tokens
+    (the last one shorter, then padded with `<pad>`).
+
+    **Arguments:**
+
+    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][].
+    - `tokenizer`: any [`lineax_seq.Tokenizer`][].
+    - `length`: sequence length (>= 3).
+
+    **Returns:**
+
+    A `grain.MapDataset` of `{"tokens": int32 (length,), "padding_mask": bool (length,)}`
+    (`padding_mask` is True on real tokens, `<cls>`/`<sep>` included).
+    """
+    _check_length(length, 3)
+    tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=False)
+    body = length - 2
+    starts, stops = [], []
+    for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+        s = np.arange(a, b, body, dtype=np.int64)
+        starts.append(s)
+        stops.append(np.minimum(s + body, b))
+    source = _MLMChunks(
+        tokens,
+        np.concatenate(starts),
+        np.concatenate(stops),
+        length,
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+        tokenizer.pad_id,
+    )
+    if len(source) == 0:
+        raise ValueError("texts contain no tokens")
+    return grain.MapDataset.source(source)
+
+
+@beartype
+def mlm_dataset(
+    texts: grain.MapDataset | Sequence[str],
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+    batch_size: int,
+    masking: Literal["dynamic", "fixed"] = "dynamic",
+    mask_prob: float = 0.15,
+    mask_token_prob: float = 0.8,
+    random_token_prob: float = 0.1,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    shard_options: grain.sharding.ShardOptions | None = None,
+    num_workers: int = 0,
+    num_threads: int = 0,
+) -> grain.IterDataset:
+    """Batches of BERT/RoBERTa masked-LM examples.
+
+    [`lineax_seq.mlm_examples`][] masked by [`lineax_seq.mask_tokens`][] (15% of
+    non-special tokens; 80% `<mask>`, 10% random, 10% unchanged), then
+    [`lineax_seq.batch_examples`][]. With `masking="dynamic"` (RoBERTa) every epoch
+    draws a new mask; with `"fixed"` (original BERT) an example's mask depends only
+    on `seed` and the example, so every epoch sees the same one. Deterministic per seed.
+
+    **Arguments:**
+
+    - `masking`: `"dynamic"` or `"fixed"`.
+    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates.
+    - the others as for [`lineax_seq.mlm_examples`][] and [`lineax_seq.batch_examples`][].
+
+    **Returns:**
+
+    A `grain.IterDataset` of `{"tokens": int32 (B, L), "labels": int32 (B, L),
+    "padding_mask": bool (B, L)}`; `labels` is `-100` except at the masked positions.
+    """
+    if masking not in ("dynamic", "fixed"):
+        raise ValueError(f"masking must be 'dynamic' or 'fixed', got {masking!r}")
+    for name, p in (
+        ("mask_prob", mask_prob),
+        ("mask_token_prob", mask_token_prob),
+        ("random_token_prob", random_token_prob),
+    ):
+        if not 0 <= p <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {name}={p}")
+    if mask_token_prob + random_token_prob > 1:
+        raise ValueError(
+            "mask_token_prob + random_token_prob must be <= 1, got "
+            f"{mask_token_prob} + {random_token_prob}"
+        )
+    examples = mlm_examples(texts, tokenizer, length=length)
+    mask = _Mask(
+        tokenizer.vocab_size,
+        tokenizer.mask_id,
+        tokenizer.special_ids,
+        mask_prob,
+        mask_token_prob,
+        random_token_prob,
+    )
+    if masking == "fixed":
+        examples = examples.map_with_index(_FixedMask(mask, seed))
+    return batch_examples(
+        examples,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        shard_options=shard_options,
+        num_workers=num_workers,
+        num_threads=num_threads,
+        random_transform=mask if masking == "dynamic" else None,
+    )

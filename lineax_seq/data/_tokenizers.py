@@ -1,0 +1,247 @@
+"""Tokenizers: a built-in byte-level tokenizer and a BPE tokenizer trained offline.
+
+Every tokenizer in this package shares the same seven special tokens at the same ids, so
+models and pipelines can switch between them without changes:
+
+| id | token   | use                                   |
+|----|---------|---------------------------------------|
+| 0  | `<pad>` | padding (ignored by losses and masks) |
+| 1  | `<bos>` | start of a document                   |
+| 2  | `<eos>` | end of a document                     |
+| 3  | `<unk>` | unknown symbol                        |
+| 4  | `<cls>` | classification token (MLM / fine-tuning) |
+| 5  | `<sep>` | segment separator                     |
+| 6  | `<mask>`| masked-LM mask token                  |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from jaxtyping import Int
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
+PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(7)
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the pipelines need from a tokenizer.
+
+    Implemented by [`lineax_seq.ByteTokenizer`][], [`lineax_seq.BPETokenizer`][] and
+    [`lineax_seq.ListOpsTokenizer`][]. All three put the special tokens at ids 0-6
+    (`pad, bos, eos, unk, cls, sep, mask`), so the `*_id` attributes agree.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def special_ids(self) -> tuple[int, ...]: ...
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class _SpecialIds:
+    """Mixin: the shared special-token ids as attributes."""
+
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+    cls_id: int = CLS_ID
+    sep_id: int = SEP_ID
+    mask_id: int = MASK_ID
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """The ids of the special tokens, `(0, 1, ..., 6)`."""
+        return tuple(range(NUM_SPECIAL))
+
+
+class ByteTokenizer(_SpecialIds):
+    """Byte-level tokenizer: UTF-8 byte `b` is token `b + 7`; 263 tokens in all.
+
+    Needs no training and never produces `<unk>`. Special tokens are ids 0-6 (see the
+    module table); `decode` drops them and replaces invalid UTF-8 with U+FFFD.
+    """
+
+    offset: int = NUM_SPECIAL
+
+    @property
+    def vocab_size(self) -> int:
+        """`256 + 7 = 263`."""
+        return 256 + NUM_SPECIAL
+
+    def encode(self, text: str) -> Int[np.ndarray, " n"]:
+        """Encode `text` as int32 token ids (no special tokens added).
+
+        **Arguments:**
+
+        - `text`: a string.
+
+        **Returns:**
+
+        An int32 array of shape `(n,)`, `n` the number of UTF-8 bytes of `text`.
+        """
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + self.offset
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`[encode(t) for t in texts]`."""
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode token ids to text, dropping special tokens.
+
+        **Arguments:**
+
+        - `ids`: token ids (any integer iterable or array).
+
+        **Returns:**
+
+        The decoded string.
+        """
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)
+        arr = arr[(arr >= self.offset) & (arr < self.vocab_size)] - self.offset
+        return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=263)"
+
+
+class BPETokenizer(_SpecialIds):
+    """Byte-level BPE tokenizer (the `tokenizers` library), trained offline on a corpus.
+
+    Build one with [`lineax_seq.BPETokenizer.train`][] or
+    [`lineax_seq.BPETokenizer.load`][]; save with `save`. Special tokens are ids 0-6
+    as for every tokenizer here; no special tokens are added by `encode`.
+    """
+
+    def __init__(self, tokenizer):
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        if not isinstance(tokenizer, _HFTokenizer):
+            raise TypeError(
+                f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+            )
+        for i, tok in enumerate(SPECIAL_TOKENS):
+            if tokenizer.token_to_id(tok) != i:
+                raise ValueError(
+                    f"tokenizer must have special token {tok!r} at id {i}, "
+                    f"got id {tokenizer.token_to_id(tok)}"
+                )
+        self._tok = tokenizer
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], *, vocab_size: int = 32_000, min_frequency: int = 2
+    ) -> BPETokenizer:
+        """Train a byte-level BPE tokenizer on `texts`.
+
+        **Arguments:**
+
+        - `texts`: training documents (e.g. `text_corpus(split="train")`).
+        - `vocab_size`: size of the vocabulary including the 7 special tokens and the
+            256 byte symbols (the papers use 32k). Must be at least 263.
+        - `min_frequency`: minimum pair count for a merge.
+
+        **Returns:**
+
+        A `BPETokenizer`.
+        """
+        from tokenizers import Tokenizer as _HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        if vocab_size < 256 + NUM_SPECIAL:
+            raise ValueError(
+                f"vocab_size must be >= {256 + NUM_SPECIAL} (7 special tokens + 256 bytes), "
+                f"got {vocab_size}"
+            )
+        tok = _HFTokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(iter(texts), trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BPETokenizer:
+        """Load a tokenizer saved with `save` (a `tokenizers` JSON file).
+
+        **Arguments:**
+
+        - `path`: the JSON file.
+
+        **Returns:**
+
+        A `BPETokenizer`.
+        """
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"path {str(path)!r} is not a tokenizer JSON file")
+        return cls(_HFTokenizer.from_file(str(path)))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the tokenizer to `path` as JSON (atomically: temporary file + rename)."""
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self._tok.to_str())
+        os.replace(tmp, path)
+
+    def to_json(self) -> str:
+        """The tokenizer as a JSON string."""
+        return self._tok.to_str()
+
+    @classmethod
+    def from_json(cls, text: str) -> BPETokenizer:
+        """Inverse of `to_json`."""
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        json.loads(text)  # a clear JSONDecodeError on garbage
+        return cls(_HFTokenizer.from_str(text))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens, special tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> Int[np.ndarray, " n"]:
+        """Encode `text` as int32 token ids (no special tokens added).
+
+        **Arguments:**
+
+        - `text`: a string.
+
+        **Returns:**
+
+        An int32 array of shape `(n,)`.
+        """
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode many texts at once (parallel in the Rust library)."""
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode token ids to text, dropping special tokens."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
