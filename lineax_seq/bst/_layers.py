@@ -12,7 +12,6 @@ Every layer also has a decoding mode: `init_cache(max_length)` and
 """
 
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -319,8 +318,8 @@ class BlockStateTransformerLayer(eqx.Module):
         num_heads: int,
         window: int,
         *,
-        context: Literal["sh", "mh", "mf"] = "sh",
-        ssm: Literal["s4", "unstruct"] = "s4",
+        context: str = "sh",
+        ssm: str = "s4",
         state_size: int = 16,
         ssm_features: int | None = None,
         num_filters: int = 32,
@@ -442,9 +441,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
     - tokens (vertical): `x + Out([SWA(LN x) ; CrossAttn(LN x, states_b)])`, then
       `x + MLP(LN x)`;
     - states (horizontal): with `s = LN(states_b) + state_ids`,
-      `z = tanh(Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)]))` and the fixed (input
-      independent, learned) gates
-      `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z`; no MLP ("skip").
+      `h = Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)])`, `z = tanh(W_z h + b_z)` and the
+      fixed (input independent, learned) gates of Hutchins et al. (2022),
+      `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z` (`f` starts at `+1`, `i`
+      at `-1`); no MLP in this direction ("skip").
 
     Keys/values are shared between directions: the tokens' keys/values serve both the
     sliding-window self-attention and the states' cross-attention; the states'
@@ -461,6 +461,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
     state_attention: MultiHeadAttention
     state_cross_query: eqx.nn.Linear
     state_output: eqx.nn.Linear
+    state_gate_input: eqx.nn.Linear
     initial_state: Float[Array, "states dim"]
     state_ids: Float[Array, "states dim"]
     forget_bias: Float[Array, " dim"]
@@ -492,7 +493,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         num_states = window if num_states is None else num_states
         if num_states < 1:
             raise ValueError(f"`num_states` must be >= 1, got num_states={num_states}.")
-        keys = jr.split(key, 9)
+        keys = jr.split(key, 10)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(
             dim, num_heads, window, output_projection=False, key=keys[0]
@@ -507,6 +508,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         )
         self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
         self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
+        self.state_gate_input = eqx.nn.Linear(dim, dim, key=keys[9])
         self.initial_state = jr.normal(keys[7], (num_states, dim))
         self.state_ids = 0.02 * jr.normal(keys[8], (num_states, dim))
         self.forget_bias = jnp.ones((dim,))
@@ -523,7 +525,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
         s_cross = jax.nn.dot_product_attention(q_cross, k_tokens, v_tokens)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
-        z = jnp.tanh(_dense(self.state_output, mixed))
+        z = jnp.tanh(_dense(self.state_gate_input, _dense(self.state_output, mixed)))
         return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
 
     def _tokens_out(self, x, self_heads, h, ks, vs):

@@ -2,7 +2,6 @@
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -121,8 +120,8 @@ class BlockStateTransformerLM(eqx.Module):
         window: int = 128,
         mlp_dim: int | None = None,
         bst_layers: Sequence[int] | None = None,
-        context: Literal["sh", "mh", "mf"] = "sh",
-        ssm: Literal["s4", "unstruct"] = "s4",
+        context: str = "sh",
+        ssm: str = "s4",
         state_size: int = 16,
         ssm_features: int | None = None,
         num_filters: int = 32,

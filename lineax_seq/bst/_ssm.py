@@ -1,7 +1,5 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
-from typing import Literal
-
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
@@ -45,7 +43,7 @@ class ContextSSM(eqx.Module):
         features: int,
         streams: int,
         *,
-        ssm: Literal["s4", "unstruct"] = "s4",
+        ssm: str = "s4",
         state_size: int = 16,
         max_length: int | None = None,
         key: PRNGKeyArray,

@@ -1,0 +1,249 @@
+"""Block-State Transformer: causality, block loop oracle, decoding == forward, lengths, errors.
+
+Tiny shapes (dim 8, 2 heads, window 4, length 16); every layer kind is built once per
+module, and the causality / decoding tests run one model that stacks all eight kinds, so
+each jitted function compiles once.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+
+DIM, HEADS, W, L, VOCAB = 8, 2, 4, 16, 7
+VARIANTS = [
+    "slide",
+    "brect",
+    "sh:s4",
+    "mh:s4",
+    "mf:s4",
+    "sh:unstruct",
+    "mh:unstruct",
+    "mf:unstruct",
+]
+
+
+def make_layer(variant: str, key):
+    if variant == "slide":
+        return ls.SlidingWindowLayer(DIM, HEADS, W, mlp_dim=16, key=key)
+    if variant == "brect":
+        return ls.BlockRecurrentTransformerLayer(DIM, HEADS, W, num_states=3, mlp_dim=16, key=key)
+    context, ssm = variant.split(":")
+    return ls.BlockStateTransformerLayer(
+        DIM,
+        HEADS,
+        W,
+        context=context,
+        ssm=ssm,
+        state_size=4,
+        ssm_features=2,
+        num_filters=3,
+        mlp_dim=16,
+        max_length=L,
+        key=key,
+    )
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    return {v: make_layer(v, jr.key(i)) for i, v in enumerate(VARIANTS)}
+
+
+@pytest.fixture(scope="module")
+def stack(zoo):
+    """An LM whose eight layers are one of each kind (so one compile covers them all)."""
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, DIM, len(VARIANTS), num_heads=HEADS, window=W, bst_layers=(), key=jr.key(99)
+    )
+    return eqx.tree_at(lambda m: m.layers, lm, tuple(zoo[v] for v in VARIANTS))
+
+
+@pytest.fixture(scope="module")
+def sh_lm():
+    return ls.BlockStateTransformerLM.from_variant(
+        "BST:SH:S4", VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(0,), key=jr.key(7)
+    )
+
+
+@eqx.filter_jit
+def _forward_pair(model, xs):
+    return jax.vmap(model)(xs)
+
+
+@eqx.filter_jit
+def _hidden_pair(lm, tokens):
+    """Logits and every layer's output, for a batch of token sequences."""
+
+    def run(tok):
+        x = lm.embedding.weight[tok]
+        hidden = []
+        for layer in lm.layers:
+            x = layer(x)
+            hidden.append(x)
+        return lm(tok), hidden
+
+    return jax.vmap(run)(tokens)
+
+
+@eqx.filter_jit
+def _decode(lm, tokens):
+    cache = lm.init_cache(tokens.shape[0])
+    return jax.lax.scan(lambda c, tok: lm.step(c, tok), cache, tokens)[1]
+
+
+# ----------------------------------------------------------------------------- oracle
+
+
+def _softmax_attention(q, k, v, allowed, bias):
+    logits = jnp.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1]) + bias
+    logits = jnp.where(allowed[None], logits, -jnp.inf)
+    return jnp.einsum("hqk,khd->qhd", jax.nn.softmax(logits, axis=-1), v)
+
+
+def _block_loop_reference(layer, x):
+    """Each block on its own, keys gathered explicitly, plain softmax attention."""
+    bst = isinstance(layer, ls.BlockStateTransformerLayer)
+    attn = layer.self_attention if bst else layer.attention
+    mha = attn.attention
+    h = jax.vmap(layer.attention_norm)(x)
+    q = mha.queries(h)
+    k, v = mha.keys_values(h)
+    if bst:
+        y = layer.ssm(h)
+        qc = jax.vmap(layer.cross_query)(h).reshape(L, HEADS, DIM // HEADS)
+    outputs = []
+    for b in range(L // W):
+        block = slice(b * W, (b + 1) * W)
+        lo = max(0, (b - 1) * W)
+        qpos = np.arange(b * W, (b + 1) * W)[:, None]
+        kpos = np.arange(lo, (b + 1) * W)[None, :]
+        allowed = jnp.asarray((qpos - kpos >= 0) & (qpos - kpos < W))
+        buckets = ls.relative_position_bucket(jnp.asarray(kpos - qpos), bidirectional=False)
+        bias = jnp.moveaxis(attn.relative_bias.embedding[buckets], -1, 0)
+        heads = _softmax_attention(
+            q[block], k[lo : (b + 1) * W], v[lo : (b + 1) * W], allowed, bias
+        )
+        if not bst:
+            out = x[block] + jax.vmap(mha.output_proj)(heads.reshape(W, DIM))
+        else:
+            if layer.context_kind == "mf":
+                ctx = layer.context.initial if b == 0 else y[b * W - 1]
+                ck, cv = layer.context._kv(ctx)
+                c_allowed = jnp.ones((W, ck.shape[0]), bool)
+            else:
+                ck, cv = layer.context._kv(y[block])
+                c_allowed = jnp.tril(jnp.ones((W, W), bool))
+            cross = _softmax_attention(qc[block], ck, cv, c_allowed, 0.0)
+            mixed = jnp.concatenate([heads.reshape(W, DIM), cross.reshape(W, DIM)], -1)
+            out = x[block] + jax.vmap(layer.output)(mixed)
+        z = jax.vmap(layer.mlp_norm)(out)
+        out = out + jax.vmap(lambda a: layer.mlp.down(jax.nn.relu(layer.mlp.up(a))))(z)
+        outputs.append(out)
+    return jnp.concatenate(outputs)
+
+
+ORACLE_VARIANTS = ["slide", "sh:s4", "mh:unstruct", "mf:s4"]
+
+
+def test_block_parallel_equals_block_loop(zoo, getkey):
+    layers = [zoo[v] for v in ORACLE_VARIANTS]
+    x = jr.normal(getkey(), (L, DIM))
+    both = eqx.filter_jit(lambda ms, x: [(m(x), _block_loop_reference(m, x)) for m in ms])
+    for variant, (got, want) in zip(ORACLE_VARIANTS, both(layers, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=variant)
+
+
+# ----------------------------------------------------------------------------- LM level
+
+
+def test_causality_of_every_layer_and_decoding_matches_forward(stack, getkey):
+    """One forward compile of the 8-kind stack: LM and per-layer causality, then decoding."""
+    tokens = jr.randint(getkey(), (L,), 0, VOCAB)
+    t = 6  # mid-block, so within-block causality matters too
+    perturbed = tokens.at[t + 1 :].set((tokens[t + 1 :] + 1) % VOCAB)
+    (full, full2), hidden = _hidden_pair(stack, jnp.stack([tokens, perturbed]))
+    assert full.shape == (L, VOCAB) and np.isfinite(full).all()
+    for variant, h in zip(VARIANTS, hidden, strict=True):
+        np.testing.assert_allclose(
+            h[0, : t + 1], h[1, : t + 1], rtol=0, atol=1e-5, err_msg=f"{variant} is not causal"
+        )
+        assert not np.allclose(h[0, t + 1 :], h[1, t + 1 :], atol=1e-3), variant
+    np.testing.assert_allclose(full[: t + 1], full2[: t + 1], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(_decode(stack, tokens), full, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_greedy_matches_forward(sh_lm, getkey):
+    prompt = jr.randint(getkey(), (5,), 0, VOCAB)
+    # top_k=1 makes sampling greedy, whatever the temperature.
+    out = ls.generate(sh_lm, prompt, L - 5, key=getkey(), temperature=1.0, top_k=1)
+    assert out.shape == (L,)
+    np.testing.assert_array_equal(out[:5], prompt)
+    logits = _forward_pair(sh_lm, jnp.stack([out, out]))[0]
+    np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
+
+
+def test_s4_model_runs_at_four_times_the_length(sh_lm, getkey):
+    long = _forward_pair(sh_lm, jr.randint(getkey(), (2, 4 * L), 0, VOCAB))
+    assert long.shape == (2, 4 * L, VOCAB)
+    assert np.isfinite(long).all()
+
+
+def test_variants_and_layer_placement(key):
+    assert ls.bst_variant_config("BST:SH:S4")["bst_layers"] == (1, 7, 9)
+    assert ls.bst_variant_config("brect:fixed:skip")["recurrent_layers"] == (10,)
+    kinds = {
+        "SLIDE": {ls.SlidingWindowLayer},
+        "BRECT:FIXED:SKIP": {ls.SlidingWindowLayer, ls.BlockRecurrentTransformerLayer},
+        "BST:MF:UNSTRUCT": {ls.SlidingWindowLayer, ls.BlockStateTransformerLayer},
+    }
+    for variant, expected in kinds.items():
+        lm = eqx.filter_eval_shape(
+            ls.BlockStateTransformerLM.from_variant,
+            variant,
+            VOCAB,
+            DIM,
+            3,
+            num_heads=HEADS,
+            window=W,
+            max_length=L,
+            key=key,
+        )
+        assert {type(layer) for layer in lm.layers} == expected
+
+
+def test_bad_input(key):
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, DIM, 1, num_heads=HEADS, window=W, bst_layers=(0,), key=key
+    )
+    with pytest.raises(ValueError, match="multiple of `window`=4"):
+        lm(jnp.zeros((10,), jnp.int32))
+    with pytest.raises(ValueError, match="`window`=4 is larger than the sequence length 2"):
+        lm(jnp.zeros((2,), jnp.int32))
+    with pytest.raises(Exception, match="tokens"):
+        lm(jnp.zeros((2, 8), jnp.int32))
+    with pytest.raises(ValueError, match="`num_heads`=3 must divide `dim`=8"):
+        ls.BlockStateTransformerLM(VOCAB, DIM, 1, num_heads=3, window=W, key=key)
+    with pytest.raises(ValueError, match="unknown `variant`='BST:XX:S4'"):
+        ls.BlockStateTransformerLM.from_variant("BST:XX:S4", VOCAB, DIM, key=key)
+    with pytest.raises(ValueError, match="`context` must be one of"):
+        ls.BlockStateTransformerLayer(DIM, HEADS, W, context="xx", key=key)
+    with pytest.raises(ValueError, match="`ssm` must be one of"):
+        ls.BlockStateTransformerLM(VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="s5", key=key)
+    with pytest.raises(ValueError, match="max_length"):
+        ls.BlockStateTransformerLM(
+            VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct", key=key
+        )
+    with pytest.raises(ValueError, match="bst_layers"):
+        ls.BlockStateTransformerLM(
+            VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,), key=key
+        )
+    with pytest.raises(ValueError, match="window"):
+        ls.SlidingWindowLayer(DIM, HEADS, 0, key=key)
+    with pytest.raises(ValueError, match="top_k"):
+        ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
