@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
+import functools as ft
 import json
 import math
 import os
@@ -59,50 +59,39 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
     return out
 
 
-def _cached(build: Callable, *args):
-    """`build(*args)`, memoised while the arguments are hashable: calling `train` twice
-    with the same loss function and optimiser (e.g. to resume) compiles once."""
-    try:
-        hash(args)
-    except TypeError:
-        return build.__wrapped__(*args)
-    return build(*args)
+def _train_step_impl(static_and_batch, model, opt_state):
+    # One module-level jitted function: `loss_fn` and `optimizer` are (static) arguments,
+    # so calling `train` again with the same ones (e.g. to resume) compiles nothing.
+    loss_fn, optimizer, mesh, min_shard_size, batch, key, step = static_and_batch
+    if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
+        key = jr.fold_in(key, step)
+    (loss, aux), grads = eqx.filter_value_and_grad(lambda m: loss_fn(m, batch, key), has_aux=True)(
+        model
+    )
+    metrics = _metrics(loss, aux, "loss_fn")
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    model = eqx.apply_updates(model, updates)
+    if mesh is not None:
+        model = shard_params(model, mesh, min_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
+    return model, opt_state, metrics
 
 
-@functools.lru_cache(maxsize=16)
-def _jitted_train_step(loss_fn, optimizer, mesh, min_shard_size, donate):
-    def _step(batch_key, model, opt_state):
-        batch, key, step = batch_key
-        if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
-            key = jr.fold_in(key, step)
-        (loss, aux), grads = eqx.filter_value_and_grad(
-            lambda m: loss_fn(m, batch, key), has_aux=True
-        )(model)
-        metrics = _metrics(loss, aux, "loss_fn")
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        params = eqx.filter(model, eqx.is_inexact_array)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        model = eqx.apply_updates(model, updates)
-        if mesh is not None:
-            model = shard_params(model, mesh, min_size=min_shard_size)
-            opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
-        return model, opt_state, metrics
-
-    return eqx.filter_jit(_step, donate="all-except-first" if donate else "none")
+_train_step = eqx.filter_jit(_train_step_impl, donate="all-except-first")
+_train_step_no_donation = eqx.filter_jit(_train_step_impl)
 
 
-@functools.lru_cache(maxsize=16)
-def _jitted_init(optimizer):
-    return eqx.filter_jit(optimizer.init)
+@eqx.filter_jit
+def _eval_step(loss_fn, model, batch, key):
+    loss, aux = loss_fn(model, batch, key)
+    return _metrics(loss, aux, "eval_fn")
 
 
-@functools.lru_cache(maxsize=16)
-def _jitted_eval_step(loss_fn):
-    def eval_step(model, batch, key):
-        loss, aux = loss_fn(model, batch, key)
-        return _metrics(loss, aux, "eval_fn")
-
-    return eqx.filter_jit(eval_step)
+@eqx.filter_jit
+def _init(optimizer, params):
+    return optimizer.init(params)
 
 
 def make_train_step(
@@ -140,10 +129,11 @@ def make_train_step(
     all as scalar arrays.
     """
 
-    jitted = _cached(_jitted_train_step, loss_fn, optimizer, mesh, min_shard_size, donate)
+    jitted = _train_step if donate else _train_step_no_donation
 
     def step(model, opt_state, batch, key, *, _fold_in=None):
-        return jitted((batch, key, _fold_in), model, opt_state)
+        static_and_batch = (loss_fn, optimizer, mesh, min_shard_size, batch, key, _fold_in)
+        return jitted(static_and_batch, model, opt_state)
 
     return step
 
@@ -164,7 +154,7 @@ def make_eval_step(
     `eval_step(model, batch, key) -> metrics`, a dict of scalar arrays with `"loss"`.
     """
 
-    return _cached(_jitted_eval_step, loss_fn)
+    return ft.partial(_eval_step, loss_fn)
 
 
 @dataclasses.dataclass
@@ -373,7 +363,7 @@ def train(
     model = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
     if opt_state is None:
         params = eqx.filter(model, eqx.is_inexact_array)
-        opt_state = _cached(_jitted_init, optimizer)(params)
+        opt_state = _init(optimizer, params)
     else:
         dynamic, static = eqx.partition(opt_state, eqx.is_array)
         opt_state = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
