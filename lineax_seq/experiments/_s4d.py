@@ -1,13 +1,15 @@
-"""S4D on a long-memory task: recall a token after 1,000+ blank steps.
+"""S4D on a long-memory task: recall a token across 750-1,000+ blank steps.
 
-Each sequence starts with a *key* token (one of `num_classes`), followed by
-`length - 2` blank tokens and a final *query* token; at the query the model must
-output the key. Nothing but the S4D layers carries information along the sequence,
-so the model must remember across `length - 1` steps: the convolution needs kernels
-that have not decayed after that many lags. The trivial baseline (always the majority
-class) is right `1 / num_classes` of the time.
+Each sequence holds one *key* token (one of `num_classes`) at a random position in
+its first quarter; every other token is blank (embedded as zero). At the last step
+the model must output the key. Nothing but the S4D layer carries information along
+the sequence, so it must remember across `0.75 * length` to `length - 1` steps: its
+kernels must not have decayed after that many lags, and must point the same way over
+the whole range of lags. The trivial baseline (always the majority class) is right
+about `1 / num_classes` of the time.
 
-    python -m lineax_seq s4d --length 1024 --steps 300 --out outputs/s4d
+`demo(out_dir, small=...)` is what `python -m lineax_seq demo` runs;
+`add_arguments` / `run` give the full command line (`--length`, `--steps`, ...).
 """
 
 import argparse
