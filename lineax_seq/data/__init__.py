@@ -37,8 +37,9 @@ mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed",
 IGNORE_INDEX = -100
 
 # classification: {"tokens": int32 (B, L), "padding_mask": bool (B, L), "label": int32 (B,)}
-read_classification(path, *, num_classes, text_field="text", label_field="label",
-                    pair_field=None) -> grain.MapDataset of {"text", "label"}
+#   (label float32 for regression, i.e. num_classes=None)
+read_classification(path, *, num_classes: int | None, text_field="text", label_field="label",
+                    pair_field=None) -> grain.MapDataset of {"text", "label"[, "text_pair"]}
 listops(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth=10,
         max_args=10, branch_prob=0.25) -> grain.MapDataset of {"text", "label"}
 classification_dataset(records, tokenizer, *, length, batch_size,

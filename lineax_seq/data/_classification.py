@@ -19,7 +19,15 @@ from ._tokenizers import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, Tokenizer, _Specia
 # (text, label) files
 
 
-def _check_label(value, num_classes: int, where: str) -> int:
+def _check_label(value, num_classes: int | None, where: str) -> int | float:
+    if num_classes is None:  # regression
+        try:
+            target = float(str(value).strip()) if not isinstance(value, int | float) else value
+        except ValueError:
+            raise ValueError(f"{where}: label {value!r} is not a number") from None
+        if isinstance(value, bool) or not np.isfinite(target):
+            raise ValueError(f"{where}: label {value!r} is not a finite number")
+        return float(target)
     try:
         label = int(str(value).strip()) if not isinstance(value, int) else value
     except ValueError:
@@ -36,30 +44,35 @@ def _check_label(value, num_classes: int, where: str) -> int:
 def read_classification(
     path: str | os.PathLike,
     *,
-    num_classes: int,
+    num_classes: int | None,
     text_field: str = "text",
     label_field: str = "label",
     pair_field: str | None = None,
 ) -> grain.MapDataset:
     """Read a (text, label) CSV (with a header row) or JSONL file for fine-tuning.
 
+    Classification labels are integers in `[0, num_classes)`; with `num_classes=None`
+    the task is regression and labels are finite floats (e.g. STS-B).
+
     **Arguments:**
 
     - `path`: a `.csv` or `.jsonl` file.
-    - `num_classes`: labels must be integers in `[0, num_classes)`.
+    - `num_classes`: labels must be integers in `[0, num_classes)`; `None` for
+        regression (float labels).
     - `text_field`, `label_field`: column / field names.
     - `pair_field`: optional second text (sentence-pair tasks such as MNLI).
 
     **Returns:**
 
-    A `grain.MapDataset` of `{"text": str, "label": int}` (plus `"text_pair": str`).
+    A `grain.MapDataset` of `{"text": str, "label": int | float}` (plus
+    `"text_pair": str`).
 
     **Raises:**
 
     `FileNotFoundError` for a missing file; `ValueError` (naming file and line) for an
     empty file, a missing field, or a label that is not an integer in range.
     """
-    if num_classes < 2:
+    if num_classes is not None and num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got num_classes={num_classes}")
     p = pathlib.Path(path)
     if not p.is_file():
@@ -91,6 +104,12 @@ def read_classification(
     return grain.MapDataset.source(records)
 
 
+def _label_array(label) -> np.ndarray:
+    if isinstance(label, float | np.floating):
+        return np.float32(label)
+    return np.int32(label)
+
+
 class _EncodeClassification:
     """Picklable map: `{"text", "label"}` -> `{"tokens", "padding_mask", "label"}`."""
 
@@ -111,7 +130,7 @@ class _EncodeClassification:
         return {
             "tokens": out,
             "padding_mask": np.arange(self.length) < ids.size,
-            "label": np.int32(record["label"]),
+            "label": _label_array(record["label"]),
         }
 
 
@@ -141,7 +160,7 @@ def classification_dataset(
     **Returns:**
 
     A `grain.IterDataset` of `{"tokens": int32 (B, L), "padding_mask": bool (B, L),
-    "label": int32 (B,)}`.
+    "label": int32 (B,)}` (`float32` for regression labels).
     """
     if length < 1:
         raise ValueError(f"length must be a positive integer, got length={length}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -66,6 +67,18 @@ def read_documents(
 
     See [`lineax_seq.text_corpus`][] for what `source` may be.
     """
+    if source is None:
+        return list(_stdlib_documents())
+    return _read_documents_uncached(source, text_field)
+
+
+@functools.cache
+def _stdlib_documents() -> tuple[tuple[str, str], ...]:
+    # The installed standard library does not change while the process runs.
+    return tuple(_read_documents_uncached(None, "text"))
+
+
+def _read_documents_uncached(source, text_field):
     if source is None:
         root, files = _stdlib_files()
         if not files:

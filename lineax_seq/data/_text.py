@@ -16,6 +16,11 @@ from ._tokenizers import Tokenizer
 IGNORE_INDEX = -100
 
 
+def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
+    # Random access: iterating a MapDataset would start grain's threaded reader.
+    return [str(texts[i]) for i in range(len(texts))]
+
+
 def tokenize_documents(
     texts: grain.MapDataset | Sequence[str],
     tokenizer: Tokenizer,
@@ -27,7 +32,7 @@ def tokenize_documents(
     Document `i` is `tokens[offsets[i]:offsets[i + 1]]`, wrapped in `<bos> ... <eos>`
     when `add_bos_eos`.
     """
-    docs = tokenizer.encode_batch([str(t) for t in texts])
+    docs = tokenizer.encode_batch(_as_strings(texts))
     if add_bos_eos:
         bos = np.array([tokenizer.bos_id], np.int32)
         eos = np.array([tokenizer.eos_id], np.int32)
