@@ -217,33 +217,32 @@ def test_variants_and_layer_placement(key):
         assert {type(layer) for layer in lm.layers} == expected
 
 
-def test_bad_input(key):
-    lm = ls.BlockStateTransformerLM(
-        VOCAB, DIM, 1, num_heads=HEADS, window=W, bst_layers=(0,), key=key
-    )
+def test_bad_input(sh_lm, key):
+    lm = sh_lm
     with pytest.raises(ValueError, match="multiple of `window`=4"):
         lm(jnp.zeros((10,), jnp.int32))
     with pytest.raises(ValueError, match="`window`=4 is larger than the sequence length 2"):
         lm(jnp.zeros((2,), jnp.int32))
     with pytest.raises(Exception, match="tokens"):
         lm(jnp.zeros((2, 8), jnp.int32))
-    with pytest.raises(ValueError, match="`num_heads`=3 must divide `dim`=8"):
-        ls.BlockStateTransformerLM(VOCAB, DIM, 1, num_heads=3, window=W, key=key)
-    with pytest.raises(ValueError, match="unknown `variant`='BST:XX:S4'"):
-        ls.BlockStateTransformerLM.from_variant("BST:XX:S4", VOCAB, DIM, key=key)
-    with pytest.raises(ValueError, match="`context` must be one of"):
-        ls.BlockStateTransformerLayer(DIM, HEADS, W, context="xx", key=key)
-    with pytest.raises(ValueError, match="`ssm` must be one of"):
-        ls.BlockStateTransformerLM(VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="s5", key=key)
-    with pytest.raises(ValueError, match="max_length"):
-        ls.BlockStateTransformerLM(
-            VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct", key=key
-        )
-    with pytest.raises(ValueError, match="bst_layers"):
-        ls.BlockStateTransformerLM(
-            VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,), key=key
-        )
-    with pytest.raises(ValueError, match="window"):
-        ls.SlidingWindowLayer(DIM, HEADS, 0, key=key)
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
+    # Constructor errors: built abstractly, so nothing is computed.
+    build = lambda cls, *args, **kw: eqx.filter_eval_shape(cls, *args, key=key, **kw)
+    LM = ls.BlockStateTransformerLM
+    with pytest.raises(ValueError, match="`num_heads`=3 must divide `dim`=8"):
+        build(LM, VOCAB, DIM, 1, num_heads=3, window=W)
+    with pytest.raises(ValueError, match="`num_heads`=3 must divide `dim`=8"):
+        build(ls.BlockStateTransformerLayer, DIM, 3, W)
+    with pytest.raises(ValueError, match="unknown `variant`='BST:XX:S4'"):
+        build(LM.from_variant, "BST:XX:S4", VOCAB, DIM)
+    with pytest.raises(ValueError, match="`context` must be one of"):
+        build(ls.BlockStateTransformerLayer, DIM, HEADS, W, context="xx")
+    with pytest.raises(ValueError, match="`ssm` must be one of"):
+        build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="s5")
+    with pytest.raises(ValueError, match="max_length"):
+        build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct")
+    with pytest.raises(ValueError, match="bst_layers"):
+        build(LM, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,))
+    with pytest.raises(ValueError, match="window"):
+        build(ls.SlidingWindowLayer, DIM, HEADS, 0)
