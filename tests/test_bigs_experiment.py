@@ -21,13 +21,11 @@ TEXTS = [
 
 
 def test_continuation_rows_positive_is_true_continuation():
-    sep = "<SEP>"
-    rows = _bigs.continuation_rows(TEXTS, num_rows=40, chars=20, seed=3, separator=sep)
+    rows = _bigs.continuation_rows(TEXTS, num_rows=40, chars=20, seed=3)
     assert len(rows) == 40
-    assert [label for _, label in rows].count(1) == 20
+    assert [label for _, _, label in rows].count(1) == 20
     docs = [t for t in TEXTS if len(t) >= 40]
-    for text, label in rows:
-        a, b = text.split(sep)
+    for a, b, label in rows:
         assert len(a) == len(b) == 20
         continued = any(a + b in d for d in docs)
         source = [d for d in docs if a in d]
@@ -59,6 +57,11 @@ def test_write_rows_csv_roundtrip(tmp_path):
     with path.open(newline="") as f:
         read = list(csv.DictReader(f))
     assert [(r["text"], int(r["label"])) for r in read] == rows
+    pairs = [("a", "b", 1), ("c", "d", 0)]
+    path = _bigs.write_rows(pairs, tmp_path / "pairs.csv")
+    with path.open(newline="") as f:
+        read = list(csv.DictReader(f))
+    assert [(r["text"], r["text_pair"], int(r["label"])) for r in read] == pairs
 
 
 # ----------------------------------------------------------------- baselines

@@ -63,11 +63,10 @@ def continuation_rows(
     num_rows: int,
     chars: int,
     seed: int = 0,
-    separator: str = "\n#|#\n",
-) -> list[tuple[str, int]]:
+) -> list[tuple[str, str, int]]:
     """A two-segment classification task built deterministically from a corpus.
 
-    Each row is `A + separator + B` where `A` is `chars` characters of one document and
+    Each row is `(A, B, label)` where `A` is `chars` characters of one document and
     `B` is either the `chars` characters that follow `A` in the same document (label 1)
     or `chars` characters from a different document (label 0). Labels alternate, so the
     task is exactly balanced; solving it needs interactions *between* the two segments
@@ -79,11 +78,11 @@ def continuation_rows(
     - `num_rows`: how many rows to make.
     - `chars`: characters per segment.
     - `seed`: the row sampler's seed (same texts + same seed -> same rows).
-    - `separator`: the string between the two segments.
 
     **Returns:**
 
-    A list of `(text, label)` pairs, `label` in `{0, 1}`.
+    A list of `(text, text_pair, label)` triples, `label` in `{0, 1}` (encoded by
+    [`lineax_seq.classification_dataset`][] as `<cls> A <sep> B <sep>`).
     """
     if chars < 1:
         raise ValueError(f"`chars` must be at least 1, got {chars}")
@@ -109,17 +108,18 @@ def continuation_rows(
             e += e >= d  # any other document
             s = int(rng.integers(len(docs[e]) - chars + 1))
             b = docs[e][s : s + chars]
-        rows.append((a + separator + b, label))
+        rows.append((a, b, label))
     return rows
 
 
-def write_rows(rows: Sequence[tuple[str, float | int]], path: pathlib.Path) -> pathlib.Path:
-    """Write `(text, label)` rows as a CSV file with a `text,label` header."""
+def write_rows(rows: Sequence[tuple], path: pathlib.Path) -> pathlib.Path:
+    """Write `(text, label)` or `(text, text_pair, label)` rows as a CSV file with a
+    `text,label` / `text,text_pair,label` header (what `bigs finetune --train` reads)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["text", "label"])
+        writer.writerow(["text", "text_pair", "label"] if len(rows[0]) == 3 else ["text", "label"])
         writer.writerows(rows)
     return path
 
@@ -424,9 +424,10 @@ def mlm_loss(
     **Arguments:**
 
     - `model`: a [`MaskedLM`][lineax_seq.experiments._bigs.MaskedLM].
-    - `batch`: `tokens` (batch, length) ids with the masking applied, `mask` (batch,
-        length) `True` at real tokens, `targets` (batch, length) the original id at
-        masked positions and `-1` elsewhere.
+    - `batch`: as [`lineax_seq.mlm_dataset`][] makes it: `tokens` (batch, length) ids
+        with the masking applied, `padding_mask` (batch, length) `True` at real tokens,
+        `labels` (batch, length) the original id at masked positions, negative
+        (`lineax_seq.IGNORE_INDEX`) elsewhere.
     - `key`: dropout key.
     - `max_masked`: predictions scored per sequence (see `max_predictions`).
     - `inference`: disable dropout.
@@ -435,7 +436,7 @@ def mlm_loss(
 
     `(loss, {"accuracy": ...})`, averaged over all masked tokens of the batch.
     """
-    tokens, mask, targets = batch["tokens"], batch["mask"], batch["targets"]
+    tokens, mask, targets = batch["tokens"], batch["padding_mask"], batch["labels"]
 
     def one(tokens, mask, targets, key):
         is_target = targets >= 0
@@ -461,12 +462,13 @@ def classification_loss(
     *,
     inference: bool = False,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
-    """Cross-entropy and accuracy (integer `labels`) or squared error (float `labels`,
-    regression with one output) of a batch of `tokens`/`mask`/`labels`."""
+    """Cross-entropy and accuracy (integer `label`) or squared error (float `label`,
+    regression with one output) of a batch of `tokens`/`padding_mask`/`label`, as
+    [`lineax_seq.classification_dataset`][] makes it."""
     keys = jr.split(key, batch["tokens"].shape[0])
     call = lambda t, m, k: model(t, m, key=k, inference=inference)
-    out = jax.vmap(call)(batch["tokens"], batch["mask"], keys)
-    labels = batch["labels"]
+    out = jax.vmap(call)(batch["tokens"], batch["padding_mask"], keys)
+    labels = batch["label"]
     if jnp.issubdtype(labels.dtype, jnp.floating):
         err = out[:, 0] - labels
         return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
@@ -562,6 +564,741 @@ def matched_inner_dim(config: dict[str, Any], target: int) -> int:
     c1, c2 = count(base), count(2 * base)
     slope = (c2 - c1) / base
     return max(8, int(round(base + (target - c1) / slope)))
+
+
+# ---------------------------------------------------------------------------------------
+# Data (over lineax_seq.data)
+# ---------------------------------------------------------------------------------------
+
+
+def _subsample(dataset: Sequence[str], max_files: int | None) -> list[str]:
+    """At most `max_files` documents, evenly spaced over the (id-sorted) corpus, so a
+    small run still sees every part of it rather than its alphabetical start."""
+    n = len(dataset)
+    if max_files is None or max_files >= n:
+        return [dataset[i] for i in range(n)]
+    return [dataset[int(i)] for i in np.linspace(0, n - 1, max_files)]
+
+
+def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[list[str], list[str]]:
+    """`(train, held-out)` documents of a corpus (default: the stdlib `.py` sources),
+    split by [`lineax_seq.text_corpus`][]'s stable hash; `max_files` caps the train
+    documents (and a twentieth of it the held-out ones)."""
+    train = _subsample(ls.text_corpus(corpus, split="train"), max_files)
+    valid = ls.text_corpus(corpus, split="valid")
+    return train, _subsample(valid, None if max_files is None else max(10, max_files // 10))
+
+
+def make_tokenizer(texts: Sequence[str], kind: str, vocab_size: int) -> ls.Tokenizer:
+    """A byte-level tokenizer, or BPE trained on `texts` with `vocab_size` tokens."""
+    if kind == "byte":
+        return ls.ByteTokenizer()
+    if kind == "bpe":
+        return ls.BPETokenizer.train(texts, vocab_size=vocab_size)
+    raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {kind!r}")
+
+
+def _save_tokenizer(tok: ls.Tokenizer, run_dir: pathlib.Path) -> str:
+    if isinstance(tok, ls.BPETokenizer):
+        tok.save(run_dir / TOKENIZER_FILE)
+        return "bpe"
+    return "byte"
+
+
+def _load_tokenizer(run_dir: pathlib.Path, kind: str) -> ls.Tokenizer:
+    return ls.BPETokenizer.load(run_dir / TOKENIZER_FILE) if kind == "bpe" else ls.ByteTokenizer()
+
+
+def _mlm_data(
+    texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    batch_size: int,
+    mask_rate: float,
+    seed: int,
+    train: bool,
+) -> Any:
+    """Masked-LM batches: shuffled with dynamic masking, forever (`train`), or one
+    ordered pass with fixed masking (held-out data: the same batches for every model)."""
+    if train:
+        return ls.mlm_dataset(
+            texts, tok, length=length, batch_size=batch_size, mask_prob=mask_rate, seed=seed
+        )
+    return ls.mlm_dataset(
+        texts,
+        tok,
+        length=length,
+        batch_size=batch_size,
+        mask_prob=mask_rate,
+        masking="fixed",
+        seed=seed,
+        shuffle=False,
+        num_epochs=1,
+    )
+
+
+def _records(rows: Sequence[tuple]) -> Any:
+    """`(text, label)` or `(text, text_pair, label)` rows as a grain dataset of records."""
+    import grain
+
+    def record(row: tuple) -> dict[str, Any]:
+        if len(row) == 3:
+            return {"text": row[0], "text_pair": row[1], "label": row[2]}
+        return {"text": row[0], "label": row[1]}
+
+    return grain.MapDataset.source([record(r) for r in rows])
+
+
+def _classification_data(
+    records: Any, tok: ls.Tokenizer, *, length: int, batch_size: int, seed: int, train: bool
+) -> Any:
+    if train:
+        return ls.classification_dataset(
+            records, tok, length=length, batch_size=batch_size, seed=seed
+        )
+    return ls.classification_dataset(
+        records,
+        tok,
+        length=length,
+        batch_size=batch_size,
+        shuffle=False,
+        num_epochs=1,
+        drop_remainder=False,
+    )
+
+
+def _read_rows(path: pathlib.Path, *, regression: bool) -> tuple[Any, int]:
+    """A (text, label) CSV/JSONL file as records (via [`lineax_seq.read_classification`][]
+    for classes) and the number of outputs (classes, or 1 for regression)."""
+    path = pathlib.Path(path)
+    if path.suffix == ".jsonl":
+        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        with path.open(newline="", encoding="utf-8") as f:
+            raw = list(csv.DictReader(f))
+    if not raw:
+        raise ValueError(f"{path} contains no examples")
+    labels = [float(r["label"]) for r in raw]
+    if regression:
+        pair = "text_pair" in raw[0]
+        rows = [
+            (r["text"], r["text_pair"], float(r["label"]))
+            if pair
+            else (r["text"], float(r["label"]))
+            for r in raw
+        ]
+        return _records(rows), 1
+    if not _is_integer_labels(labels):
+        raise ValueError(f"{path}: labels are not integers; pass --regression for real values")
+    num_classes = max(2, int(max(labels)) + 1)
+    pair = "text_pair" if "text_pair" in raw[0] else None
+    return ls.read_classification(path, num_classes=num_classes, pair_field=pair), num_classes
+
+
+class _Regression:
+    """`{"text"[, "text_pair"], "label": float}` -> tokens, padding mask, float label (the
+    data package's classification encoder keeps integer labels only)."""
+
+    def __init__(self, tok: ls.Tokenizer, length: int):
+        self.tok, self.length = tok, length
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
+        t = self.tok
+        parts = [[t.cls_id], t.encode(record["text"]), [t.sep_id]]
+        if "text_pair" in record:
+            parts += [t.encode(record["text_pair"]), [t.sep_id]]
+        ids = np.concatenate([np.asarray(q, np.int32) for q in parts])[: self.length]
+        tokens = np.full(self.length, t.pad_id, np.int32)
+        tokens[: ids.size] = ids
+        return {
+            "tokens": tokens,
+            "padding_mask": np.arange(self.length) < ids.size,
+            "label": np.float32(record["label"]),
+        }
+
+
+def _regression_data(
+    records: Any, tok: ls.Tokenizer, *, length: int, batch_size: int, seed: int, train: bool
+) -> Any:
+    examples = records.map(_Regression(tok, length))
+    if train:
+        return ls.batch_examples(examples, batch_size=batch_size, seed=seed)
+    return ls.batch_examples(
+        examples, batch_size=batch_size, shuffle=False, num_epochs=1, drop_remainder=False
+    )
+
+
+def _split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
+    """Deterministic split of a record dataset: every `1 / fraction`-th record held out."""
+    import grain
+
+    every = max(2, round(1 / fraction))
+    items = [records[i] for i in range(len(records))]
+    train = [r for i, r in enumerate(items) if i % every != every - 1]
+    held = [r for i, r in enumerate(items) if i % every == every - 1]
+    return grain.MapDataset.source(train), grain.MapDataset.source(held)
+
+
+def _listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> Any:
+    """ListOps expressions short enough to fit `length` tokens of `tok` (the pretrained
+    model's tokenizer, not ListOps' own: the fine-tuned model keeps its vocabulary)."""
+    sample = ls.listops(64, seed=seed, min_length=8, max_length=64)
+    texts = [sample[i]["text"] for i in range(len(sample))]
+    per_symbol = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
+    max_symbols = max(8, int((length - 2) / per_symbol))
+    return ls.listops(num, seed=seed, min_length=max(4, max_symbols // 4), max_length=max_symbols)
+
+
+# ---------------------------------------------------------------------------------------
+# Runs: build, pretrain, fine-tune, save/load
+# ---------------------------------------------------------------------------------------
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+FINAL_DIR = "final"
+
+
+def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, ls.Tokenizer, dict[str, Any]]:
+    """Load a finished `bigs pretrain` run: the MLM model, its tokenizer and config."""
+    run_dir = pathlib.Path(run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{run_dir} is not a `bigs pretrain` output (no {CONFIG_FILE})")
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    template = eqx.filter_eval_shape(
+        lambda: MaskedLM(ls.BiGS(**config["model"], key=jr.key(0)), key=jr.key(1))
+    )
+    model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
+    return model, _load_tokenizer(run_dir, config["tokenizer"]), config
+
+
+def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    print(f"{prefix}: {shown}", flush=True)
+
+
+def _last(history: list[dict], split: str) -> dict[str, float]:
+    records = [r for r in history if r.get("split") == split]
+    if not records:
+        return {}
+    return {k: v for k, v in records[-1].items() if k not in ("step", "split")}
+
+
+def pretrain_mlm(
+    model: MaskedLM,
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    steps: int,
+    batch_size: int,
+    length: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.01,
+    schedule: str = "cosine",
+    mask_rate: float = 0.15,
+    eval_batches: int = 8,
+    eval_every: int = 0,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`)
+    on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task).
+
+    Evaluates on the first `eval_batches` batches of `eval_texts` (fixed masks, no
+    shuffling: the same batches for every model) at the end and every `eval_every`.
+    """
+    max_masked = max_predictions(length, mask_rate)
+    loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked)
+    eval_loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked, inference=True)
+    common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate)
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule=schedule,
+    )
+    return ls.train(
+        model,
+        optimizer,
+        loss,
+        _mlm_data(train_texts, tok, seed=seed, train=True, **common),
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=_mlm_data(eval_texts, tok, seed=seed, train=False, **common),
+        eval_fn=eval_loss,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        unit="tokens",
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def finetune_classifier(
+    model: Classifier,
+    train_records: Any,
+    eval_records: Any,
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.1,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Fine-tune a classifier or regressor (Table 8's recipe: AdamW, 10% warmup, linear
+    decay) on records `{"text"[, "text_pair"], "label"}` and evaluate on all of
+    `eval_records` at the end."""
+    if len(train_records) < batch_size:
+        raise ValueError(
+            f"the training set has {len(train_records)} examples, fewer than "
+            f"batch_size={batch_size}"
+        )
+    make = _classification_data if model.head.num_outputs > 1 else _regression_data
+    common = dict(length=length, batch_size=batch_size, seed=seed)
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule="linear",
+    )
+    return ls.train(
+        model,
+        optimizer,
+        classification_loss,
+        make(train_records, tok, train=True, **common),
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=make(eval_records, tok, train=False, **common),
+        eval_fn=lambda m, b, k: classification_loss(m, b, k, inference=True),
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def model_kernels(
+    model: MaskedLM | Classifier | ls.BiGS, length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(forward, backward)` kernels of every layer, each `(layers, kc, length)`."""
+    encoder = model if isinstance(model, ls.BiGS) else model.encoder
+    k = np.asarray(encoder.kernels(length))
+    return k[:, 0], k[:, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------
+
+
+def pretrain(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
+    curves, the final model and (SSM routing) the kernel heat map into `--out`."""
+    out: pathlib.Path = args.out
+    train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
+    if args.resume:
+        if not (out / CONFIG_FILE).exists():
+            raise ValueError(f"--resume: {out} holds no run to resume (no {CONFIG_FILE})")
+        config = json.loads((out / CONFIG_FILE).read_text())
+        tok = _load_tokenizer(out, config["tokenizer"])
+        model = MaskedLM(ls.BiGS(**config["model"], key=jr.key(args.seed)), key=jr.key(1))
+    elif args.init_from is not None:
+        model, tok, config = load_pretrained(args.init_from)
+        config = {**config, "init_from": str(args.init_from)}
+    else:
+        tok = make_tokenizer(train_texts, args.tokenizer, args.vocab_size)
+        encoder = ls.BiGS(
+            tok.vocab_size,
+            args.dim,
+            args.layers,
+            architecture=args.architecture,
+            routing=args.routing,
+            inner_dim=args.inner,
+            num_heads=args.heads if args.routing == "attention" else None,
+            max_length=args.length if args.routing == "attention" else None,
+            state_size=args.state_size,
+            dropout=args.dropout,
+            key=jr.key(args.seed),
+        )
+        model = MaskedLM(encoder, key=jr.fold_in(jr.key(args.seed), 1))
+        config = {"model": encoder.config()}
+    out.mkdir(parents=True, exist_ok=True)
+    config["tokenizer"] = _save_tokenizer(tok, out)
+    config["pretrain"] = {
+        k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()
+    }
+    _save_json(config, out / CONFIG_FILE)
+    counts = parameter_counts(model)
+    print(
+        f"BiGS {config['model']['architecture']}/{config['model']['routing']}: "
+        f"{counts['params']:,} parameters ({counts['params_non_embedding']:,} non-embedding), "
+        f"vocabulary {tok.vocab_size}, {len(train_texts)} training documents, "
+        f"length {args.length}",
+        flush=True,
+    )
+    result = pretrain_mlm(
+        model,
+        train_texts,
+        eval_texts,
+        tok,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        length=args.length,
+        lr=args.lr,
+        ssm_lr=args.ssm_lr,
+        weight_decay=args.weight_decay,
+        warmup=args.warmup,
+        schedule=args.schedule,
+        mask_rate=args.mask_rate,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        out_dir=out,
+        checkpoint_every=max(1, args.steps // 4),
+        resume=args.resume,
+    )
+    ls.save_checkpoint(out / FINAL_DIR, result.step, model=result.model, keep=1)
+    metrics = _last(result.history, "eval")
+    _print_metrics("held-out MLM", metrics)
+    if result.model.encoder.routing == "ssm":
+        fwd, bwd = model_kernels(result.model, max(args.length, 2 * KERNEL_RADIUS + 1))
+        print(f"kernels: {plot_kernels({'pretrained': (fwd, bwd)}, out / 'kernels.png')}")
+    print(f"model, checkpoints and metrics in {out}/")
+    return metrics
+
+
+def finetune(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
+    mlm, tok, _ = load_pretrained(args.checkpoint)
+    if args.task == "listops":
+        records = _listops_records(
+            args.listops_examples, seed=args.seed, tok=tok, length=args.length
+        )
+        train_records, eval_records = _split_records(records)
+        num_outputs = 10
+    else:
+        if args.train is None:
+            raise ValueError("--task file needs --train PATH (a CSV or JSONL file)")
+        train_records, num_outputs = _read_rows(args.train, regression=args.regression)
+        if args.eval is not None:
+            eval_records, eval_outputs = _read_rows(args.eval, regression=args.regression)
+            num_outputs = max(num_outputs, eval_outputs)
+        else:
+            train_records, eval_records = _split_records(train_records)
+    model = Classifier(mlm.encoder, num_outputs, key=jr.key(args.seed + 1))
+    kind = "regression" if num_outputs == 1 else f"{num_outputs} classes"
+    print(
+        f"fine-tuning {args.checkpoint} ({args.task}, {kind}): {len(train_records)} "
+        f"training / {len(eval_records)} held-out examples, length {args.length}",
+        flush=True,
+    )
+    result = finetune_classifier(
+        model,
+        train_records,
+        eval_records,
+        tok,
+        length=args.length,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        ssm_lr=args.ssm_lr,
+        weight_decay=args.weight_decay,
+        warmup=args.warmup,
+        seed=args.seed,
+        out_dir=args.out,
+    )
+    metrics = _last(result.history, "eval")
+    _print_metrics("held-out", metrics)
+    summary = {"checkpoint": str(args.checkpoint), "task": args.task, **metrics}
+    _save_json(summary, args.out / "result.json")
+    if result.model.encoder.routing == "ssm":
+        length = max(args.length, 2 * KERNEL_RADIUS + 1)
+        panels = {
+            "pretrained": model_kernels(mlm, length),
+            "fine-tuned": model_kernels(result.model, length),
+        }
+        plot_kernels(panels, args.out / "kernels.png")
+    return metrics
+
+
+def kernels(args: argparse.Namespace) -> pathlib.Path:
+    """`bigs kernels`: Figure 3 heat map of one or more pretraining runs."""
+    panels = {}
+    for run_dir in args.checkpoint:
+        model, _, config = load_pretrained(run_dir)
+        if model.encoder.routing != "ssm":
+            print(f"skipping {run_dir}: routing={model.encoder.routing!r} has no kernels")
+            continue
+        length = max(128, 2 * args.radius + 1)
+        arch = config["model"]["architecture"].upper()
+        panels[f"{run_dir.name} ({arch}/SSM)"] = model_kernels(model, length)
+    path = plot_kernels(panels, args.out, radius=args.radius)
+    print(f"kernel heat map: {path}")
+    return path
+
+
+def _chars_per_token(texts: Sequence[str], tok: ls.Tokenizer, *, sample: int = 20_000) -> float:
+    text = "".join(texts)[:sample]
+    return len(text) / max(1, len(tok.encode(text)))
+
+
+def _finetune_task(
+    task: str,
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    num_train: int,
+    num_eval: int,
+    seed: int,
+) -> tuple[Any, Any, int, str]:
+    """The ablation's fine-tuning task as `(train records, eval records, classes, name)`:
+    corpus continuation (train rows from pretraining documents, eval rows from held-out
+    ones) or ListOps."""
+    if task == "listops":
+        records = _listops_records(num_train + num_eval, seed=seed, tok=tok, length=length)
+        import grain
+
+        items = [records[i] for i in range(len(records))]
+        train = grain.MapDataset.source(items[:num_train])
+        return train, grain.MapDataset.source(items[num_train:]), 10, "ListOps (10 classes)"
+    # Two segments that together fill ~90% of the sequence after tokenisation.
+    chars = max(8, int(0.45 * (length - 3) * _chars_per_token(train_texts, tok)))
+    train = continuation_rows(train_texts, num_rows=num_train, chars=chars, seed=seed + 1)
+    held = continuation_rows(eval_texts, num_rows=num_eval, chars=chars, seed=seed + 2)
+    name = f"corpus continuation (2 x {chars} characters, 2 classes)"
+    return _records(train), _records(held), 2, name
+
+
+def _ablation_settings(args: argparse.Namespace) -> dict[str, Any]:
+    names = (
+        "dim",
+        "layers",
+        "length",
+        "batch_size",
+        "steps",
+        "lr",
+        "finetune_task",
+        "finetune_steps",
+        "finetune_lr",
+        "finetune_examples",
+        "seed",
+        "max_files",
+        "tokenizer",
+        "vocab_size",
+    )
+    settings = {k: getattr(args, k) for k in names}
+    if args.quick:
+        settings.update(
+            dim=32,
+            layers=2,
+            length=64,
+            batch_size=8,
+            steps=30,
+            finetune_steps=20,
+            finetune_examples=64,
+            max_files=min(args.max_files, 40),
+            vocab_size=min(args.vocab_size, 512),
+        )
+    return settings
+
+
+def ablation(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs ablation`: the paper's Table 1 at small scale.
+
+    The four (architecture, routing) variants are pretrained on the same batches with
+    the same optimiser for the same number of tokens, at matched non-embedding
+    parameter counts (same depth and width; each variant's inner width is solved for to
+    match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
+    Writes `bigs_ablation.json`, `bigs_ablation.png` and `bigs_kernels.png` to `--out`.
+    """
+    cfg = _ablation_settings(args)
+    timer = _Timer()
+    train_texts, eval_texts = load_corpus(args.corpus, cfg["max_files"])
+    tok = make_tokenizer(train_texts, cfg["tokenizer"], cfg["vocab_size"])
+    length, batch_size = cfg["length"], cfg["batch_size"]
+    num_eval = batch_size * max(1, cfg["finetune_examples"] // (4 * batch_size))
+    ft_train, ft_eval, num_classes, task_name = _finetune_task(
+        cfg["finetune_task"],
+        train_texts,
+        eval_texts,
+        tok,
+        length=length,
+        num_train=cfg["finetune_examples"],
+        num_eval=num_eval,
+        seed=cfg["seed"],
+    )
+    base = dict(vocab_size=tok.vocab_size, dim=cfg["dim"], num_layers=cfg["layers"])
+    target = parameter_counts(eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0))))
+    print(
+        f"Table 1 ablation: d={cfg['dim']}, {cfg['layers']} layers, length {length}, "
+        f"vocabulary {tok.vocab_size}, {cfg['steps']} x {batch_size} sequences of "
+        f"pretraining; fine-tuning: {task_name}, {len(ft_train)} training / "
+        f"{len(ft_eval)} held-out examples",
+        flush=True,
+    )
+    results, kernel_panels = [], {}
+    for architecture, routing in VARIANTS:
+        name = VARIANT_NAMES[architecture, routing]
+        config = dict(
+            base,
+            architecture=architecture,
+            routing=routing,
+            # Attention needs absolute positions (BERT's); the SSM kernels are positional.
+            max_length=length if routing == "attention" else None,
+        )
+        config["inner_dim"] = matched_inner_dim(config, target["params_non_embedding"])
+        key = jr.key(cfg["seed"])
+        mlm = MaskedLM(ls.BiGS(**config, key=key), key=jr.fold_in(key, 1))
+        counts = parameter_counts(mlm.encoder)
+        print(
+            f"\n--- {name}: inner width {config['inner_dim']}, {counts['params']:,} "
+            f"encoder parameters ({counts['params_non_embedding']:,} non-embedding)",
+            flush=True,
+        )
+        start = timer()
+        pre = pretrain_mlm(
+            mlm,
+            train_texts,
+            eval_texts,
+            tok,
+            steps=cfg["steps"],
+            batch_size=batch_size,
+            length=length,
+            lr=cfg["lr"],
+            seed=cfg["seed"],
+            progress=False,
+        )
+        pretrain_s = timer() - start
+        mlm_eval = _last(pre.history, "eval")
+        if routing == "ssm":
+            kernel_panels[name] = model_kernels(pre.model, length)
+        start = timer()
+        ft = finetune_classifier(
+            Classifier(pre.model.encoder, num_classes, key=jr.fold_in(key, 2)),
+            ft_train,
+            ft_eval,
+            tok,
+            length=length,
+            steps=cfg["finetune_steps"],
+            batch_size=batch_size,
+            lr=cfg["finetune_lr"],
+            seed=cfg["seed"],
+            progress=False,
+        )
+        finetune_s = timer() - start
+        ft_eval_metrics = _last(ft.history, "eval")
+        train_records = [r for r in pre.history if r.get("split") == "train"]
+        results.append(
+            dict(
+                name=name,
+                architecture=architecture,
+                routing=routing,
+                inner_dim=config["inner_dim"],
+                **counts,
+                tokens=cfg["steps"] * batch_size * length,
+                mlm_loss=mlm_eval["loss"],
+                mlm_accuracy=mlm_eval["accuracy"],
+                finetune_loss=ft_eval_metrics["loss"],
+                finetune_accuracy=ft_eval_metrics["accuracy"],
+                pretrain_seconds=round(pretrain_s, 1),
+                finetune_seconds=round(finetune_s, 1),
+                mlm_curve=[[r["step"], r["loss"]] for r in train_records],
+            )
+        )
+        r = results[-1]
+        print(
+            f"{name}: held-out MLM loss {r['mlm_loss']:.3f} (acc. {r['mlm_accuracy']:.3f}), "
+            f"fine-tune acc. {r['finetune_accuracy']:.3f}  "
+            f"[{_fmt_seconds(pretrain_s)} + {_fmt_seconds(finetune_s)}]",
+            flush=True,
+        )
+    # Context-free reference points.
+    eval_iter = iter(
+        _mlm_data(
+            eval_texts,
+            tok,
+            length=length,
+            batch_size=batch_size,
+            mask_rate=0.15,
+            seed=cfg["seed"],
+            train=False,
+        )
+    )
+    batches = [b for b, _ in zip(eval_iter, range(8), strict=False)]
+    targets = np.concatenate([b["labels"][b["labels"] >= 0] for b in batches])
+    stream = np.concatenate([tok.encode(t) for t in train_texts])
+    uni_loss, uni_acc = unigram_baseline(stream, targets, tok.vocab_size)
+    train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
+    eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
+    majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
+    table = ablation_table(results)
+    by = {(r["architecture"], r["routing"]): r for r in results}
+    gap = by["gated", "ssm"]["finetune_accuracy"] - by["stack", "ssm"]["finetune_accuracy"]
+    payload = {
+        "description": "Small-scale Table 1 of Wang et al. (BiGS): four architecture/routing "
+        "variants at matched non-embedding parameters and pretraining tokens.",
+        "settings": {**cfg, "corpus": str(args.corpus or "stdlib"), "task": task_name},
+        "baselines": {
+            "unigram_mlm_loss": uni_loss,
+            "unigram_mlm_accuracy": uni_acc,
+            "finetune_majority_accuracy": majority,
+        },
+        "results": results,
+        "gated_minus_stack_ssm_finetune_accuracy": gap,
+        "table_markdown": table,
+        "total_seconds": round(timer(), 1),
+        "environment": _environment(),
+    }
+    out = pathlib.Path(args.out)
+    suffix = "" if jax.default_backend() == "cpu" else f"_{jax.default_backend()}"
+    suffix += "_quick" if args.quick else ""
+    _save_json(payload, out / f"bigs_ablation{suffix}.json")
+    plot_ablation(results, out / f"bigs_ablation{suffix}.png")
+    if kernel_panels:
+        plot_kernels(kernel_panels, out / f"bigs_kernels{suffix}.png")
+    print("\n" + table)
+    print(
+        f"unigram MLM baseline: loss {uni_loss:.3f}, acc. {uni_acc:.3f}; fine-tune majority "
+        f"class: {majority:.3f}\nGATED/SSM - STACK/SSM fine-tune accuracy: {gap:+.3f}\n"
+        f"written to {out}/bigs_ablation{suffix}.json/png in {_fmt_seconds(timer())}"
+    )
+    return payload
+
+
+def _environment() -> dict[str, Any]:
+    import os
+    import platform
+
+    return {
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "processor_count": os.cpu_count(),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -678,6 +1415,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     abl.add_argument("--finetune-task", choices=("continuation", "listops"), default="continuation")
     abl.add_argument("--finetune-steps", type=int, default=300)
     abl.add_argument("--finetune-lr", type=float, default=3e-4)
+    abl.add_argument("--finetune-examples", type=int, default=2048, help="training rows")
     abl.add_argument("--seed", type=int, default=0)
     abl.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     abl.add_argument(
@@ -696,465 +1434,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ker.add_argument("--checkpoint", type=pathlib.Path, required=True, nargs="+")
     ker.add_argument("--radius", type=int, default=KERNEL_RADIUS)
     ker.add_argument("--out", type=pathlib.Path, default=pathlib.Path("outputs/bigs/kernels.png"))
-
-
-# ---------------------------------------------------------------------------------------
-# Data (thin adapters over lineax_seq.data)
-# ---------------------------------------------------------------------------------------
-
-
-class _Tokens:
-    """Temporary byte-level tokenizer (replaced by lineax_seq.data's)."""
-
-    pad, cls, sep, mask = 0, 1, 2, 3
-    offset = 4
-    vocab_size = 260
-
-    def encode(self, text: str) -> list[int]:
-        return [b + self.offset for b in text.encode("utf-8", "replace")]
-
-    def save(self, path: pathlib.Path) -> None:
-        pathlib.Path(path).write_text(json.dumps({"kind": "byte"}))
-
-
-def _load_texts(corpus: pathlib.Path | None, max_files: int) -> list[str]:
-    import sysconfig
-
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"]) if corpus is None else corpus
-    files = [root] if root.is_file() else sorted(root.rglob("*.py" if corpus is None else "*"))
-    files = [f for f in files if "site-packages" not in f.parts and f.is_file()]
-    texts = []
-    for f in files[:max_files]:
-        try:
-            texts.append(f.read_text())
-        except (UnicodeDecodeError, OSError):
-            continue
-    return texts
-
-
-def _tokenizer(texts: Sequence[str], kind: str, vocab_size: int) -> _Tokens:
-    del texts, kind, vocab_size
-    return _Tokens()
-
-
-def _load_tokenizer(run_dir: pathlib.Path) -> _Tokens:
-    return _Tokens()
-
-
-def _split_documents(texts: Sequence[str], held_out: float = 0.05) -> tuple[list, list]:
-    """Deterministic document-level split: every `1 / held_out`-th document is held out."""
-    every = max(2, round(1 / held_out))
-    train = [t for i, t in enumerate(texts) if i % every != every - 1]
-    test = [t for i, t in enumerate(texts) if i % every == every - 1]
-    return train, test
-
-
-def _mlm_batches(
-    texts: Sequence[str],
-    tok: _Tokens,
-    *,
-    length: int,
-    batch_size: int,
-    mask_rate: float,
-    seed: int,
-    num_batches: int | None = None,
-):
-    """MLM batches `{tokens, mask, targets}` of windows of the token stream."""
-    stream = np.concatenate([np.asarray(tok.encode(t), np.int32) for t in texts])
-    rng = np.random.default_rng(seed)
-    i = 0
-    while num_batches is None or i < num_batches:
-        starts = rng.integers(0, len(stream) - length, size=batch_size)
-        orig = np.stack([stream[s : s + length] for s in starts])
-        chosen = rng.random(orig.shape) < mask_rate
-        r = rng.random(orig.shape)
-        tokens = np.where(chosen & (r < 0.8), tok.mask, orig)
-        rand = rng.integers(tok.offset, tok.vocab_size, size=orig.shape)
-        tokens = np.where(chosen & (r >= 0.8) & (r < 0.9), rand, tokens).astype(np.int32)
-        yield {
-            "tokens": tokens,
-            "mask": np.ones_like(tokens, dtype=bool),
-            "targets": np.where(chosen, orig, -1).astype(np.int32),
-        }
-        i += 1
-
-
-def _encode_rows(
-    rows: Sequence[tuple[str, float]], tok: _Tokens, *, length: int, regression: bool
-) -> dict[str, np.ndarray]:
-    tokens = np.full((len(rows), length), tok.pad, np.int32)
-    mask = np.zeros((len(rows), length), bool)
-    for i, (text, _) in enumerate(rows):
-        ids = [tok.cls, *tok.encode(text)][:length]
-        tokens[i, : len(ids)] = ids
-        mask[i, : len(ids)] = True
-    labels = np.asarray([y for _, y in rows], np.float32 if regression else np.int32)
-    return {"tokens": tokens, "mask": mask, "labels": labels}
-
-
-def _read_rows(path: pathlib.Path) -> list[tuple[str, float]]:
-    path = pathlib.Path(path)
-    if path.suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [(r["text"], float(r["label"])) for r in records]
-    with path.open(newline="") as f:
-        return [(r["text"], float(r["label"])) for r in csv.DictReader(f)]
-
-
-def _listops_rows(num: int, *, seed: int) -> list[tuple[str, float]]:
-    raise NotImplementedError("ListOps lands with lineax_seq.data")
-
-
-def _batches(data: dict[str, np.ndarray], batch_size: int, *, seed: int | None):
-    """Epochs of shuffled batches (`seed`), or one ordered pass (`seed=None`)."""
-    n = len(data["labels"])
-    rng = None if seed is None else np.random.default_rng(seed)
-    while True:
-        order = np.arange(n) if rng is None else rng.permutation(n)
-        for i in range(0, n - batch_size + 1 if rng is not None else n, batch_size):
-            idx = order[i : i + batch_size]
-            yield {k: v[idx] for k, v in data.items()}
-        if rng is None:
-            return
-
-
-class _Reiterable:
-    """`iter()` restarts a generator function (what `train`'s `eval_data` wants)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __iter__(self):
-        return iter(self.fn())
-
-
-# ---------------------------------------------------------------------------------------
-# Runs: build, pretrain, fine-tune, save/load
-# ---------------------------------------------------------------------------------------
-
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
-FINAL_DIR = "final"
-
-
-def _save_run(out: pathlib.Path, model: eqx.Module, step: int, config: dict) -> None:
-    _save_json(config, out / CONFIG_FILE)
-    ls.save_checkpoint(out / FINAL_DIR, step, model=model, keep=1)
-
-
-def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, Any, dict[str, Any]]:
-    """Load a finished `bigs pretrain` run: the MLM model, its tokenizer and config."""
-    run_dir = pathlib.Path(run_dir)
-    if not (run_dir / CONFIG_FILE).exists():
-        raise ValueError(f"{run_dir} is not a `bigs pretrain` output (no {CONFIG_FILE})")
-    config = json.loads((run_dir / CONFIG_FILE).read_text())
-    template = eqx.filter_eval_shape(
-        lambda: MaskedLM(ls.BiGS(**config["model"], key=jr.key(0)), key=jr.key(1))
-    )
-    model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
-    return model, _load_tokenizer(run_dir), config
-
-
-def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-    print(f"{prefix}: {shown}", flush=True)
-
-
-def _last(history: list[dict], split: str) -> dict[str, float]:
-    records = [r for r in history if r.get("split") == split]
-    if not records:
-        return {}
-    return {k: v for k, v in records[-1].items() if k not in ("step", "split")}
-
-
-def pretrain_mlm(
-    model: MaskedLM,
-    train_texts: Sequence[str],
-    eval_texts: Sequence[str],
-    tok: Any,
-    *,
-    steps: int,
-    batch_size: int,
-    length: int,
-    lr: float,
-    ssm_lr: float = 1e-3,
-    weight_decay: float = 0.01,
-    warmup: float = 0.01,
-    schedule: str = "cosine",
-    mask_rate: float = 0.15,
-    eval_batches: int = 8,
-    eval_every: int = 0,
-    seed: int = 0,
-    out_dir: pathlib.Path | None = None,
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    progress: bool = True,
-) -> ls.TrainResult:
-    """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`).
-
-    Evaluates on `eval_batches` fixed batches of `eval_texts` (same batches for every
-    model with the same seed) at the end and every `eval_every` steps.
-    """
-    max_masked = max_predictions(length, mask_rate)
-    loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked)
-    eval_loss = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked, inference=True)
-    data = _mlm_batches(
-        train_texts, tok, length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed
-    )
-    eval_data = _Reiterable(
-        lambda: _mlm_batches(
-            eval_texts,
-            tok,
-            length=length,
-            batch_size=batch_size,
-            mask_rate=mask_rate,
-            seed=10_000 + seed,
-            num_batches=eval_batches,
-        )
-    )
-    optimizer = make_optimizer(
-        model,
-        lr=lr,
-        steps=steps,
-        warmup=warmup,
-        weight_decay=weight_decay,
-        ssm_lr=ssm_lr,
-        schedule=schedule,
-    )
-    return ls.train(
-        model,
-        optimizer,
-        loss,
-        data,
-        steps=steps,
-        key=jr.key(seed),
-        eval_data=eval_data,
-        eval_fn=eval_loss,
-        eval_every=eval_every,
-        log_every=max(1, min(25, steps // 20)),
-        out_dir=out_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        unit="tokens",
-        progress=progress,
-        plot=out_dir is not None,
-    )
-
-
-def finetune_classifier(
-    model: Classifier,
-    train_data: dict[str, np.ndarray],
-    eval_data: dict[str, np.ndarray],
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    ssm_lr: float = 1e-3,
-    weight_decay: float = 0.01,
-    warmup: float = 0.1,
-    seed: int = 0,
-    out_dir: pathlib.Path | None = None,
-    progress: bool = True,
-) -> ls.TrainResult:
-    """Fine-tune a classifier (Table 8's recipe: AdamW, 10% warmup, linear decay) and
-    evaluate it on all of `eval_data` at the end."""
-    if len(train_data["labels"]) < batch_size:
-        raise ValueError(
-            f"the training set has {len(train_data['labels'])} examples, fewer than "
-            f"batch_size={batch_size}"
-        )
-    optimizer = make_optimizer(
-        model,
-        lr=lr,
-        steps=steps,
-        warmup=warmup,
-        weight_decay=weight_decay,
-        ssm_lr=ssm_lr,
-        schedule="linear",
-    )
-    return ls.train(
-        model,
-        optimizer,
-        classification_loss,
-        _batches(train_data, batch_size, seed=seed),
-        steps=steps,
-        key=jr.key(seed),
-        eval_data=_Reiterable(lambda: _batches(eval_data, batch_size, seed=None)),
-        eval_fn=lambda m, b, k: classification_loss(m, b, k, inference=True),
-        log_every=max(1, min(25, steps // 20)),
-        out_dir=out_dir,
-        progress=progress,
-        plot=out_dir is not None,
-    )
-
-
-def model_kernels(
-    model: MaskedLM | Classifier | ls.BiGS, length: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`(forward, backward)` kernels of every layer, each `(layers, kc, length)`."""
-    encoder = model if isinstance(model, ls.BiGS) else model.encoder
-    k = np.asarray(encoder.kernels(length))
-    return k[:, 0], k[:, 1]
-
-
-# ---------------------------------------------------------------------------------------
-# Subcommands
-# ---------------------------------------------------------------------------------------
-
-
-def pretrain(args: argparse.Namespace) -> dict[str, Any]:
-    """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
-    curves, the final model and (SSM routing) the kernel heat map into `--out`."""
-    out: pathlib.Path = args.out
-    texts = _load_texts(args.corpus, args.max_files)
-    train_texts, eval_texts = _split_documents(texts)
-    if args.resume:
-        if not (out / CONFIG_FILE).exists():
-            raise ValueError(f"--resume: {out} holds no run to resume (no {CONFIG_FILE})")
-        config = json.loads((out / CONFIG_FILE).read_text())
-        tok = _load_tokenizer(out)
-        model = MaskedLM(ls.BiGS(**config["model"], key=jr.key(args.seed)), key=jr.key(1))
-    elif args.init_from is not None:
-        model, tok, config = load_pretrained(args.init_from)
-        config = {**config, "init_from": str(args.init_from)}
-    else:
-        tok = _tokenizer(train_texts, args.tokenizer, args.vocab_size)
-        encoder = ls.BiGS(
-            tok.vocab_size,
-            args.dim,
-            args.layers,
-            architecture=args.architecture,
-            routing=args.routing,
-            inner_dim=args.inner,
-            num_heads=args.heads if args.routing == "attention" else None,
-            max_length=args.length if args.routing == "attention" else None,
-            state_size=args.state_size,
-            dropout=args.dropout,
-            key=jr.key(args.seed),
-        )
-        model = MaskedLM(encoder, key=jr.fold_in(jr.key(args.seed), 1))
-        config = {"model": encoder.config()}
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(out / TOKENIZER_FILE)
-    config["pretrain"] = {
-        k: str(v) if isinstance(v, pathlib.Path) else v
-        for k, v in vars(args).items()
-        if k not in ("func",)
-    }
-    _save_json(config, out / CONFIG_FILE)
-    counts = parameter_counts(model)
-    print(
-        f"BiGS {config['model']['architecture']}/{config['model']['routing']}: "
-        f"{counts['params']:,} parameters ({counts['params_non_embedding']:,} non-embedding), "
-        f"{len(train_texts)} training documents, length {args.length}",
-        flush=True,
-    )
-    result = pretrain_mlm(
-        model,
-        train_texts,
-        eval_texts,
-        tok,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        length=args.length,
-        lr=args.lr,
-        ssm_lr=args.ssm_lr,
-        weight_decay=args.weight_decay,
-        warmup=args.warmup,
-        schedule=args.schedule,
-        mask_rate=args.mask_rate,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        out_dir=out,
-        checkpoint_every=max(1, args.steps // 4),
-        resume=args.resume,
-    )
-    _save_run(out, result.model, result.step, config)
-    metrics = _last(result.history, "eval")
-    _print_metrics("held-out MLM", metrics)
-    if result.model.encoder.routing == "ssm":
-        fwd, bwd = model_kernels(result.model, max(args.length, 2 * KERNEL_RADIUS + 1))
-        path = plot_kernels({"pretrained": (fwd, bwd)}, out / "kernels.png")
-        print(f"kernels: {path}")
-    print(f"model, checkpoints and metrics in {out}/")
-    return metrics
-
-
-def finetune(args: argparse.Namespace) -> dict[str, Any]:
-    """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
-    mlm, tok, config = load_pretrained(args.checkpoint)
-    if args.task == "listops":
-        rows = _listops_rows(args.listops_examples, seed=args.seed)
-        cut = int(0.9 * len(rows))
-        train_rows, eval_rows = rows[:cut], rows[cut:]
-        regression = False
-    else:
-        if args.train is None:
-            raise ValueError("--task file needs --train PATH (a CSV or JSONL file)")
-        train_rows = _read_rows(args.train)
-        if args.eval is not None:
-            eval_rows = _read_rows(args.eval)
-        else:
-            cut = int(0.9 * len(train_rows))
-            train_rows, eval_rows = train_rows[:cut], train_rows[cut:]
-        regression = args.regression
-        if not regression and not _is_integer_labels([y for _, y in train_rows]):
-            raise ValueError("labels are not integers: pass --regression for real values")
-    num_outputs = 1 if regression else int(max(y for _, y in train_rows + eval_rows)) + 1
-    encode = lambda rows: _encode_rows(rows, tok, length=args.length, regression=regression)
-    model = Classifier(mlm.encoder, num_outputs, key=jr.key(args.seed + 1))
-    print(
-        f"fine-tuning {args.checkpoint} on {len(train_rows)} examples "
-        f"({'regression' if regression else f'{num_outputs} classes'}), "
-        f"{len(eval_rows)} held out",
-        flush=True,
-    )
-    result = finetune_classifier(
-        model,
-        encode(train_rows),
-        encode(eval_rows),
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        ssm_lr=args.ssm_lr,
-        weight_decay=args.weight_decay,
-        warmup=args.warmup,
-        seed=args.seed,
-        out_dir=args.out,
-    )
-    metrics = _last(result.history, "eval")
-    _print_metrics("held-out", metrics)
-    _save_json(
-        {"checkpoint": str(args.checkpoint), "task": args.task, **metrics}, args.out / "result.json"
-    )
-    if result.model.encoder.routing == "ssm":
-        fwd, bwd = model_kernels(result.model, max(args.length, 2 * KERNEL_RADIUS + 1))
-        pre_fwd, pre_bwd = model_kernels(mlm, max(args.length, 2 * KERNEL_RADIUS + 1))
-        plot_kernels(
-            {"pretrained": (pre_fwd, pre_bwd), "fine-tuned": (fwd, bwd)},
-            args.out / "kernels.png",
-        )
-    return metrics
-
-
-def kernels(args: argparse.Namespace) -> pathlib.Path:
-    """`bigs kernels`: Figure 3 heat map of one or more pretraining runs."""
-    panels = {}
-    for run_dir in args.checkpoint:
-        model, _, config = load_pretrained(run_dir)
-        if model.encoder.routing != "ssm":
-            print(f"skipping {run_dir}: routing={model.encoder.routing!r} has no kernels")
-            continue
-        length = max(128, 2 * args.radius + 1)
-        arch = config["model"]["architecture"].upper()
-        panels[f"{run_dir.name} ({arch}/SSM)"] = model_kernels(model, length)
-    path = plot_kernels(panels, args.out, radius=args.radius)
-    print(f"kernel heat map: {path}")
-    return path
-
-
-def ablation(args: argparse.Namespace) -> dict[str, Any]:
-    raise NotImplementedError
 
 
 def run(args: argparse.Namespace) -> int:
