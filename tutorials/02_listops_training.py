@@ -176,7 +176,7 @@ def loss_fn(model, batch, key):
 
 # %%
 opt = ls.make_optimizer(
-    3e-3 if SMALL else 1e-3,
+    1e-2 if SMALL else 1e-3,
     warmup_steps=cfg["steps"] // 10,
     total_steps=cfg["steps"],
     weight_decay=0.05,
