@@ -38,6 +38,17 @@ def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
     return (c > r) & (c <= window + r)
 
 
+def masked_bias(
+    mask: Bool[Array, "q k"], bias: Float[Array, "heads q k"] | None = None
+) -> Float[Array, "#heads q k"]:
+    """Fold a boolean mask into an additive bias (`-1e30` where `mask` is `False`).
+
+    Every query must see at least one key.
+    """
+    blocked = jnp.where(mask, 0.0, -1e30)[None]
+    return blocked if bias is None else bias + blocked
+
+
 def sliding_window_attention(
     q: Float[Array, "length heads head_dim"],
     k: Float[Array, "length heads head_dim"],
@@ -52,9 +63,9 @@ def sliding_window_attention(
     the keys/values of the previous block and of their own block (a differentiable
     cache, as in Transformer-XL / Block-Recurrent Transformers) under a mask that lets
     token `i` see tokens `i - window + 1, ..., i`: every token sees the `window` most
-    recent tokens. All blocks go through one `jax.nn.dot_product_attention` call with
-    the blocks as the batch axis, so the cost is `O(length * window)` and nothing of
-    size `(length, length)` is ever built.
+    recent tokens. All blocks go through `jax.nn.dot_product_attention` with the blocks
+    as the batch axis (block 0, which has no previous block, in a call of its own), so
+    the cost is `O(length * window)` and nothing of size `(length, length)` is built.
 
     **Arguments:**
 
@@ -70,18 +81,18 @@ def sliding_window_attention(
     """
     num_blocks = check_blocks(q.shape[0], window, "q")
     q, k, v = (rearrange(a, "(n w) h d -> n w h d", w=window) for a in (q, k, v))
-
-    def with_previous(a):
-        previous = jnp.concatenate([jnp.zeros_like(a[:1]), a[:-1]])
-        return jnp.concatenate([previous, a], axis=1)  # (n, 2w, h, d)
-
-    mask = sliding_window_mask(window)
-    first = jnp.arange(num_blocks)[:, None, None, None] == 0
-    mask = mask & ~(first & (jnp.arange(2 * window) < window))  # block 0 has no previous
-    out = jax.nn.dot_product_attention(
-        q, with_previous(k), with_previous(v), bias=None if bias is None else bias[None], mask=mask
-    )
-    return rearrange(out, "n w h d -> (n w) h d")
+    # The window mask is the same for every block, so it is folded into one additive
+    # (heads, w, 2w) bias: no per-block boolean mask is built or applied (on CPU the
+    # masking pass costs about a fifth of the attention). Block 0 has no previous block:
+    # it attends to its own keys only, with the causal half of the same bias.
+    frame_bias = masked_bias(sliding_window_mask(window), bias)
+    first = jax.nn.dot_product_attention(q[:1], k[:1], v[:1], bias=frame_bias[None, :, :, window:])
+    if num_blocks == 1:
+        return first[0]
+    k_frame = jnp.concatenate([k[:-1], k[1:]], axis=1)  # (n - 1, 2w, h, d): [previous; own]
+    v_frame = jnp.concatenate([v[:-1], v[1:]], axis=1)
+    rest = jax.nn.dot_product_attention(q[1:], k_frame, v_frame, bias=frame_bias[None])
+    return rearrange(jnp.concatenate([first, rest]), "n w h d -> (n w) h d")
 
 
 class SlidingWindowAttention(eqx.Module):

@@ -21,7 +21,7 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ..attention import MultiHeadAttention, SlidingWindowAttention, sliding_window_mask
-from ..attention._window import check_blocks
+from ..attention._window import check_blocks, masked_bias
 from ._ssm import ContextSSM
 
 CONTEXTS = ("sh", "mh", "mf")
@@ -397,7 +397,7 @@ class BlockStateTransformerLayer(eqx.Module):
         )
         mask = self.context.mask(self.window)
         cross = jax.nn.dot_product_attention(
-            q, k, v, mask=None if mask is None else mask[None, None]
+            q, k, v, bias=None if mask is None else masked_bias(mask)[None]
         )
         cross = rearrange(cross, "n w h d -> (n w) (h d)")
         x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
@@ -546,22 +546,20 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         check_blocks(x.shape[0], self.window)
         w = self.window
         mha = self.self_attention.attention
-        bias = self.self_attention.relative_bias(w, 2 * w, query_offset=w)
-        window_mask = sliding_window_mask(w)
-        has_previous = jnp.arange(2 * w) >= w
+        relative = self.self_attention.relative_bias(w, 2 * w, query_offset=w)
+        frame_bias = masked_bias(sliding_window_mask(w), relative)
+        no_previous = jnp.where(jnp.arange(2 * w) < w, -1e30, 0.0)  # for block 0
 
         def block(carry, x_b):
             states, k_prev, v_prev, first = carry
             h = _norm(self.attention_norm, x_b)
             q = mha.queries(h)
             k, v = mha.keys_values(h)
-            mask = window_mask & (has_previous | ~first)
             self_heads = jax.nn.dot_product_attention(
                 q,
                 jnp.concatenate([k_prev, k]),
                 jnp.concatenate([v_prev, v]),
-                bias=bias,
-                mask=mask,
+                bias=frame_bias + jnp.where(first, no_previous, 0.0),
             )
             s, (ks, vs) = self._state_kv(states)
             out = self._tokens_out(x_b, self_heads, h, ks, vs)
