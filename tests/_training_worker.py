@@ -2,7 +2,7 @@
 
 Usage: python tests/_training_worker.py OUT_DIR [--sleep S] [--kill-in-save STEP]
 
-`--sleep` slows every batch down (so that the parent can SIGKILL the run mid-way);
+`--sleep` pauses after every step (so that the parent can SIGKILL the run mid-way);
 `--kill-in-save STEP` SIGKILLs the process itself while the checkpoint of STEP is
 being written (after its arrays are on disk, before the atomic rename).
 """
@@ -34,15 +34,13 @@ CHECKPOINT_EVERY = 4
 BATCH = 8
 
 
-def dataset(sleep: float = 0.0):
+def dataset():
     """A grain pipeline of (x, y) regression batches, shuffled, repeated."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 3)).astype(np.float32)
     y = np.sin(x).sum(axis=1, keepdims=True).astype(np.float32)
 
     def get(i):
-        if sleep:
-            time.sleep(sleep)
         return x[i], y[i]
 
     ds = grain.MapDataset.range(64).shuffle(seed=3).repeat(None).map(get)
@@ -72,7 +70,7 @@ def run(out_dir, *, sleep: float = 0.0, progress: bool = False) -> ls.TrainResul
         model,
         optimizer(),
         loss_fn,
-        iter(dataset(sleep)),
+        iter(dataset()),
         steps=STEPS,
         key=jr.key(1),
         log_every=1,
@@ -80,6 +78,7 @@ def run(out_dir, *, sleep: float = 0.0, progress: bool = False) -> ls.TrainResul
         checkpoint_every=CHECKPOINT_EVERY,
         keep_checkpoints=3,
         progress=progress,
+        callback=(lambda step, model, record: time.sleep(sleep)) if sleep else None,
     )
 
 

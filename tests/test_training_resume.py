@@ -79,7 +79,7 @@ def test_sigkill_mid_run_and_mid_save_then_resume_is_exact(tmp_path):
 
     out = tmp_path / "interrupted"
     # 1. SIGKILL from outside, in the middle of the run (after a checkpoint exists).
-    proc = _launch(out, "--sleep", "0.004")
+    proc = _launch(out, "--sleep", "0.1")
     deadline = time.time() + 60
     while _last_step(out) < 10:
         assert proc.poll() is None, proc.stdout.read().decode()
