@@ -169,10 +169,15 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), eval_every=5)
     with pytest.raises(ValueError, match=r"log_every=0"):
         ls.train(*args, steps=1, key=jr.key(0), log_every=0)
-    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    old = '{"step": 3, "split": "train", "loss": 1.0}\n'
+    (tmp_path / "metrics.jsonl").write_text(old)
     with pytest.raises(ValueError, match=r"already holds a run .* resume=False"):
         ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path, resume=False)
-    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"  # nothing lost
+    assert (tmp_path / "metrics.jsonl").read_text() == old  # nothing lost
+    # Resuming a run that has metrics but no checkpoint restarts, keeping the old metrics.
+    with pytest.warns(UserWarning, match=r"metrics but no checkpoint: starting from step 0"):
+        ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path, progress=False)
+    assert (tmp_path / "metrics.jsonl.prev").read_text() == old
 
 
 # ------------------------------------------------------------------ checkpoints

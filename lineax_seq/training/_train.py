@@ -383,6 +383,15 @@ def train(
             start = resumed_from = ckpt.step
             if ckpt.data_state is not None:
                 it.set_state(ckpt.data_state)
+        elif is_main and _read_jsonl(metrics_path, math.inf):
+            # A run without any checkpoint restarts from step 0: keep its metrics aside.
+            previous = metrics_path.with_name(METRICS_FILE + ".prev")
+            os.replace(metrics_path, previous)
+            warnings.warn(
+                f"{out} holds metrics but no checkpoint: starting from step 0; the old "
+                f"metrics were moved to {previous}.",
+                stacklevel=2,
+            )
         # Records past the restored step are replayed by this run: drop them.
         history = _read_jsonl(metrics_path, start)
         if is_main and metrics_path.exists():
