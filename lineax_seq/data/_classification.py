@@ -6,14 +6,14 @@ import csv
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import grain
 import numpy as np
 from beartype import beartype
 
 from ._loader import batch_examples
-from ._tokenizers import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, Tokenizer, _SpecialIds
+from ._tokenizers import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, TokenIds, Tokenizer, _SpecialIds
 
 # --------------------------------------------------------------------------------------
 # (text, label) files
@@ -207,7 +207,7 @@ class ListOpsTokenizer(_SpecialIds):
         """`[encode(t) for t in texts]`."""
         return [self.encode(t) for t in texts]
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: TokenIds) -> str:
         """Space-joined tokens, special tokens dropped."""
         return " ".join(_LISTOPS_TOKENS[int(i)] for i in ids if int(i) >= NUM_SPECIAL)
 

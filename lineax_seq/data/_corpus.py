@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import sysconfig
-from typing import Literal
 
 import grain
 
@@ -113,7 +112,7 @@ def _read_documents_uncached(source, text_field):
 def text_corpus(
     source: str | os.PathLike | None = None,
     *,
-    split: Literal["train", "valid", "test", "all"] = "train",
+    split: str = "train",
     valid_fraction: float = 0.05,
     test_fraction: float = 0.05,
     text_field: str = "text",

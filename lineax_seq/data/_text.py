@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import grain
 import numpy as np
@@ -246,11 +245,13 @@ class _Mask:
 class _FixedMask:
     """Picklable `(index, example) -> example`: the mask depends on (seed, index) only."""
 
-    def __init__(self, mask: _Mask, seed: int):
-        self.mask, self.seed = mask, seed
+    def __init__(self, mask: _Mask, seed: int, num_examples: int):
+        self.mask, self.seed, self.num_examples = mask, seed, num_examples
 
     def __call__(self, index, example):
-        return self.mask(example, np.random.default_rng([self.seed, int(index)]))
+        # grain passes later epochs' indices unreduced (index + epoch * num_examples).
+        index = int(index) % self.num_examples
+        return self.mask(example, np.random.default_rng([self.seed, index]))
 
 
 @beartype
@@ -305,7 +306,7 @@ def mlm_dataset(
     *,
     length: int,
     batch_size: int,
-    masking: Literal["dynamic", "fixed"] = "dynamic",
+    masking: str = "dynamic",
     mask_prob: float = 0.15,
     mask_token_prob: float = 0.8,
     random_token_prob: float = 0.1,
@@ -360,7 +361,7 @@ def mlm_dataset(
         random_token_prob,
     )
     if masking == "fixed":
-        examples = examples.map_with_index(_FixedMask(mask, seed))
+        examples = examples.map_with_index(_FixedMask(mask, seed, len(examples)))
     return batch_examples(
         examples,
         batch_size=batch_size,

@@ -22,11 +22,13 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Array, Int
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(7)
 NUM_SPECIAL = len(SPECIAL_TOKENS)
+
+TokenIds = Int[np.ndarray, " n"] | Int[Array, " n"] | Sequence[int]
 
 
 @runtime_checkable
@@ -48,7 +50,7 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
 
-    def decode(self, ids: Iterable[int]) -> str: ...
+    def decode(self, ids: TokenIds) -> str: ...
 
 
 class _SpecialIds:
@@ -99,7 +101,7 @@ class ByteTokenizer(_SpecialIds):
         """`[encode(t) for t in texts]`."""
         return [self.encode(t) for t in texts]
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: TokenIds) -> str:
         """Decode token ids to text, dropping special tokens.
 
         **Arguments:**
@@ -110,7 +112,7 @@ class ByteTokenizer(_SpecialIds):
 
         The decoded string.
         """
-        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)
+        arr = np.asarray(ids, dtype=np.int64)
         arr = arr[(arr >= self.offset) & (arr < self.vocab_size)] - self.offset
         return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
@@ -239,7 +241,7 @@ class BPETokenizer(_SpecialIds):
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: TokenIds) -> str:
         """Decode token ids to text, dropping special tokens."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import grain
 import jax
 import numpy as np
@@ -92,7 +90,7 @@ def trajectory_windows(
     *,
     length: int,
     stride: int = 1,
-    split: Literal["train", "valid", "test", "all"] = "train",
+    split: str = "train",
     valid_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 0,
@@ -161,7 +159,7 @@ def trajectory_dataset(
     length: int,
     batch_size: int,
     stride: int = 1,
-    split: Literal["train", "valid", "test", "all"] = "train",
+    split: str = "train",
     valid_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 0,

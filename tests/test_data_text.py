@@ -1,0 +1,351 @@
+"""Text pipelines: corpus + split, tokenizers, causal-LM windows, MLM masking, the loader."""
+
+import json
+
+import grain
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+
+DOCS = [
+    "def f(x):\n    return x + 1\n" * 3,
+    "héllo wörld — ünïcode ✓",
+    "short",
+    "a" * 97,
+    "the quick brown fox jumps over the lazy dog. " * 5,
+]
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "sub").mkdir()
+    for i in range(30):
+        (root / "sub" / f"doc{i}.txt").write_text(f"document number {i}\n" * (i + 1))
+    (root / "code.py").write_text("print('hi')\n")
+    (root / "empty.txt").write_text("   \n")
+    (root / "ignored.md").write_text("not a corpus file")
+    with open(root / "records.jsonl", "w") as f:
+        for i in range(10):
+            f.write(json.dumps({"text": f"json record {i}"}) + "\n")
+    return root
+
+
+def test_default_corpus_is_stdlib_and_split_is_a_partition():
+    full = ls.text_corpus(split="all")
+    parts = [ls.text_corpus(split=s) for s in ("train", "valid", "test")]
+    assert len(full) > 500
+    assert sum(len(p) for p in parts) == len(full)
+    assert 0.02 < len(parts[1]) / len(full) < 0.1  # about valid_fraction = 0.05
+    texts = [set(p[i] for i in range(len(p))) for p in parts]
+    assert not (texts[0] & texts[1]) and not (texts[0] & texts[2])
+    assert any("import " in full[i] for i in range(20))
+
+
+def test_user_corpus_and_deterministic_split(corpus_dir):
+    full = ls.text_corpus(corpus_dir, split="all")
+    assert len(full) == 30 + 1 + 10  # empty.txt dropped, .md ignored
+    a = ls.text_corpus(corpus_dir, split="valid", valid_fraction=0.3, test_fraction=0.3)
+    b = ls.text_corpus(corpus_dir, split="valid", valid_fraction=0.3, test_fraction=0.3)
+    assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
+    # A document's split depends on its id only, not on the other documents present.
+    single = ls.text_corpus(corpus_dir / "sub", split="all")
+    assert len(single) == 30
+    from lineax_seq.data._corpus import split_of
+
+    assert split_of("x.py", valid_fraction=0.05, test_fraction=0.05) == split_of(
+        "x.py", valid_fraction=0.05, test_fraction=0.05
+    )
+    ids = [f"doc{i}" for i in range(4000)]
+    frac = np.mean([split_of(d, valid_fraction=0.2, test_fraction=0.1) == "valid" for d in ids])
+    assert abs(frac - 0.2) < 0.03
+
+
+def test_corpus_bad_inputs(tmp_path, corpus_dir):
+    with pytest.raises(FileNotFoundError, match="source"):
+        ls.text_corpus(tmp_path / "missing")
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="source .* no"):
+        ls.text_corpus(empty)
+    (tmp_path / "blank.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="only empty documents"):
+        ls.text_corpus(tmp_path / "blank.txt")
+    with pytest.raises(ValueError, match="split must be one of"):
+        ls.text_corpus(corpus_dir, split="dev")
+    with pytest.raises(ValueError, match="valid_fraction"):
+        ls.text_corpus(corpus_dir, valid_fraction=0.7, test_fraction=0.5)
+    with pytest.raises(ValueError, match="split='test' .* has no documents"):
+        ls.text_corpus(corpus_dir / "code.py", split="test")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: .*'text'"):
+        ls.text_corpus(bad, split="all")
+
+
+# -------------------------------------------------------------------------- tokenizers
+
+
+def test_byte_tokenizer_roundtrip_and_ids():
+    tok = ls.ByteTokenizer()
+    assert isinstance(tok, ls.Tokenizer)
+    assert tok.vocab_size == 263
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+    assert (tok.cls_id, tok.sep_id, tok.mask_id) == (4, 5, 6)
+    for text in DOCS:
+        ids = tok.encode(text)
+        assert ids.dtype == np.int32 and ids.min() >= 7 and ids.max() < 263
+        assert tok.decode(ids) == text
+        assert tok.decode(np.concatenate([[1, 4], ids, [2, 0, 0]])) == text
+    assert list(tok.encode("A")) == [65 + 7]
+
+
+def test_bpe_train_save_load(tmp_path):
+    texts = [t * 4 for t in DOCS] * 5
+    tok = ls.BPETokenizer.train(texts, vocab_size=320, min_frequency=1)
+    assert isinstance(tok, ls.Tokenizer)
+    assert 263 < tok.vocab_size <= 320
+    assert tok.special_ids == ls.ByteTokenizer().special_ids
+    ids = tok.encode(DOCS[4])
+    assert len(ids) < len(DOCS[4].encode())  # merges compress
+    assert tok.decode(ids) == DOCS[4] and tok.decode(tok.encode(DOCS[1])) == DOCS[1]
+    assert ids.min() >= 7  # no special token produced by encode
+    path = tmp_path / "bpe.json"
+    tok.save(path)
+    loaded = ls.BPETokenizer.load(path)
+    for text in DOCS:
+        np.testing.assert_array_equal(loaded.encode(text), tok.encode(text))
+    batch = loaded.encode_batch(DOCS)
+    for text, ids in zip(DOCS, batch, strict=True):
+        np.testing.assert_array_equal(ids, tok.encode(text))
+    with pytest.raises(ValueError, match="vocab_size must be >= 263"):
+        ls.BPETokenizer.train(texts, vocab_size=100)
+    with pytest.raises(FileNotFoundError, match="path"):
+        ls.BPETokenizer.load(tmp_path / "nope.json")
+
+
+# ---------------------------------------------------------------------- causal-LM windows
+
+
+def _reference_windows(docs, tok, length, stride):
+    out = []
+    for d in docs:
+        seq = [tok.bos_id] + list(tok.encode(d)) + [tok.eos_id]
+        s = 0
+        while s + length + 1 <= len(seq):
+            out.append(seq[s : s + length + 1])
+            s += stride
+    return out
+
+
+@pytest.mark.parametrize("length,stride", [(1, None), (7, None), (16, 5), (100, None)])
+def test_lm_windows_match_reference(length, stride):
+    tok = ls.ByteTokenizer()
+    ds = ls.lm_windows(DOCS, tok, length=length, stride=stride)
+    ref = _reference_windows(DOCS, tok, length, stride or length)
+    assert len(ds) == len(ref) > 0
+    for i, w in enumerate(ref):
+        ex = ds[i]
+        assert ex["inputs"].shape == ex["targets"].shape == (length,)
+        np.testing.assert_array_equal(ex["inputs"], w[:-1])
+        np.testing.assert_array_equal(ex["targets"], w[1:])
+
+
+def test_lm_dataset_batches_any_length():
+    tok = ls.ByteTokenizer()
+    texts = ls.text_corpus(split="valid")
+    for length in (32, 512):  # e.g. training length and 16x it
+        it = iter(ls.lm_dataset(texts, tok, length=length, batch_size=3))
+        batch = next(it)
+        assert batch["inputs"].shape == batch["targets"].shape == (3, length)
+        assert batch["inputs"].dtype == np.int32
+        np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+
+
+def test_lm_bad_inputs():
+    tok = ls.ByteTokenizer()
+    with pytest.raises(ValueError, match="length=1000 .* longest document has 227 tokens"):
+        ls.lm_windows(DOCS, tok, length=1000)
+    with pytest.raises(ValueError, match="length must be an integer >= 1"):
+        ls.lm_windows(DOCS, tok, length=0)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
+        ls.lm_dataset(DOCS, tok, length=8, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size=1000 is larger"):
+        ls.lm_dataset(DOCS, tok, length=8, batch_size=1000, num_epochs=1)
+
+
+# --------------------------------------------------------------------------------- MLM
+
+
+def test_mask_tokens_exact_and_statistics():
+    tok = ls.ByteTokenizer()
+    specials = tok.special_ids
+    rng = np.random.default_rng(0)
+    counts = {"mask": 0, "random": 0, "same": 0}
+    n_seq = 3000
+    for _ in range(n_seq):
+        n = int(rng.integers(30, 61))
+        body = rng.integers(7, 263, size=n)
+        seq = np.concatenate([[4], body, [5], np.zeros(64 - n - 2, int)]).astype(np.int32)
+        masked, labels = ls.mask_tokens(
+            seq, rng, vocab_size=263, mask_id=tok.mask_id, special_ids=specials
+        )
+        chosen = labels != ls.IGNORE_INDEX
+        assert chosen.sum() == max(1, round(0.15 * n))  # exactly 15% of non-special tokens
+        assert not chosen[np.isin(seq, specials)].any()  # specials / padding never chosen
+        np.testing.assert_array_equal(labels[chosen], seq[chosen])
+        np.testing.assert_array_equal(masked[~chosen], seq[~chosen])  # rest untouched
+        m = masked[chosen]
+        counts["mask"] += int((m == tok.mask_id).sum())
+        rand = (m != tok.mask_id) & (m != seq[chosen])
+        assert not np.isin(m[rand], specials).any()
+        counts["random"] += int(rand.sum())
+        # a random draw equal to the original counts as "same": expected 1/256 of 10%
+        counts["same"] += int((m == seq[chosen]).sum())
+    total = sum(counts.values())
+    assert total > 18_000
+    assert abs(counts["mask"] / total - 0.8) < 0.01
+    assert abs(counts["random"] / total - 0.1 * 255 / 256) < 0.008
+    assert abs(counts["same"] / total - (0.1 + 0.1 / 256)) < 0.008
+
+
+def test_mask_tokens_no_candidates():
+    seq = np.array([4, 5, 0, 0], np.int32)
+    masked, labels = ls.mask_tokens(
+        seq, np.random.default_rng(0), vocab_size=263, mask_id=6, special_ids=range(7)
+    )
+    np.testing.assert_array_equal(masked, seq)
+    assert (labels == ls.IGNORE_INDEX).all()
+
+
+def _epochs(ds, n_batches):
+    it = iter(ds)
+    return [next(it) for _ in range(n_batches)]
+
+
+def test_mlm_dataset_examples_and_masking_modes():
+    tok = ls.ByteTokenizer()
+    examples = ls.mlm_examples(DOCS, tok, length=16)
+    ex = examples[len(examples) - 1]  # last chunk of the last document: padded
+    assert ex["tokens"][0] == tok.cls_id
+    n_real = int(ex["padding_mask"].sum())
+    assert ex["tokens"][n_real - 1] == tok.sep_id and (ex["tokens"][n_real:] == 0).all()
+    # Chunks tile every document exactly.
+    body = [e["tokens"][1 : int(e["padding_mask"].sum()) - 1] for e in examples]
+    np.testing.assert_array_equal(
+        np.concatenate(body), np.concatenate([tok.encode(d) for d in DOCS])
+    )
+    n = len(examples)
+    kwargs = dict(length=16, batch_size=n, shuffle=False, num_epochs=2, seed=3)
+    fixed = _epochs(ls.mlm_dataset(DOCS, tok, masking="fixed", **kwargs), 2)
+    dynamic = _epochs(ls.mlm_dataset(DOCS, tok, masking="dynamic", **kwargs), 2)
+    np.testing.assert_array_equal(fixed[0]["tokens"], fixed[1]["tokens"])
+    np.testing.assert_array_equal(fixed[0]["labels"], fixed[1]["labels"])
+    assert (dynamic[0]["labels"] != dynamic[1]["labels"]).any()
+    for b in fixed + dynamic:
+        assert b["tokens"].shape == b["labels"].shape == b["padding_mask"].shape == (n, 16)
+        assert not (b["labels"][~b["padding_mask"]] != ls.IGNORE_INDEX).any()
+    # Fixed masks follow the example through a different shuffle each epoch.
+    shuffled = _epochs(ls.mlm_dataset(DOCS, tok, masking="fixed", **{**kwargs, "shuffle": True}), 2)
+    by_example = []
+    for b in shuffled:
+        original = np.where(b["labels"] != ls.IGNORE_INDEX, b["labels"], b["tokens"])
+        keys = [o.tobytes() for o in original]
+        by_example.append(
+            {k: t.tobytes() for k, t in zip(keys, b["tokens"], strict=True) if keys.count(k) == 1}
+        )
+    assert len(by_example[0]) > n // 2
+    assert by_example[0] == by_example[1]
+    assert (shuffled[0]["tokens"] != shuffled[1]["tokens"]).any()  # order did change
+    again = _epochs(ls.mlm_dataset(DOCS, tok, masking="dynamic", **kwargs), 2)
+    other = _epochs(ls.mlm_dataset(DOCS, tok, masking="dynamic", **{**kwargs, "seed": 4}), 1)
+    for a, b in zip(dynamic, again, strict=True):  # deterministic per seed
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    assert (other[0]["labels"] != dynamic[0]["labels"]).any()
+    with pytest.raises(ValueError, match="masking must be 'dynamic' or 'fixed', got 'static'"):
+        ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, masking="static")
+    with pytest.raises(ValueError, match="mask_prob must be in"):
+        ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, mask_prob=1.5)
+    with pytest.raises(ValueError, match="length must be an integer >= 3"):
+        ls.mlm_examples(DOCS, tok, length=2)
+
+
+# ------------------------------------------------------------------------------ loader
+
+
+def _assert_batches_equal(xs, ys):
+    assert len(xs) == len(ys)
+    for x, y in zip(xs, ys, strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize("masking", ["dynamic", "fixed"])
+def test_iterator_state_resumes_exactly(masking):
+    tok = ls.ByteTokenizer()
+    ds = ls.mlm_dataset(DOCS * 3, tok, length=12, batch_size=4, masking=masking, seed=1)
+    it = iter(ds)
+    for _ in range(5):  # crosses an epoch boundary
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))  # JSON-serialisable
+    expected = [next(it) for _ in range(7)]
+    resumed = iter(ds)
+    resumed.set_state(state)
+    _assert_batches_equal([next(resumed) for _ in range(7)], expected)
+
+
+def test_lm_iterator_state_and_determinism():
+    tok = ls.ByteTokenizer()
+    ds = ls.lm_dataset(DOCS, tok, length=4, batch_size=2, seed=7)
+    a = _epochs(ds, 30)
+    _assert_batches_equal(_epochs(ls.lm_dataset(DOCS, tok, length=4, batch_size=2, seed=7), 30), a)
+    b = _epochs(ls.lm_dataset(DOCS, tok, length=4, batch_size=2, seed=8), 30)
+    assert any((x["inputs"] != y["inputs"]).any() for x, y in zip(a, b, strict=True))
+    it = iter(ds)
+    next(it)
+    state = it.get_state()
+    rest = [next(it) for _ in range(10)]
+    it.set_state(state)
+    _assert_batches_equal([next(it) for _ in range(10)], rest)
+
+
+def _ids(num, shard, **kw):
+    ds = grain.MapDataset.range(num).map(lambda i: np.int64(i))
+    out = ls.batch_examples(
+        ds, batch_size=1, num_epochs=1, shard_options=shard, drop_remainder=False, **kw
+    )
+    return [int(b[0]) for b in out]
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_sharding_partitions_the_data(drop):
+    count, num = 3, 20
+    shards = [_ids(num, grain.sharding.ShardOptions(i, count, drop), seed=5) for i in range(count)]
+    flat = [x for s in shards for x in s]
+    assert len(flat) == len(set(flat))  # disjoint
+    if drop:
+        assert all(len(s) == num // count for s in shards)  # equal steps on every process
+        assert len(flat) == num - num % count
+    else:
+        assert sorted(flat) == list(range(num))
+    # The default shards by JAX process: one process here, so it sees everything.
+    assert sorted(_ids(num, None, seed=5)) == list(range(num))
+    assert sorted(_ids(num, grain.sharding.ShardByJaxProcess(), shuffle=False)) == list(range(num))
+    # Shuffled within the shard, differently for another seed.
+    assert _ids(num, None, seed=5) != _ids(num, None, seed=6)
+
+
+def test_loader_bad_inputs():
+    ds = grain.MapDataset.range(10)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
+        ls.batch_examples(ds, batch_size=0)
+    with pytest.raises(ValueError, match="positive integer, got batch_size=-2"):
+        ls.batch_examples(ds, batch_size=-2)
+    with pytest.raises(ValueError, match="num_epochs must be None or a positive integer"):
+        ls.batch_examples(ds, batch_size=2, num_epochs=0)
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        ls.batch_examples(ds, batch_size=2, num_workers=-1)
