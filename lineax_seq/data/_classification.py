@@ -104,7 +104,7 @@ def read_classification(
     return grain.MapDataset.source(records)
 
 
-def _label_array(label) -> np.ndarray:
+def _label_array(label) -> np.generic:
     if isinstance(label, float | np.floating):
         return np.float32(label)
     return np.int32(label)

@@ -1,0 +1,235 @@
+"""Classification files, the ListOps generator, and trajectory windows."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+
+# ------------------------------------------------------------------- classification files
+
+
+def _write_csv(path, rows, header="text,label"):
+    path.write_text(header + "\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    return path
+
+
+def test_read_classification_csv_and_jsonl(tmp_path):
+    csv_path = _write_csv(tmp_path / "d.csv", [("good film", 1), ("bad film", 0), ("meh", 2)])
+    ds = ls.read_classification(csv_path, num_classes=3)
+    assert [ds[i] for i in range(3)] == [
+        {"text": "good film", "label": 1},
+        {"text": "bad film", "label": 0},
+        {"text": "meh", "label": 2},
+    ]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text(
+        "\n".join(json.dumps({"premise": f"p{i}", "hyp": f"h{i}", "y": i % 3}) for i in range(5))
+    )
+    pairs = ls.read_classification(
+        jsonl, num_classes=3, text_field="premise", label_field="y", pair_field="hyp"
+    )
+    assert pairs[4] == {"text": "p4", "label": 1, "text_pair": "h4"}
+    tok = ls.ByteTokenizer()
+    batch = next(iter(ls.classification_dataset(pairs, tok, length=8, batch_size=5, shuffle=False)))
+    assert batch["tokens"].shape == batch["padding_mask"].shape == (5, 8)
+    assert batch["label"].dtype == np.int32
+    np.testing.assert_array_equal(batch["label"], [0, 1, 2, 0, 1])
+    expected = [tok.cls_id, *tok.encode("p0"), tok.sep_id, *tok.encode("h0"), tok.sep_id, 0]
+    np.testing.assert_array_equal(batch["tokens"][0], expected)
+    np.testing.assert_array_equal(batch["padding_mask"][0], [True] * 7 + [False])
+    # Regression: float labels.
+    reg = ls.read_classification(
+        _write_csv(tmp_path / "r.csv", [("a", 0.5), ("b", -1.25)]), num_classes=None
+    )
+    assert reg[1]["label"] == -1.25
+    rb = next(iter(ls.classification_dataset(reg, tok, length=4, batch_size=2, shuffle=False)))
+    assert rb["label"].dtype == np.float32
+    np.testing.assert_allclose(rb["label"], [0.5, -1.25])
+
+
+def test_read_classification_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match=r"d.csv:3: label '5' is outside the class range \[0, 3\)"):
+        ls.read_classification(_write_csv(tmp_path / "d.csv", [("x", 1), ("y", 5)]), num_classes=3)
+    with pytest.raises(ValueError, match="label -1 is outside the class range"):
+        p = tmp_path / "n.jsonl"
+        p.write_text(json.dumps({"text": "x", "label": -1}) + "\n")
+        ls.read_classification(p, num_classes=2)
+    with pytest.raises(ValueError, match="label 'pos' is not an integer"):
+        ls.read_classification(_write_csv(tmp_path / "s.csv", [("x", "pos")]), num_classes=2)
+    with pytest.raises(ValueError, match="label 'nan' is not a finite number"):
+        ls.read_classification(_write_csv(tmp_path / "f.csv", [("x", "nan")]), num_classes=None)
+    with pytest.raises(ValueError, match="missing field 'label'"):
+        ls.read_classification(
+            _write_csv(tmp_path / "h.csv", [("x", 1)], header="text,y"), num_classes=2
+        )
+    with pytest.raises(FileNotFoundError, match="path"):
+        ls.read_classification(tmp_path / "missing.csv", num_classes=2)
+    with pytest.raises(ValueError, match="contains no examples"):
+        ls.read_classification(_write_csv(tmp_path / "e.csv", []), num_classes=2)
+    with pytest.raises(ValueError, match="num_classes must be >= 2"):
+        ls.read_classification(tmp_path / "d.csv", num_classes=1)
+
+
+# ------------------------------------------------------------------------------ ListOps
+
+
+def _evaluate(tokens):
+    """Independent evaluator: recursive descent over the token list."""
+    ops = {
+        "[MIN": min,
+        "[MAX": max,
+        "[MED": lambda v: int(np.floor(np.median(v))),
+        "[SM": lambda v: sum(v) % 10,
+    }
+    stats = {"max_depth": 0, "arg_counts": []}
+
+    def parse(i, depth):
+        stats["max_depth"] = max(stats["max_depth"], depth)
+        t = tokens[i]
+        if t.isdigit():
+            return int(t), i + 1
+        assert t in ops, t
+        args, i = [], i + 1
+        while tokens[i] != "]":
+            v, i = parse(i, depth + 1)
+            args.append(v)
+        stats["arg_counts"].append(len(args))
+        return ops[t](args), i + 1
+
+    value, end = parse(0, 0)
+    assert end == len(tokens)
+    return value, stats
+
+
+@pytest.fixture(scope="module")
+def listops_small():
+    return ls.listops(40, seed=0, min_length=50, max_length=400)
+
+
+def test_listops_labels_match_an_independent_evaluator(listops_small):
+    labels = []
+    for i in range(len(listops_small)):
+        ex = listops_small[i]
+        tokens = ex["text"].split()
+        assert 50 <= len(tokens) <= 400
+        value, stats = _evaluate(tokens)
+        assert ex["label"] == value
+        assert stats["max_depth"] <= 10
+        assert all(2 <= c <= 10 for c in stats["arg_counts"])
+        labels.append(value)
+    assert len(set(labels)) >= 5  # several of the 10 classes occur
+
+
+def test_listops_default_lengths_and_tokenizer():
+    ds = ls.listops(3, seed=1)  # LRA defaults: 500-2000 tokens
+    tok = ls.ListOpsTokenizer()
+    assert tok.vocab_size == 22
+    for i in range(3):
+        text = ds[i]["text"]
+        ids = tok.encode(text)
+        assert 500 <= ids.size <= 2000
+        assert ids.min() >= 7 and tok.unk_id not in ids
+        assert tok.decode(ids) == text
+        assert _evaluate(text.split())[0] == ds[i]["label"]
+    batch = next(
+        iter(
+            ls.classification_dataset(
+                ds, tok, length=2000, batch_size=3, add_special_tokens=False, shuffle=False
+            )
+        )
+    )
+    assert batch["tokens"].shape == (3, 2000)
+    np.testing.assert_array_equal(
+        batch["padding_mask"].sum(1), [len(ds[i]["text"].split()) for i in range(3)]
+    )
+
+
+def test_listops_deterministic_per_seed(listops_small):
+    again = ls.listops(40, seed=0, min_length=50, max_length=400)
+    other = ls.listops(40, seed=1, min_length=50, max_length=400)
+    assert [again[i] for i in (0, 7, 39)] == [listops_small[i] for i in (0, 7, 39)]
+    assert [other[i]["text"] for i in range(5)] != [listops_small[i]["text"] for i in range(5)]
+
+
+def test_listops_bad_inputs():
+    with pytest.raises(ValueError, match="min_length <= max_length"):
+        ls.listops(10, min_length=100, max_length=50)
+    with pytest.raises(ValueError, match="num_examples must be positive"):
+        ls.listops(0)
+    with pytest.raises(ValueError, match="max_args must be >= 2"):
+        ls.listops(10, max_args=1)
+
+
+# ------------------------------------------------------------------------- trajectories
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    n, total = 10, 12
+    # states[n, t] = (n, t, -t): every window identifies itself.
+    grid = np.stack(np.meshgrid(np.arange(n), np.arange(total), indexing="ij"), -1)
+    states = np.concatenate([grid, -grid[..., 1:]], -1).astype(np.float32)
+    actions = (100 * grid[..., :1] + grid[..., 1:]).astype(np.float32)
+    return states, actions
+
+
+@pytest.mark.parametrize("length,stride", [(1, 1), (4, 3), (11, 1)])
+def test_trajectory_windows_match_reference(trajectories, length, stride):
+    states, actions = trajectories
+    ds = ls.trajectory_windows(states, actions, length=length, stride=stride, split="all")
+    reference = [
+        (states[n, s : s + length + 1], actions[n, s : s + length])
+        for n in range(10)
+        for s in range(0, 12 - length, stride)
+    ]
+    assert len(ds) == len(reference)
+    for i, (x, u) in enumerate(reference):
+        np.testing.assert_array_equal(ds[i]["states"], x)
+        np.testing.assert_array_equal(ds[i]["actions"], u)
+    # Actions of length T_total - 1 work too; without actions there is no "actions" key.
+    short = ls.trajectory_windows(states, actions[:, :-1], length=length, split="all")
+    np.testing.assert_array_equal(short[0]["actions"], actions[0, :length])
+    assert set(ls.trajectory_windows(jnp.asarray(states), length=length)[0]) == {"states"}
+
+
+def test_trajectory_split_by_trajectory(trajectories):
+    states, _ = trajectories
+    seen = {}
+    for split in ("train", "valid", "test"):
+        ds = ls.trajectory_windows(states, length=3, split=split, valid_fraction=0.2)
+        seen[split] = {int(ds[i]["states"][0, 0]) for i in range(len(ds))}
+    assert len(seen["valid"]) == 2 and len(seen["test"]) == 1 and len(seen["train"]) == 7
+    assert set().union(*seen.values()) == set(range(10))
+    assert not (seen["train"] & seen["valid"]) and not (seen["train"] & seen["test"])
+    batch = next(iter(ls.trajectory_dataset(states, length=3, batch_size=4, split="valid", seed=0)))
+    assert batch["states"].shape == (4, 4, 3)
+    assert {int(v) for v in batch["states"][:, 0, 0]} <= seen["valid"]
+
+
+def test_trajectory_bad_inputs(trajectories):
+    states, actions = trajectories
+    bad = states.copy()
+    bad[3, 5, 1] = np.nan
+    with pytest.raises(ValueError, match=r"states contains 1 non-finite .* index \(3, 5, 1\)"):
+        ls.trajectory_windows(bad, length=2)
+    bad_u = actions.copy()
+    bad_u[0, 0, 0] = np.inf
+    with pytest.raises(ValueError, match="actions contains 1 non-finite"):
+        ls.trajectory_windows(states, bad_u, length=2)
+    with pytest.raises(ValueError, match=r"length must be in \[1, T_total - 1\] = \[1, 11\]"):
+        ls.trajectory_windows(states, length=12)
+    with pytest.raises(ValueError, match="actions must have T_total=12"):
+        ls.trajectory_windows(states, actions[:, :5], length=2)
+    with pytest.raises(ValueError, match="split='valid' has no trajectories"):
+        ls.trajectory_windows(states, length=2, split="valid", valid_fraction=0.0)
+    with pytest.raises(ValueError, match="split must be one of"):
+        ls.trajectory_windows(states, length=2, split="eval")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
+        ls.trajectory_dataset(states, length=2, batch_size=0)
+    with pytest.raises(Exception, match="states"):  # jaxtyping: wrong rank names the argument
+        ls.trajectory_windows(states[0], length=2)
+    with pytest.raises(Exception, match="actions"):  # N mismatch between states and actions
+        ls.trajectory_windows(states, actions[:3], length=2)
