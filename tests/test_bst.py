@@ -225,6 +225,9 @@ def test_bad_input(sh_lm, key):
         lm(jnp.zeros((2,), jnp.int32))
     with pytest.raises(Exception, match="tokens"):
         lm(jnp.zeros((2, 8), jnp.int32))
+    for layer in lm.layers:  # a BST layer and a sliding-window layer
+        with pytest.raises(ValueError, match="dim=8 features, got shape \\(16, 5\\)"):
+            layer(jnp.zeros((16, 5)))
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
     # Constructor errors: built abstractly, so nothing is computed.

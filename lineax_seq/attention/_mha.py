@@ -3,8 +3,9 @@
 import equinox as eqx
 import jax
 import jax.random as jr
+from beartype import beartype
 from einops import rearrange
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -92,6 +93,7 @@ class MultiHeadAttention(eqx.Module):
         out = rearrange(out, "q h d -> q (h d)")
         return out if self.output_proj is None else _linear(self.output_proj, out)
 
+    @jaxtyped(typechecker=beartype)
     def __call__(
         self,
         x: Float[Array, "q dim"],

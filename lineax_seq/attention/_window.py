@@ -4,8 +4,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from beartype import beartype
 from einops import rearrange
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from ._bias import RelativePositionBias
 from ._mha import MultiHeadAttention
@@ -144,6 +145,7 @@ class SlidingWindowAttention(eqx.Module):
         bias = self.relative_bias(self.window, 2 * self.window, query_offset=self.window)
         return sliding_window_attention(q, k, v, window=self.window, bias=bias)
 
+    @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
@@ -153,5 +155,9 @@ class SlidingWindowAttention(eqx.Module):
 
         Shape `(length, dim)`.
         """
+        if x.shape[-1] != self.attention.dim:
+            raise ValueError(
+                f"`x` must have dim={self.attention.dim} features, got shape {x.shape}."
+            )
         check_blocks(x.shape[0], self.window)
         return self.attention.merge_heads(self.heads(x))

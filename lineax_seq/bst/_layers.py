@@ -17,8 +17,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from beartype import beartype
 from einops import rearrange
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention, SlidingWindowAttention, sliding_window_mask
 from ..attention._window import check_blocks, masked_bias
@@ -64,6 +65,12 @@ class _MLP(eqx.Module):
 def _check_window(window: int) -> None:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
+
+
+def _check_input(x: Array, window: int, dim: int) -> None:
+    if x.shape[-1] != dim:
+        raise ValueError(f"`x` must have dim={dim} features, got shape {x.shape}.")
+    check_blocks(x.shape[0], window)
 
 
 def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
@@ -140,6 +147,7 @@ class SlidingWindowLayer(eqx.Module):
         self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=km)
         self.window = window
 
+    @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
@@ -149,7 +157,7 @@ class SlidingWindowLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
-        check_blocks(x.shape[0], self.window)
+        _check_input(x, self.window, self.attention.attention.dim)
         x = x + self.attention(_norm(self.attention_norm, x))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
@@ -379,6 +387,7 @@ class BlockStateTransformerLayer(eqx.Module):
         self.num_heads = num_heads
         self.context_kind = context
 
+    @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
@@ -388,7 +397,7 @@ class BlockStateTransformerLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
-        check_blocks(x.shape[0], self.window)
+        _check_input(x, self.window, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x)
         self_heads = self.self_attention.heads(h)
         k, v = self.context.keys_values(self.ssm(h), self.window)
@@ -534,6 +543,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), _merge(cross)], -1))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
+    @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
@@ -543,7 +553,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
-        check_blocks(x.shape[0], self.window)
+        _check_input(x, self.window, self.self_attention.attention.dim)
         w = self.window
         mha = self.self_attention.attention
         relative = self.self_attention.relative_bias(w, 2 * w, query_offset=w)
