@@ -167,7 +167,8 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     """Train S4D on recall over 1,024 steps; print accuracy vs majority; plot kernels."""
     result = train_memory_task(length=1024, steps=80 if small else 200, out_dir=out_dir)
     print(
-        f"S4D recall across {result['length'] - 1} blank steps: accuracy "
+        f"S4D recall across {3 * result['length'] // 4}-{result['length'] - 1} blank steps: "
+        f"accuracy "
         f"{result['accuracy']:.1%} vs majority baseline {result['majority_baseline']:.1%} "
         f"(chance {result['chance']:.1%}); at 4x the training length "
         f"{result['accuracy_at_4x_length']:.1%}. Trained {result['steps']} steps in "
