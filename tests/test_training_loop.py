@@ -66,7 +66,9 @@ def test_train_writes_metrics_checkpoints_and_plot(full_run):
     # Every 2 steps, plus a flush before each checkpoint (step 5) and eval.
     assert [r["step"] for r in train] == [2, 4, 5, 6, 8, 10, 12]
     assert [r["step"] for r in evals] == [4, 8, 12]
-    assert set(train[1]) == {"step", "split", "loss", "grad_norm", "max_err", "samples_per_s"}
+    assert set(train[1]) == {"step", "split", "loss", "grad_norm", "max_err", "lr", "samples_per_s"}
+    schedule = common.optimizer().learning_rate_schedule
+    assert [r["lr"] for r in train] == [float(schedule(r["step"])) for r in train]
     assert train[-1]["loss"] < train[0]["loss"]
     assert evals[-1]["loss"] < evals[0]["loss"]
     assert [p.name for p in ls.list_checkpoints(out / "checkpoints")] == [

@@ -252,7 +252,9 @@ def make_optimizer(
 
     **Returns:**
 
-    An `optax.GradientTransformation`.
+    An `optax.GradientTransformation` (with attributes `learning_rate_schedule`, the
+    default group's schedule, and `accumulate_steps`, which [`lineax_seq.train`][]
+    uses to log the learning rate).
     """
     groups = dict(groups or {})
     _check_groups(groups)
@@ -293,10 +295,25 @@ def make_optimizer(
     opt = optax.chain(*chain)
     if accumulate_steps > 1:
         opt = optax.MultiSteps(opt, every_k_schedule=accumulate_steps).gradient_transformation()
-    return _standard_promotion(opt)
+    opt = _standard_promotion(opt)
+    # For logging: the train loop reports the default group's learning rate.
+    opt.learning_rate_schedule = make_schedule(
+        learning_rate,
+        schedule=schedule,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        end_lr=learning_rate * end_lr_ratio,
+    )
+    opt.accumulate_steps = accumulate_steps
+    return opt
 
 
-def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+class _Optimizer(optax.GradientTransformation):
+    """An optax `GradientTransformation` that also carries its (default group's)
+    `learning_rate_schedule` and `accumulate_steps`, for logging."""
+
+
+def _standard_promotion(tx: optax.GradientTransformation) -> _Optimizer:
     """Run `tx` under standard dtype promotion.
 
     optax's Adam bias correction computes `b1 ** count` (Python float ** int32), which
@@ -312,4 +329,4 @@ def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTrans
         with jax.numpy_dtype_promotion("standard"):
             return tx.update(updates, state, params)
 
-    return optax.GradientTransformation(init, update)
+    return _Optimizer(init, update)

@@ -417,6 +417,8 @@ def train(
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
 
+    lr_schedule = getattr(optimizer, "learning_rate_schedule", None)  # make_optimizer's
+    accumulate_steps = getattr(optimizer, "accumulate_steps", 1)
     pending: list[tuple[int, dict[str, Array]]] = []
     window = {"items": 0, "time": time.perf_counter()}
 
@@ -441,12 +443,16 @@ def train(
         record = {"step": last, "split": "train"}
         for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
             record[k] = float(np.mean([m[k] for _, m in fetched]))
+        if lr_schedule is not None:  # learning rate of the next update
+            record["lr"] = float(lr_schedule(last // accumulate_steps))
         if window["items"]:  # (none yet right after the first, compiling, step)
             record[f"{unit}_per_s"] = window["items"] / elapsed
         window.update(items=0, time=now)
         write(record)
         if bar is not None:
             postfix = {"loss": f"{record['loss']:.4g}"}
+            if "lr" in record:
+                postfix["lr"] = f"{record['lr']:.2e}"
             if f"{unit}_per_s" in record:
                 postfix[f"{unit}/s"] = f"{record[f'{unit}_per_s']:.3g}"
             bar.set_postfix(postfix)
@@ -575,7 +581,8 @@ def plot_metrics(
         found: list[str] = []
         for r in history:
             for k in r:
-                if k not in ("step", "split") and not k.endswith("_per_s") and k not in found:
+                skip = k in ("step", "split", "lr") or k.endswith("_per_s")
+                if not skip and k not in found:
                     found.append(k)
         keys = tuple(sorted(found, key=lambda k: (k != "loss", k)))
     if not keys:
