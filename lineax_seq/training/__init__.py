@@ -32,7 +32,8 @@ result = train(model, optimizer, loss_fn, data, *, steps, key, opt_state=None,
                resume=True, unit="samples"|"tokens", mesh=None, min_shard_size=2**16,
                progress=True, plot=False, callback=None) -> TrainResult
 # TrainResult(model, opt_state, step, key, history: list[dict], resumed_from)
-# out_dir/metrics.jsonl, out_dir/checkpoints/step_XXXXXXXX/, out_dir/curves.png
+# out_dir/metrics.jsonl (step, split, loss, grad_norm, aux..., lr, samples_per_s|tokens_per_s),
+# out_dir/checkpoints/step_XXXXXXXX/, out_dir/curves.png
 plot_metrics(history_or_jsonl_path, path=None, *, keys=None) -> Figure
 NonFiniteError                                 # raised on NaN/inf loss, names step + quantity
 ```
