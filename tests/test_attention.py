@@ -2,6 +2,7 @@
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -65,17 +66,21 @@ def test_multi_head_attention_matches_softmax_reference(getkey):
     ctx = jr.normal(getkey(), (9, kv_dim))
     mask = jr.bernoulli(getkey(), 0.7, (7, 9)).at[:, 0].set(True)
     bias = jr.normal(getkey(), (heads, 7, 9))
-    got = mha(x, ctx, mask=mask, bias=bias)
 
-    lin = lambda layer, a: a @ layer.weight.T + layer.bias
-    split = lambda a: a.reshape(a.shape[0], heads, dim // heads)
-    q, k, v = (
-        split(lin(mha.query_proj, x)),
-        split(lin(mha.key_proj, ctx)),
-        split(lin(mha.value_proj, ctx)),
-    )
-    out = softmax_attention(q, k, v, mask, bias).reshape(7, dim)
-    np.testing.assert_allclose(got, lin(mha.output_proj, out), rtol=1e-5, atol=1e-5)
+    @eqx.filter_jit
+    def both(mha, x, ctx, mask, bias):
+        lin = lambda layer, a: a @ layer.weight.T + layer.bias
+        split = lambda a: a.reshape(a.shape[0], heads, dim // heads)
+        q, k, v = (
+            split(lin(mha.query_proj, x)),
+            split(lin(mha.key_proj, ctx)),
+            split(lin(mha.value_proj, ctx)),
+        )
+        out = softmax_attention(q, k, v, mask, bias).reshape(7, dim)
+        return mha(x, ctx, mask=mask, bias=bias), lin(mha.output_proj, out)
+
+    got, want = both(mha, x, ctx, mask, bias)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_multi_head_attention_gradients(getkey):
@@ -90,13 +95,17 @@ def test_sliding_window_attention_matches_dense_reference(getkey, window):
     length, heads, d = 16, 2, 3
     q, k, v = (jr.normal(getkey(), (length, heads, d)) for _ in range(3))
     rpb = ls.RelativePositionBias(heads, key=getkey())
-    bias = rpb(window, 2 * window, query_offset=window)
-    got = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
 
-    i = np.arange(length)[:, None]
-    j = np.arange(length)[None, :]
-    allowed = jnp.asarray((i - j >= 0) & (i - j < window))  # the `window` latest tokens
-    want = softmax_attention(q, k, v, allowed, rpb(length, length))
+    @eqx.filter_jit
+    def both(rpb, q, k, v):
+        bias = rpb(window, 2 * window, query_offset=window)
+        got = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
+        i = np.arange(length)[:, None]
+        j = np.arange(length)[None, :]
+        allowed = jnp.asarray((i - j >= 0) & (i - j < window))  # the `window` latest tokens
+        return got, softmax_attention(q, k, v, allowed, rpb(length, length))
+
+    got, want = both(rpb, q, k, v)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
