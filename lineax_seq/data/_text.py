@@ -186,9 +186,22 @@ def mask_tokens(
     `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
     token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
     """
-    tokens = np.asarray(tokens, dtype=np.int32)
-    special = np.asarray(sorted(set(special_ids)), dtype=np.int32)
-    candidates = np.flatnonzero(~np.isin(tokens, special))
+    is_special = np.zeros(vocab_size, dtype=bool)
+    is_special[list(special_ids)] = True
+    return _mask(
+        np.asarray(tokens, dtype=np.int32),
+        rng,
+        is_special,
+        np.flatnonzero(~is_special).astype(np.int32),
+        mask_id,
+        mask_prob,
+        mask_token_prob,
+        random_token_prob,
+    )
+
+
+def _mask(tokens, rng, is_special, normal_ids, mask_id, mask_prob, mask_token_prob, random_prob):
+    candidates = np.flatnonzero(~is_special[tokens])
     labels = np.full(tokens.shape, IGNORE_INDEX, dtype=np.int32)
     masked = tokens.copy()
     if candidates.size == 0:
@@ -197,11 +210,9 @@ def mask_tokens(
     chosen = np.sort(rng.choice(candidates, size=k, replace=False))
     labels[chosen] = tokens[chosen]
     u = rng.random(k)
-    to_mask = chosen[u < mask_token_prob]
-    to_random = chosen[(u >= mask_token_prob) & (u < mask_token_prob + random_token_prob)]
-    masked[to_mask] = mask_id
-    normal = np.setdiff1d(np.arange(vocab_size, dtype=np.int32), special)
-    masked[to_random] = rng.choice(normal, size=to_random.size)
+    masked[chosen[u < mask_token_prob]] = mask_id
+    to_random = chosen[(u >= mask_token_prob) & (u < mask_token_prob + random_prob)]
+    masked[to_random] = normal_ids[rng.integers(normal_ids.size, size=to_random.size)]
     return masked, labels
 
 
@@ -228,17 +239,13 @@ class _Mask:
     """Picklable `(example, rng) -> example` applying `mask_tokens`."""
 
     def __init__(self, vocab_size, mask_id, special_ids, mask_prob, mask_token_prob, random_prob):
-        self.kwargs = dict(
-            vocab_size=vocab_size,
-            mask_id=mask_id,
-            special_ids=tuple(special_ids),
-            mask_prob=mask_prob,
-            mask_token_prob=mask_token_prob,
-            random_token_prob=random_prob,
-        )
+        self.is_special = np.zeros(vocab_size, dtype=bool)
+        self.is_special[list(special_ids)] = True
+        self.normal_ids = np.flatnonzero(~self.is_special).astype(np.int32)
+        self.args = (mask_id, mask_prob, mask_token_prob, random_prob)
 
     def __call__(self, example, rng):
-        tokens, labels = mask_tokens(example["tokens"], rng, **self.kwargs)
+        tokens, labels = _mask(example["tokens"], rng, self.is_special, self.normal_ids, *self.args)
         return {"tokens": tokens, "labels": labels, "padding_mask": example["padding_mask"]}
 
 
