@@ -3,7 +3,6 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export MPLBACKEND ?= Agg
 
 .PHONY: demo test lint docs bench venv clean
@@ -24,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check lineax_seq tests benchmarks tutorials
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -n 2 --dist loadfile -q
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 docs: $(STAMP)
