@@ -1,0 +1,19 @@
+"""The README's Python snippets run as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+README = pathlib.Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_snippets_run(tmp_path):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README has no python snippets"
+    script = tmp_path / "readme.py"
+    script.write_text("\n".join(blocks))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
