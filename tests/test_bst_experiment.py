@@ -1,5 +1,6 @@
 """`python -m lineax_seq bst` at tiny size: it trains, evaluates, and writes its outputs."""
 
+import argparse
 import json
 
 import jax.random as jr
@@ -37,6 +38,15 @@ def test_summary_goals():
     assert len(rows) == 4 and "ppl @ 1024 (L)" in rows[0]
 
 
+def test_flags_override_small_defaults():
+    parser = argparse.ArgumentParser()
+    _bst.add_arguments(parser)
+    cfg = _bst.config_from_args(parser.parse_args(["--small", "--steps", "3", "--lr", "0.01"]))
+    assert (cfg.steps, cfg.learning_rate, cfg.dim) == (3, 0.01, _bst.small_config().dim)
+    cfg = _bst.config_from_args(parser.parse_args(["--models", "SLIDE", "--bst-layers", "0", "2"]))
+    assert (cfg.models, cfg.bst_layers, cfg.steps) == (("SLIDE",), (0, 2), _bst.Config().steps)
+
+
 def test_bad_model_name():
     with pytest.raises(ValueError, match="model must be one of"):
         _bst.build_lm("BST:XX:S4", 256, _bst.small_config(), mlp_dim=64, key=jr.key(0))
@@ -45,13 +55,15 @@ def test_bad_model_name():
 @pytest.mark.slow
 def test_cli_tiny_run(tmp_path):
     rc = main(
-        ["bst", "--small", "--models", "SLIDE", "BST:SH:S4", "--steps", "3", "--out", str(tmp_path)]
+        ["bst", "--small", "--models", "SLIDE", "BST:SH:S4", "--steps", "7", "--out", str(tmp_path)]
     )
     assert rc == 0
     payload = json.loads((tmp_path / "bst_lm.json").read_text())
     assert set(payload["results"]) == {"SLIDE", "BST:SH:S4"}
+    assert payload["config"]["steps"] == 7  # the explicit flag wins over --small's 20
     for r in payload["results"].values():
-        assert len(r["train_loss"]) == 3
+        # one record per LOG_EVERY = 5 steps, plus the final partial window (steps 6-7)
+        assert r["train_loss_steps"] == [5, 7] and len(r["train_loss"]) == 2
         assert all(1.0 < p < 1e4 for p in r["perplexity"].values())
     sizes = [r["parameters"] for r in payload["results"].values()]
     assert max(sizes) / min(sizes) < 1.05, "parameter counts should be matched"

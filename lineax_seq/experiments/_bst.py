@@ -196,7 +196,9 @@ def _report(step: int, model, record: dict) -> None:
 def train(model, batches, cfg: Config, *, name: str = ""):
     """`cfg.steps` AdamW steps (warmup + cosine decay, clipping) with the library's loop.
 
-    Returns the trained model and the training loss, one value per logged step.
+    Returns the trained model, the training losses and their steps: one record per
+    `LOG_EVERY` steps (the mean over those steps) plus, if `cfg.steps` is not a multiple
+    of `LOG_EVERY`, one for the remaining steps (the loop's final flush).
     """
     import lineax_seq as ls
 
@@ -220,8 +222,8 @@ def train(model, batches, cfg: Config, *, name: str = ""):
         progress=sys.stderr.isatty(),
         callback=_report if not sys.stderr.isatty() else None,
     )
-    losses = [r["loss"] for r in result.history if r["split"] == "train"]
-    return result.model, losses
+    records = [r for r in result.history if r["split"] == "train"]
+    return result.model, [r["loss"] for r in records], [r["step"] for r in records]
 
 
 def evaluate(model, heldout: np.ndarray, length: int) -> float:
@@ -267,7 +269,7 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
         print(f"{name}: {params / 1e6:.3f}M parameters (MLP {mlp_dims[name]})", flush=True)
         start = time.perf_counter()
         try:
-            model, losses = train(model, train_data, cfg, name=name)
+            model, losses, loss_steps = train(model, train_data, cfg, name=name)
         except FloatingPointError as e:  # record the divergence, keep the other models
             print(f"  {name} diverged: {e}", flush=True)
             results[name] = {"parameters": params, "mlp_dim": mlp_dims[name], "error": str(e)}
@@ -285,7 +287,7 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
             "eval_seconds": time.perf_counter() - start - train_seconds,
             "final_train_loss": float(np.mean(losses[-4:])),
             "train_loss": losses,
-            "train_loss_every": LOG_EVERY,
+            "train_loss_steps": loss_steps,
             "perplexity": {str(k): v for k, v in ppl.items()},
         }
     payload = {
@@ -372,9 +374,7 @@ def plot(payload: dict, path: pathlib.Path) -> None:
         if "perplexity" not in r:
             continue
         ax_l.plot(lengths, [r["perplexity"][str(n)] for n in lengths], "o-", label=name)
-        losses = np.asarray(r["train_loss"])
-        steps = (np.arange(losses.size) + 1) * r.get("train_loss_every", 1)
-        ax_t.plot(steps, np.exp(losses), label=name)
+        ax_t.plot(r["train_loss_steps"], np.exp(r["train_loss"]), label=name)
     ax_l.axvline(train_length, color="grey", ls=":", label="training length")
     ax_l.set_xscale("log", base=2)
     ax_l.set_xlabel("evaluation sequence length (tokens)")
@@ -396,63 +396,79 @@ def plot(payload: dict, path: pathlib.Path) -> None:
 # command line and demo
 
 
+# Command-line flag -> Config field. Flags left out keep the Config default (or, with
+# `--small`, the small_config value): an explicit flag always wins.
+_FLAGS = {
+    "models": "models",
+    "train_length": "train_length",
+    "window": "window",
+    "dim": "dim",
+    "layers": "num_layers",
+    "heads": "num_heads",
+    "bst_layers": "bst_layers",
+    "state_size": "state_size",
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "lr": "learning_rate",
+    "warmup_steps": "warmup_steps",
+    "eval_multipliers": "eval_multipliers",
+    "eval_tokens": "eval_tokens",
+    "seed": "seed",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = Config()
-    parser.add_argument("--corpus", default=None, help="text file or directory (default: stdlib)")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(d.models))
-    parser.add_argument("--train-length", type=int, default=d.train_length)
-    parser.add_argument("--window", type=int, default=d.window)
-    parser.add_argument("--dim", type=int, default=d.dim)
-    parser.add_argument("--layers", type=int, default=d.num_layers)
-    parser.add_argument("--heads", type=int, default=d.num_heads)
-    parser.add_argument("--bst-layers", type=int, nargs="+", default=list(d.bst_layers))
-    parser.add_argument("--state-size", type=int, default=d.state_size)
-    parser.add_argument("--steps", type=int, default=d.steps)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.learning_rate)
-    parser.add_argument(
-        "--eval-multipliers", type=float, nargs="+", default=list(d.eval_multipliers)
+    flag = lambda name, **kw: parser.add_argument(
+        name, default=None, help=f"default {getattr(d, _FLAGS[name[2:].replace('-', '_')])}", **kw
     )
-    parser.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
+    parser.add_argument("--corpus", default=None, help="text file or directory (default: stdlib)")
+    flag("--models", nargs="+", choices=MODELS)
+    flag("--train-length", type=int)
+    flag("--window", type=int)
+    flag("--dim", type=int)
+    flag("--layers", type=int)
+    flag("--heads", type=int)
+    flag("--bst-layers", type=int, nargs="+")
+    flag("--state-size", type=int)
+    flag("--steps", type=int)
+    flag("--batch-size", type=int)
+    flag("--lr", type=float)
+    flag("--warmup-steps", type=int)
+    flag("--eval-multipliers", type=float, nargs="+")
+    flag("--eval-tokens", type=int)
+    flag("--seed", type=int)
     parser.add_argument("--no-match", action="store_true", help="do not match parameter counts")
-    parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument(
         "--out",
         type=pathlib.Path,
         default=pathlib.Path(__file__).parents[2] / "benchmarks" / "results",
         help="directory for bst_lm.json/png/md (default: benchmarks/results)",
     )
-    parser.add_argument("--small", action="store_true", help="tiny sizes, for smoke tests")
+    parser.add_argument(
+        "--small", action="store_true", help="tiny sizes (smoke tests); explicit flags still win"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The run's Config: defaults (tiny ones with `--small`), then the flags given."""
+    cfg = small_config() if args.small else Config()
+    given = {f: getattr(args, n) for n, f in _FLAGS.items() if getattr(args, n) is not None}
+    for field in ("models", "bst_layers", "eval_multipliers"):
+        if field in given:
+            given[field] = tuple(given[field])
+    return dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = Config(
-        models=tuple(args.models),
-        train_length=args.train_length,
-        window=args.window,
-        dim=args.dim,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        bst_layers=tuple(args.bst_layers),
-        state_size=args.state_size,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        learning_rate=args.lr,
-        eval_multipliers=tuple(args.eval_multipliers),
-        eval_tokens=args.eval_tokens,
-        match_parameters=not args.no_match,
-        seed=args.seed,
-    )
-    if args.small:
-        cfg = small_config(cfg)
-    run_experiment(cfg, args.corpus, args.out)
+    run_experiment(config_from_args(args), args.corpus, args.out)
     return 0
 
 
-def small_config(cfg: Config = Config()) -> Config:
+def small_config(cfg: Config | None = None) -> Config:
     """Tiny sizes: every code path in well under a minute."""
     return dataclasses.replace(
-        cfg,
+        Config() if cfg is None else cfg,
         train_length=256,
         window=64,
         dim=32,
