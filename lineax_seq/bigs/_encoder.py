@@ -200,7 +200,7 @@ class BiGS(eqx.Module):
     def from_config(
         cls, name: str, *, vocab_size: int = 30522, key: PRNGKeyArray, **overrides: Any
     ) -> "BiGS":
-        """Build a named configuration from [`lineax_seq.bigs.BIGS_CONFIGS`][].
+        """Build a named configuration from [`lineax_seq.BIGS_CONFIGS`][].
 
         `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
