@@ -188,6 +188,27 @@ def test_generate_greedy_matches_forward(sh_lm, getkey):
     np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
 
 
+def test_tied_head_starts_near_uniform(sh_lm, getkey):
+    """Embeddings of std 0.02 (GPT-2) and an unscaled tied head: initial loss ~ log(vocab)."""
+    logits = _forward_pair(sh_lm, jr.randint(getkey(), (2, L), 0, VOCAB))
+    assert float(logits.std()) < 0.1
+    mean_nll = float(-jax.nn.log_softmax(logits).mean())
+    assert abs(mean_nll - math.log(VOCAB)) < 0.01
+
+
+@pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4", "mh:s4", "mf:s4"])
+def test_decoding_cache_does_not_grow_with_the_prefix(zoo, variant):
+    """Per-token decoding works on a fixed-size state (attention frame, S4D state, BRECT
+    states): `O(window + N)` per token whatever the prefix; "unstruct" stores its inputs."""
+
+    def size(layer, n):
+        cache = eqx.filter_eval_shape(layer.init_cache, n)
+        return sum(x.size for x in jax.tree.leaves(cache))
+
+    assert size(zoo[variant], L) == size(zoo[variant], 1 << 20)
+    assert size(zoo["sh:unstruct"], 2 * L) > size(zoo["sh:unstruct"], L)
+
+
 def test_s4_model_runs_at_four_times_the_length(sh_lm, getkey):
     long = _forward_pair(sh_lm, jr.randint(getkey(), (2, 4 * L), 0, VOCAB))
     assert long.shape == (2, 4 * L, VOCAB)

@@ -1,6 +1,5 @@
 """Block-State Transformer language model and the SLIDE / BRECT baselines."""
 
-import math
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -147,8 +146,8 @@ class BlockStateTransformerLM(eqx.Module):
         - `recurrent_layers`: indices of BRECT:FIXED:SKIP layers.
         - `num_states`: recurrent states of BRECT layers (default `window`).
         - `max_length`: training length; required for `ssm="unstruct"`.
-        - `tie_embeddings`: use the embedding matrix (scaled by `1/sqrt(dim)`) as the
-          LM head.
+        - `tie_embeddings`: use the embedding matrix as the LM head (the embedding is
+          initialised with standard deviation 0.02, as in GPT-2).
         - `key`: PRNG key.
         """
         if vocab_size < 1 or num_layers < 1:
@@ -172,7 +171,8 @@ class BlockStateTransformerLM(eqx.Module):
         if set(bst) & set(rec):
             raise ValueError(f"`bst_layers`={bst} and `recurrent_layers`={rec} must not overlap.")
         ke, kh, *kl = jr.split(key, num_layers + 2)
-        self.embedding = eqx.nn.Embedding(weight=jr.normal(ke, (vocab_size, dim)))
+        # GPT-2 style: small embeddings, so that the tied head starts near uniform.
+        self.embedding = eqx.nn.Embedding(weight=0.02 * jr.normal(ke, (vocab_size, dim)))
         layers: list[Layer] = []
         for i in range(num_layers):
             if i in bst:
@@ -234,7 +234,7 @@ class BlockStateTransformerLM(eqx.Module):
     def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
         x = _norm(self.final_norm, x)
         if self.head is None:
-            return x @ self.embedding.weight.T / math.sqrt(self.dim)
+            return x @ self.embedding.weight.T
         return _dense(self.head, x)
 
     @jaxtyped(typechecker=beartype)
