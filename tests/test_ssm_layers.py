@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+import optax
 import pytest
 from jax.test_util import check_grads
 
@@ -153,8 +154,16 @@ def test_hyena_filter_extrapolates_beyond_max_length(getkey):
 def test_hyena_filter_grads_and_fixed_decay(getkey):
     filt = ls.HyenaFilter(2, order=4, max_length=8, emb_dim=3, depth=1, key=getkey())
     params, static = eqx.partition(filt, eqx.is_array)
-    grads = jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(8) ** 2))(params)
-    np.testing.assert_array_equal(grads.decay, 0.0)  # decay rates are not trained
+    # The decay rates are not parameters: AdamW's decoupled weight decay, with zero
+    # gradients, shrinks every leaf but leaves the decay envelope unchanged.
+    optimizer = optax.adamw(0.1, weight_decay=1.0)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    with jax.numpy_dtype_promotion("standard"):  # optax's step counts are int32
+        updates, _ = optimizer.update(zero, optimizer.init(params), params)
+    decayed = eqx.combine(optax.apply_updates(params, updates), static)
+    np.testing.assert_array_equal(decayed.decay, filt.decay)
+    assert not np.allclose(decayed.bias, filt.bias)
+    assert all(leaf.shape != (2,) or leaf is filt.bias for leaf in jax.tree.leaves(params))
     check_grads(
         jax.jit(lambda p: jnp.sum(jnp.sin(eqx.combine(p, static)(8)))),
         (params,),
@@ -230,3 +239,20 @@ def test_linear_scan_bad_inputs():
         ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 4)))
     with pytest.raises((ValueError, TypeError), match="initial"):
         ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(4))
+
+
+# --------------------------------------------------------------------------- experiment
+
+
+def test_memory_task_batches_and_training_runs(tmp_path):
+    from lineax_seq.experiments._s4d import make_batch, train_memory_task
+
+    tokens, target = make_batch(jr.key(0), 16, 40, 8)
+    assert tokens.shape == (16, 40)
+    keys = tokens != 8
+    np.testing.assert_array_equal(keys.sum(1), 1)  # exactly one key, in the first quarter
+    assert bool(jnp.all(jnp.argmax(keys, 1) < 10))
+    np.testing.assert_array_equal(jnp.max(jnp.where(keys, tokens, -1), 1), target)
+    result = train_memory_task(length=32, steps=3, batch=4, out_dir=tmp_path, progress=False)
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert (tmp_path / "s4d_kernels.png").exists()

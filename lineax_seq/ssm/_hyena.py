@@ -21,7 +21,10 @@ class HyenaFilter(eqx.Module):
         `frequency`), then a linear map to `channels` outputs without bias.
     - The decay rates `alpha_c` are fixed (not trained) and spread linearly over the
         channels, from `ln(1 / target) / slow_decay` to `ln(1 / target) / fast_decay`:
-        the fastest channel has decayed to `target` at `tau = fast_decay`.
+        the fastest channel has decayed to `target` at `tau = fast_decay`. They are
+        recomputed from these static floats at every call (the `decay` property), so
+        they are not PyTree leaves:
+        optimisers (weight decay included) never see or change them.
     - `bias` (`(channels,)`) is the skip term of the convolution,
         `y = fft_conv(u, filt(L)) + bias * u`, as in the paper's pseudocode.
 
@@ -37,11 +40,13 @@ class HyenaFilter(eqx.Module):
     layers: tuple[eqx.nn.Linear, ...]
     frequencies: tuple[Float[Array, " order"], ...]
     output: eqx.nn.Linear
-    decay: Float[Array, " channels"]
     bias: Float[Array, " channels"]
     channels: int = eqx.field(static=True)
     max_length: int = eqx.field(static=True)
     emb_dim: int = eqx.field(static=True)
+    fast_decay: float = eqx.field(static=True)
+    slow_decay: float = eqx.field(static=True)
+    target: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -90,12 +95,23 @@ class HyenaFilter(eqx.Module):
         self.layers = tuple(eqx.nn.Linear(i, o, key=k) for i, o, k in pairs)
         self.frequencies = tuple(jnp.full((order,), frequency) for _ in range(depth))
         self.output = eqx.nn.Linear(order, channels, use_bias=False, key=keys[depth])
-        rate = math.log(1 / target)
-        self.decay = jnp.linspace(rate / slow_decay, rate / fast_decay, channels)
         self.bias = jr.normal(keys[depth + 1], (channels,))
         self.channels = channels
         self.max_length = max_length
         self.emb_dim = emb_dim
+        self.fast_decay = float(fast_decay)
+        self.slow_decay = float(slow_decay)
+        self.target = float(target)
+
+    @property
+    def decay(self) -> Float[Array, " channels"]:
+        """The fixed decay rates `alpha_c`, of shape `(channels,)`.
+
+        Spread linearly from `ln(1 / target) / slow_decay` to `ln(1 / target) / fast_decay`;
+        computed from static floats, so not a parameter.
+        """
+        rate = math.log(1 / self.target)
+        return jnp.linspace(rate / self.slow_decay, rate / self.fast_decay, self.channels)
 
     def positional_encoding(self, length: int) -> Float[Array, "length emb_dim"]:
         """The positional features `[tau, cos, -sin]` of positions `0, ..., length - 1`."""
@@ -125,5 +141,4 @@ class HyenaFilter(eqx.Module):
             h = jnp.sin(w * jax.vmap(layer)(h))
         h = jax.vmap(self.output)(h).T
         tau = jnp.arange(length, dtype=jnp.float32) / self.max_length
-        decay = jax.lax.stop_gradient(self.decay)
-        return jnp.exp(-decay[:, None] * tau) * h
+        return jnp.exp(-self.decay[:, None] * tau) * h
