@@ -102,5 +102,10 @@ def batch_examples(
         grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(num_threads, 1) * 4)
     )
     if num_workers > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            # grain's workers read absl flags; outside an absl app use their defaults.
+            flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return it
