@@ -1,7 +1,9 @@
 """S4D layer forward: FFT convolution vs sequential recurrence vs parallel scan.
 
 The issue's shape: dim 256, state size N = 64, batch 8, L = 1k, 4k, 16k, 64k. Timed
-side by side in one process (medians of several calls, after a compiling warm-up):
+side by side in one process, in interleaved rounds (each competitor once per round,
+after a compiling warm-up), so that load on a shared machine hits all alike; times are
+medians over rounds and ratios medians of the per-round ratios:
 
 - `layer_fft`: the `lineax_seq.S4D` layer (kernel generation + FFT convolution + skip).
 - `bare_fft_conv`: `lineax_seq.fft_conv` alone with a precomputed kernel of the same
@@ -24,8 +26,11 @@ reason is written to the JSON.
 
 import argparse
 import functools
+import os
 import pathlib
+import statistics
 import sys
+import time
 
 import equinox as eqx
 import jax
@@ -33,7 +38,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import compiled_memory, median_time, save  # noqa: E402
+from _common import compiled_memory, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -69,6 +74,30 @@ def _linear_scan(layer: ls.S4D, x: jax.Array) -> jax.Array:
     return 2 * jnp.sum((cb * states).real, -1) + layer.skip * x
 
 
+def interleaved_times(calls: dict, *, rounds: int, slow_rounds: int, slow: set[str]) -> dict:
+    """Seconds per call of each competitor over `rounds` interleaved rounds.
+
+    Each call is warmed up (compiled) first; competitors named in `slow` take part in
+    the first `slow_rounds` rounds only.
+    """
+    for call in calls.values():
+        jax.block_until_ready(call())
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name, call in calls.items():
+            if name in slow and r >= slow_rounds:
+                continue
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def paired_ratio(times: dict, num: str, den: str) -> float:
+    """Median over rounds of `times[num][r] / times[den][r]`."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
@@ -98,12 +127,14 @@ def main() -> None:
         "linear_scan": with_layer(lambda m, x: jax.lax.map(lambda u: _linear_scan(m, u), x)),
     }
 
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
     previous: dict[str, float] = {}
     for length in lengths:
         x = jr.normal(jr.key(1), (batch, length, dim))
         k = jr.normal(jr.key(2), (dim, length))
         row: dict = {"length": length, "ms": {}, "peak_bytes": {}, "skipped": {}}
+        calls = {}
         for name, fn in competitors.items():
             if name == "bare_fft_conv":
                 call_args = (k, x)
@@ -126,29 +157,40 @@ def main() -> None:
                     f"(> --memory-limit {args.memory_limit:g} GiB)"
                 )
                 continue
-            call = functools.partial(jax.jit(fn), *call_args)
-            slow = name in ("sequential_scan", "linear_scan") and length >= 16384
-            seconds = median_time(call, repeats=2 if slow else repeats)
+            row["peak_bytes"][name] = memory.get("peak_bytes")
+            calls[name] = functools.partial(jax.jit(fn), *call_args)
+        # Interleaved rounds: every competitor is timed once per round, so a change of
+        # load on the shared machine hits all of them alike; the ratios below are
+        # medians over rounds of the per-round ratios.
+        times = interleaved_times(
+            calls,
+            rounds=3 if length >= 16384 else repeats,
+            slow_rounds=2,
+            slow={"sequential_scan", "linear_scan"} if length >= 16384 else set(),
+        )
+        for name, ts in times.items():
+            seconds = statistics.median(ts)
             previous[name] = seconds
             row["ms"][name] = seconds * 1e3
-            row["peak_bytes"][name] = memory.get("peak_bytes")
             print(f"L={length:6d} {name:20s} {seconds * 1e3:10.2f} ms", flush=True)
-        ms = row["ms"]
+        paired = functools.partial(paired_ratio, times)
         ratios = {}
-        if "layer_fft" in ms:
-            if "bare_fft_conv" in ms:
-                ratios["layer_over_bare_conv"] = ms["layer_fft"] / ms["bare_fft_conv"]
+        if "layer_fft" in times:
+            if "bare_fft_conv" in times:
+                ratios["layer_over_bare_conv"] = paired("layer_fft", "bare_fft_conv")
             for other in ("sequential_scan", "linear_scan"):
-                if other in ms:
-                    ratios[f"{other}_over_layer"] = ms[other] / ms["layer_fft"]
+                if other in times:
+                    ratios[f"{other}_over_layer"] = paired(other, "layer_fft")
             if not args.quick and length in PYTORCH_REFERENCE_MS:
                 row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
                 ratios["pytorch_reference_over_layer"] = (
-                    PYTORCH_REFERENCE_MS[length] / ms["layer_fft"]
+                    PYTORCH_REFERENCE_MS[length] / row["ms"]["layer_fft"]
                 )
-        if "kernel" in ms and "kernel_vandermonde" in ms:
-            ratios["vandermonde_over_kernel"] = ms["kernel_vandermonde"] / ms["kernel"]
+        if "kernel" in times and "kernel_vandermonde" in times:
+            ratios["vandermonde_over_kernel"] = paired("kernel_vandermonde", "kernel")
+            ratios["kernel_share_of_layer"] = paired("kernel", "layer_fft")
         row["ratios"] = ratios
+        row["load_average_1min"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         print(f"L={length:6d} ratios {ratios}", flush=True)
         results.append(row)
 
@@ -163,6 +205,12 @@ def main() -> None:
             "dtype": "float32",
         },
         "results": results,
+        # The machine is shared: the 1-minute load average before and after the run
+        # says how much the absolute timings are inflated (ratios are within one run).
+        "load_average_1min": {
+            "before": None if load_before is None else load_before[0],
+            "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        },
     }
     name = "ssm_quick" if args.quick else "ssm"
     path = save(name, payload)
