@@ -4,9 +4,12 @@ For each system: simulate training trajectories (50, or 100 for Lorenz, of 500 s
 and 100 fresh test initial conditions over 1000 steps; train the Koopman variants
 (linear / MLP decoder x linear / MLP latent dynamics) and the MLP baseline on windows
 of 10 steps; evaluate every Koopman model without reencoding, reencoding every step,
-and periodically (k in 1, 10, 25, 50, 100, best reported); print a Table 1.1-style
-table (MSE x100, Lorenz unscaled) beside the paper's numbers; save phase portraits
-(Fig. 1.4), MSE-vs-horizon curves (Fig. 1.5) and `koopman_table.json`.
+and periodically (k in 1, 10, 25, 50, 100, best reported per horizon); print a Table
+1.1-style table (MSE x100, Lorenz unscaled) beside the paper's numbers; save phase
+portraits (Fig. 1.4), MSE-vs-horizon curves (Fig. 1.5) and `koopman_table.json`.
+
+The models see standardised states (per-dimension mean / std of the training data);
+predictions are mapped back and every error is measured in the system's own units.
 """
 
 import argparse
@@ -26,16 +29,18 @@ import lineax_seq as ls
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
 PERIODS = (1, 10, 25, 50, 100)
 HORIZONS = (100, 1000)
-# (latent dynamics, decoder) of the Koopman columns, then the MLP baseline.
+# (latent dynamics, decoder) of the Koopman columns, in Table 1.1's order.
 VARIANTS = (("koopman", "linear"), ("koopman", "mlp"), ("mlp", "linear"), ("mlp", "mlp"))
+VARIANT_NAMES = {f"{dyn}/{dec}": (dyn, dec) for dyn, dec in VARIANTS}
 LABELS = {
     ("koopman", "linear"): "Koopman / linear dec",
     ("koopman", "mlp"): "Koopman / MLP dec",
     ("mlp", "linear"): "MLP dyn / linear dec",
     ("mlp", "mlp"): "MLP dyn / MLP dec",
 }
-# Table 1.1 (MSE x100 except Lorenz): per variant (no reencoding, periodic), then MLP.
-# None marks the paper's "exploded" entries.
+BASELINE = "MLP baseline"
+# Table 1.1 (MSE x100 except Lorenz): per variant (no reencoding, periodic), then the MLP.
+# None marks the paper's "exploded" entries; the parabolic attractor has no 1000-step row.
 PAPER = {
     100: {
         "parabolic": [0.0205, 0.0292, 0.1465, 0.0758, 0.0739, 0.0496, 0.0727, 0.0547, 0.2674],
@@ -53,27 +58,37 @@ PAPER = {
 }
 
 
-def _scale(system: str) -> float:
+def scale_of(system: str) -> float:
+    """Table 1.1 reports MSE x100, except for Lorenz."""
     return 1.0 if system == "lorenz" else 100.0
 
 
-def make_data(system_name: str, key, *, num_train: int | None, train_steps: int, test_steps: int):
-    """Training trajectories and fresh test trajectories of one system."""
+def make_data(
+    system_name: str,
+    key,
+    *,
+    num_train: int | None,
+    train_steps: int,
+    test_steps: int,
+    num_test: int = 100,
+):
+    """Training trajectories and trajectories from fresh test initial conditions."""
     system = ls.get_system(system_name)
     if num_train is None:
         num_train = 100 if system_name == "lorenz" else 50
     train_key, test_key = jr.split(key)
     train_xs, _ = ls.sample_trajectories(system, train_key, num_train, train_steps)
-    test_xs, _ = ls.sample_trajectories(system, test_key, 100, test_steps)
-    return system, train_xs, test_xs
+    test_xs, _ = ls.sample_trajectories(system, test_key, num_test, test_steps)
+    return system, np.asarray(train_xs), np.asarray(test_xs)
 
 
-def _windows(xs, window: int):
+def _windows(xs: np.ndarray, window: int) -> np.ndarray:
     """All windows of `window + 1` consecutive states, `(num, window + 1, d)`."""
     n, t, d = xs.shape
-    starts = np.arange(t - window)
-    idx = starts[:, None] + np.arange(window + 1)[None]
-    return np.asarray(xs)[:, idx].reshape(-1, window + 1, d)
+    if t <= window:
+        raise ValueError(f"trajectories of {t} states are too short for window={window}")
+    idx = np.arange(t - window)[:, None] + np.arange(window + 1)[None]
+    return xs[:, idx].reshape(-1, window + 1, d)
 
 
 def build_model(kind, state_dim: int, dt: float, *, latent: int, width: int, key):
@@ -86,9 +101,18 @@ def build_model(kind, state_dim: int, dt: float, *, latent: int, width: int, key
     )
 
 
+def _chunk_length(steps: int, limit: int = 250) -> int:
+    # Train steps fused per jitted call: a divisor of `steps` when a large one exists, so
+    # one compilation serves the whole run.
+    for c in range(min(steps, limit), 0, -1):
+        if steps % c == 0 and c >= min(steps, limit) // 2:
+            return c
+    return min(steps, limit)
+
+
 def train_model(
     model,
-    train_xs,
+    train_xs: np.ndarray,
     *,
     steps: int,
     batch_size: int,
@@ -99,7 +123,7 @@ def train_model(
     prediction: float = 0.0,
     key,
 ):
-    """Train on random windows with AdamW; the dynamics get their own learning rate."""
+    """Train on random windows with AdamW; the latent dynamics get their own learning rate."""
     baseline = isinstance(model, ls.MLPBaseline)
     groups = (
         None
@@ -136,7 +160,7 @@ def train_model(
 
     @eqx.filter_jit
     def run_chunk(params, opt_state, key, length: int):
-        # `length` train steps fused in one scan: batches are sampled on the device.
+        # `length` train steps fused in one scan; batches are sampled on the device.
         def body(carry, key):
             params, opt_state = carry
             idx = jr.randint(key, (batch_size,), 0, windows.shape[0])
@@ -150,7 +174,7 @@ def train_model(
         )
         return params, opt_state, jax.tree.map(jnp.mean, metrics)
 
-    chunk = max(1, min(steps, 250))
+    chunk = _chunk_length(steps)
     history = []
     done = 0
     while done < steps:
@@ -161,53 +185,84 @@ def train_model(
         history.append({"step": done, **{k: float(v) for k, v in metrics.items()}})
         if not math.isfinite(history[-1]["loss"]):
             raise FloatingPointError(f"non-finite loss by step {done}: {history[-1]}")
-    model = eqx.combine(params, static)
-    return model, history
+    return eqx.combine(params, static), history
 
 
 @eqx.filter_jit
-def _rollouts(model, x0s, steps: int, reencode_every):
-    return jax.vmap(lambda x: ls.unroll(model, x, steps=steps, reencode_every=reencode_every))(x0s)
+def _rollouts(model, x0s, steps: int, periods: tuple[int, ...]):
+    # Every unroll mode of one model in one compiled call: (modes, ics, steps, d).
+    modes = (None,) if isinstance(model, ls.MLPBaseline) else (None, *periods)
+    return jnp.stack(
+        [
+            jax.vmap(lambda x, k=k: ls.unroll(model, x, steps=steps, reencode_every=k))(x0s)
+            for k in modes
+        ]
+    )
 
 
-def evaluate(model, test_xs, *, steps: int):
-    """Squared-error curves `(steps,)` for every unroll mode (MSE over ICs and dims)."""
-    x0s, truth = test_xs[:, 0], test_xs[:, 1 : steps + 1]
-    modes = {"baseline": None} if isinstance(model, ls.MLPBaseline) else {"none": None}
-    if not isinstance(model, ls.MLPBaseline):
-        modes.update({f"k={k}": k for k in PERIODS})
-    curves, preds = {}, {}
-    for name, k in modes.items():
-        pred = _rollouts(model, x0s, steps, k)
-        err = jnp.mean((pred - truth) ** 2, axis=(0, 2))
-        curves[name] = np.asarray(jnp.where(jnp.isfinite(err), err, jnp.inf))
-        preds[name] = np.asarray(pred)
-    return curves, preds
+def mode_names(periods: tuple[int, ...], *, baseline: bool = False) -> list[str]:
+    """Curve names: `"baseline"`, or `"none"` then `"k=<period>"` for each period."""
+    return ["baseline"] if baseline else ["none", *(f"k={k}" for k in periods)]
 
 
-def mse_at(curve, horizon: int) -> float:
-    value = float(np.mean(curve[:horizon]))
-    return value if math.isfinite(value) else float("inf")
+def evaluate(model, test_xs: np.ndarray, *, steps: int, periods=PERIODS, mean=0.0, std=1.0):
+    """Squared-error curves `(steps,)` (mean over initial conditions and state dims) and
+    predictions `(ics, steps, d)` for every unroll mode, in the system's units.
+
+    `mean` / `std` map the model's standardised states back; a non-finite error (an
+    exploded unroll) becomes `inf`.
+    """
+    x0s = (test_xs[:, 0] - mean) / std
+    truth = test_xs[:, 1 : steps + 1]
+    preds = np.asarray(_rollouts(model, jnp.asarray(x0s), steps, tuple(periods))) * std + mean
+    names = mode_names(tuple(periods), baseline=isinstance(model, ls.MLPBaseline))
+    curves, out = {}, {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name, pred in zip(names, preds, strict=True):
+            err = np.mean((pred - truth) ** 2, axis=(0, 2))
+            curves[name] = np.where(np.isfinite(err), err, np.inf)
+            out[name] = pred
+    return curves, out
 
 
-def _best_periodic(curves, horizon: int) -> tuple[float, int]:
-    scores = {k: mse_at(curves[f"k={k}"], horizon) for k in PERIODS}
-    best = min(scores, key=scores.get)
+def mse_at(curve: np.ndarray, horizon: int) -> float:
+    """Mean squared error over the first `horizon` predicted steps (`inf` if exploded)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = float(np.mean(curve[:horizon]))
+    return value if math.isfinite(value) else math.inf
+
+
+def best_period(curves: dict, horizon: int, periods=PERIODS) -> tuple[float, int]:
+    """`(mse, k)` of the reencoding period with the lowest MSE over `horizon` steps, as in
+    Table 1.1 (the search includes k = 1, reencoding every step); ties go to the smaller k."""
+    scores = {k: mse_at(curves[f"k={k}"], horizon) for k in periods}
+    best = min(periods, key=lambda k: (scores[k], k))
     return scores[best], best
 
 
+def _standardiser(train_xs: np.ndarray, normalize: bool):
+    if not normalize:
+        return 0.0, 1.0
+    mean = train_xs.reshape(-1, train_xs.shape[-1]).mean(axis=0)
+    std = train_xs.reshape(-1, train_xs.shape[-1]).std(axis=0)
+    return mean, np.where(std > 1e-8, std, 1.0)
+
+
 def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=VARIANTS):
-    """Train and evaluate every variant on one system; save its plots; return its results."""
+    """Train and evaluate the variants and the baseline on one system; save its plots."""
     start = time.perf_counter()
+    periods, horizons = tuple(args.periods), tuple(args.horizons)
     data_key, *model_keys = jr.split(key, len(variants) + 2)
     system, train_xs, test_xs = make_data(
         system_name,
         data_key,
         num_train=args.num_train,
-        train_steps=500,
-        test_steps=max(HORIZONS),
+        train_steps=args.train_length,
+        test_steps=max(horizons),
+        num_test=args.num_test,
     )
-    scale = _scale(system_name)
+    mean, std = _standardiser(train_xs, args.normalize)
+    scale = scale_of(system_name)
     results = {"system": system_name, "scale": scale, "variants": {}}
     kept = {}
     for kind, mkey in zip((*variants, "baseline"), model_keys, strict=True):
@@ -218,7 +273,7 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
         t0 = time.perf_counter()
         model, history = train_model(
             model,
-            train_xs,
+            (train_xs - mean) / std,
             steps=args.steps,
             batch_size=args.batch_size,
             window=args.window,
@@ -229,100 +284,143 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
             key=train_key,
         )
         train_s = time.perf_counter() - t0
-        curves, preds = evaluate(model, test_xs, steps=max(HORIZONS))
-        name = "MLP baseline" if kind == "baseline" else LABELS[kind]
+        curves, preds = evaluate(
+            model, test_xs, steps=max(horizons), periods=periods, mean=mean, std=std
+        )
+        name = BASELINE if kind == "baseline" else LABELS[kind]
         entry = {"train_seconds": train_s, "final_loss": history[-1]["loss"], "horizons": {}}
-        for h in HORIZONS:
+        for h in horizons:
             if kind == "baseline":
-                entry["horizons"][h] = {"mlp": scale * mse_at(curves["baseline"], h)}
+                entry["horizons"][str(h)] = {"mlp": scale * mse_at(curves["baseline"], h)}
             else:
-                best, best_k = _best_periodic(curves, h)
-                entry["horizons"][h] = {
+                best, best_k = best_period(curves, h, periods)
+                entry["horizons"][str(h)] = {
                     "none": scale * mse_at(curves["none"], h),
-                    "every_step": scale * mse_at(curves["k=1"], h),
+                    "every_step": scale * mse_at(curves["k=1"], h) if 1 in periods else None,
                     "periodic": scale * best,
                     "best_k": best_k,
-                    "all_k": {k: scale * mse_at(curves[f"k={k}"], h) for k in PERIODS},
+                    "all_k": {str(k): scale * mse_at(curves[f"k={k}"], h) for k in periods},
                 }
+        entry["curve"] = {
+            n: [float(v) for v in c[:: max(1, len(c) // 200)]] for n, c in curves.items()
+        }
         results["variants"][name] = entry
         kept[kind] = (curves, preds)
-        print(f"  [{system_name}] {name}: trained {train_s:.0f} s, loss {entry['final_loss']:.4f}")
-    _plot_portraits(system_name, test_xs, kept[VARIANTS[0]], out_dir)
-    _plot_curves(system_name, kept[VARIANTS[0]][0], kept["baseline"][0], out_dir)
+        print(
+            f"  [{system_name}] {name}: trained {train_s:.0f} s, loss {entry['final_loss']:.4f}",
+            flush=True,
+        )
+    figure_kind = variants[0]
+    figures = [
+        plot_portraits(system_name, test_xs, *kept[figure_kind], periods, out_dir),
+        plot_curves(system_name, kept[figure_kind][0], kept["baseline"][0], periods, out_dir),
+    ]
+    results["figures_variant"] = LABELS[figure_kind]
+    results["figures"] = [str(p.name) for p in figures]
     results["seconds"] = time.perf_counter() - start
     return results
 
 
 def _fmt(x) -> str:
     if x is None:
-        return "x"
+        return "-"
     if not math.isfinite(x) or x > 1e6:
         return "x"
     return f"{x:.4g}"
 
 
+def _row(res: dict, horizon: int) -> list:
+    """Our cells in Table 1.1's column order (None where a variant was not run)."""
+    cells = []
+    for v in VARIANTS:
+        entry = res["variants"].get(LABELS[v])
+        cell = None if entry is None else entry["horizons"].get(str(horizon))
+        cells += [None, None] if cell is None else [cell["none"], cell["periodic"]]
+    base = res["variants"].get(BASELINE, {}).get("horizons", {}).get(str(horizon))
+    cells.append(None if base is None else base["mlp"])
+    return cells
+
+
 def format_table(all_results: dict) -> str:
-    """Table 1.1 layout: per variant (no reenc., periodic), then the MLP; ours | paper."""
-    cols = [f"{LABELS[v]} {tag}" for v in VARIANTS for tag in ("(none)", "(periodic)")]
+    """Table 1.1 layout: per variant (no reencoding, periodic), then the MLP; `ours / paper`."""
+    cols = [f"{LABELS[v]} ({tag})" for v in VARIANTS for tag in ("none", "periodic")]
     cols.append("MLP")
+    horizons = sorted({int(h) for r in all_results.values() for h in _horizons(r)})
     lines = []
-    for h in HORIZONS:
-        lines.append(f"MSE over {h} steps (x100 except Lorenz); each cell: ours / paper")
+    for h in horizons:
+        lines.append(
+            f"MSE over {h} steps (x100 except Lorenz); each cell: ours / paper (x: exploded)"
+        )
         lines.append("| system | " + " | ".join(cols) + " |")
         lines.append("|---" * (len(cols) + 1) + "|")
         for system, res in all_results.items():
-            paper = PAPER[h].get(system)
-            if paper is None:
+            if str(h) not in _horizons(res):
                 continue
-            ours = []
-            for v in VARIANTS:
-                cell = res["variants"][LABELS[v]]["horizons"][h]
-                ours += [cell["none"], cell["periodic"]]
-            ours.append(res["variants"]["MLP baseline"]["horizons"][h]["mlp"])
-            cells = [f"{_fmt(o)} / {_fmt(p)}" for o, p in zip(ours, paper, strict=True)]
+            paper = PAPER.get(h, {}).get(system)
+            if h in PAPER and paper is None:
+                continue  # the paper has no such row (parabolic at 1000 steps)
+            ours = _row(res, h)
+            paper = paper or [None] * len(ours)
+            cells = [
+                f"{_fmt(o)} / {'x' if p is None and h in PAPER else _fmt(p)}"
+                for o, p in zip(ours, paper, strict=True)
+            ]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
-def _plot_portraits(system_name, test_xs, curves_preds, out_dir, num: int = 20):
+def _horizons(res: dict) -> list[str]:
+    return sorted({h for e in res["variants"].values() for h in e["horizons"]}, key=int)
+
+
+def plot_portraits(system_name, test_xs, curves, preds, periods, out_dir, num: int = 20):
+    """Fig. 1.4: 1000-step unrolls without / every step / periodic reencoding over grey truth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves, preds = curves_preds
-    best_k = min(PERIODS, key=lambda k: mse_at(curves[f"k={k}"], 1000))
-    panels = [
-        ("none", "(a) no reencoding"),
-        ("k=1", "(b) every step"),
-        (f"k={best_k}", f"(c) periodic, k={best_k}"),
-    ]
+    steps = len(curves["none"])
+    _, best_k = best_period(curves, steps, periods)
+    panels = [("none", "(a) no reencoding")]
+    if 1 in periods:
+        panels.append(("k=1", "(b) reencoding every step"))
+    panels.append((f"k={best_k}", f"(c) periodic reencoding, k={best_k}"))
     j = 2 if test_xs.shape[-1] == 3 else 1
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharex=True, sharey=True)
-    truth = np.asarray(test_xs[:num])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 4), squeeze=False)
+    truth = test_xs[:num]
     lo, hi = truth.min(axis=(0, 1)), truth.max(axis=(0, 1))
-    pad = 0.25 * (hi - lo)
-    for ax, (mode, title) in zip(axes, panels, strict=True):
-        for i in range(num):
-            ax.plot(truth[i, :, 0], truth[i, :, j], color="0.8", lw=1.5)
+    pad = 0.25 * (hi - lo) + 1e-3
+    for ax, (mode, title) in zip(axes[0], panels, strict=True):
+        for i in range(min(num, truth.shape[0])):
+            ax.plot(truth[i, :, 0], truth[i, :, j], color="0.82", lw=1.6)
             ax.plot(preds[mode][i, :, 0], preds[mode][i, :, j], lw=0.8)
-        ax.set_title(title)
+        ax.set_title(f"{title}\nMSE {mse_at(curves[mode], steps):.3g}", fontsize=9)
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[j] - pad[j], hi[j] + pad[j])
         ax.set_xlabel("x1")
-    axes[0].set_ylabel(f"x{j + 1}")
-    fig.suptitle(f"{system_name}: Koopman autoencoder (linear decoder), 1000-step unrolls")
+    axes[0, 0].set_ylabel(f"x{j + 1}")
+    fig.suptitle(f"{system_name}: Koopman autoencoder (linear decoder), {steps}-step unrolls")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / f"koopman_portraits_{system_name}.png", dpi=110)
+    path = out_dir / f"koopman_fig_portraits_{system_name}.png"
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
 
-def _plot_curves(system_name, curves, baseline_curves, out_dir):
+def plot_curves(system_name, curves, baseline_curves, periods, out_dir):
+    """Fig. 1.5: MSE over the unroll horizon for every reencoding period and the MLP."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     steps = np.arange(1, len(curves["none"]) + 1)
-    ax.plot(steps, curves["none"], label="reencode @ 0 (none)")
-    for k in PERIODS:
+    ax.plot(steps, curves["none"], label="reencode @ 0 (never)")
+    for k in periods:
         ax.plot(steps, curves[f"k={k}"], label=f"reencode @ {k}")
     ax.plot(steps, baseline_curves["baseline"], "k--", label="MLP baseline")
     ax.set_yscale("log")
@@ -332,79 +430,177 @@ def _plot_curves(system_name, curves, baseline_curves, out_dir):
     ax.legend(fontsize=7)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / f"koopman_curves_{system_name}.png", dpi=110)
+    path = out_dir / f"koopman_fig_horizon_{system_name}.png"
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def _int_list(name: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name}={text!r} must be a comma-separated list of positive integers"
+            ) from None
+        if not values or min(values) <= 0 or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(
+                f"{name}={text!r} must be distinct positive integers, e.g. 1,10,25"
+            )
+        return values
+
+    return parse
+
+
+def _variant_list(text: str) -> tuple[tuple[str, str], ...]:
+    names = [v.strip() for v in text.split(",")]
+    bad = [v for v in names if v not in VARIANT_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant(s) {bad} in --variants={text!r}; choose from "
+            f"{', '.join(VARIANT_NAMES)} (the MLP baseline always runs)"
+        )
+    return tuple(VARIANT_NAMES[v] for v in dict.fromkeys(names))
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `koopman` command's options (defaults: the committed Table 1.1 run)."""
     parser.add_argument("--system", choices=SYSTEM_NAMES, default="duffing")
     parser.add_argument("--all", action="store_true", help="run all five systems")
-    parser.add_argument("--steps", type=int, default=1000, help="train steps per model")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--window", type=int, default=10, help="training window (steps)")
+    parser.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=VARIANTS,
+        help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated",
+    )
+    parser.add_argument(
+        "--periods", type=_int_list("--periods"), default=PERIODS, help="reencoding periods"
+    )
+    parser.add_argument(
+        "--horizons", type=_int_list("--horizons"), default=HORIZONS, help="evaluation horizons"
+    )
+    parser.add_argument("--steps", type=_positive, default=1500, help="train steps per model")
+    parser.add_argument("--batch-size", type=_positive, default=256)
+    parser.add_argument("--window", type=_positive, default=10, help="training window (steps)")
     parser.add_argument("--lr", type=float, default=1e-3, help="paper: 1e-4 (longer runs)")
     parser.add_argument("--dynamics-lr", type=float, default=1e-4, help="paper: 1e-5")
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument(
         "--prediction", type=float, default=0.0, help="prediction-loss weight (paper: 0)"
     )
-    parser.add_argument("--latent", type=int, default=128)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--num-train", type=int, default=None, help="default 50 (Lorenz 100)")
+    parser.add_argument("--latent", type=_positive, default=128)
+    parser.add_argument("--width", type=_positive, default=128)
+    parser.add_argument("--num-train", type=_positive, default=None, help="default 50 (Lorenz 100)")
+    parser.add_argument("--train-length", type=_positive, default=500, help="steps per trajectory")
+    parser.add_argument("--num-test", type=_positive, default=100, help="fresh initial conditions")
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="standardise states with the training data's mean / std",
+    )
+    parser.add_argument("--small", action="store_true", help="tiny models and data (smoke test)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
 
 
-def _save(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path:
+def _apply_small(args: argparse.Namespace) -> None:
+    # A smoke-test scale: every code path, seconds of compute.
+    args.steps = min(args.steps, 20)
+    args.batch_size = min(args.batch_size, 16)
+    args.latent, args.width = min(args.latent, 16), min(args.width, 16)
+    args.num_train = min(args.num_train or 4, 4)
+    args.train_length = min(args.train_length, 40)
+    args.num_test = min(args.num_test, 4)
+    args.window = min(args.window, 5)
+
+
+def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path:
+    """Merge `all_results` into `out_dir/koopman_table.json` (other systems are kept)."""
     path = out_dir / "koopman_table.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     systems = previous.get("systems", {})
     systems.update(all_results)
-    config = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()}
+    config = {}
+    for k, v in vars(args).items():
+        if k == "variants":
+            v = [f"{dyn}/{dec}" for dyn, dec in v]
+        config[k] = str(v) if isinstance(v, pathlib.Path) else v
     payload = {
         "config": config,
+        "command": "python -m lineax_seq " + " ".join(_command_line(args)),
+        "jax_backend": jax.default_backend(),
+        "units": "MSE x100 (Lorenz x1), over the first H predicted steps, 100 fresh ICs",
         "paper": {str(h): PAPER[h] for h in HORIZONS},
-        "columns": [f"{LABELS[v]} {t}" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
+        "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
         "systems": systems,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    table = out_dir / "koopman_table.md"
+    table.write_text(format_table(systems) + "\n")
     return path
 
 
+def _command_line(args) -> list[str]:
+    words = ["koopman", "--all" if args.all else f"--system {args.system}"]
+    words += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--seed {args.seed}"]
+    return words
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs."""
+    if args.small:
+        _apply_small(args)
+    if args.window >= args.train_length:
+        raise ValueError(f"--window={args.window} must be below --train-length={args.train_length}")
     names = SYSTEM_NAMES if args.all else (args.system,)
     key = jr.key(args.seed)
     all_results = {}
-    for name, skey in zip(names, jr.split(key, len(names)), strict=True):
+    for name in names:
+        # One key per system (by name), so `--system X` reproduces X's row of `--all`.
+        skey = jr.fold_in(key, SYSTEM_NAMES.index(name))
         print(f"== {name} ==", flush=True)
-        all_results[name] = run_system(name, args, skey, args.out)
+        all_results[name] = run_system(name, args, skey, args.out, variants=args.variants)
         print(f"   done in {all_results[name]['seconds']:.0f} s", flush=True)
     print()
     print(format_table(all_results))
-    path = _save(all_results, args, args.out)
-    print(f"results: {path}; plots: {args.out}/koopman_portraits_*.png, koopman_curves_*.png")
+    path = save_results(all_results, args, args.out)
+    print(f"results: {path}; figures: {args.out}/koopman_fig_{{portraits,horizon}}_*.png")
     return 0
 
 
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
-    """A short Duffing run: train the linear Koopman model and the MLP baseline, print the
-    table row (none / every step / periodic) and save a phase portrait and MSE curves."""
+    """A short Duffing run: the linear Koopman autoencoder and the MLP baseline; prints the
+    table row (none / every step / periodic) and saves a phase portrait and MSE curves."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--steps", "100" if small else "500", "--out", str(out_dir)])
+    argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
+    argv += ["--small"] if small else ["--steps", "400", "--num-train", "20"]
+    args = parser.parse_args(argv)
     if small:
-        args.width, args.latent = 32, 32
-    res = run_system("duffing", args, jr.key(0), out_dir, variants=(VARIANTS[0],))
+        _apply_small(args)
+    res = run_system("duffing", args, jr.key(0), out_dir, variants=args.variants)
     entry = res["variants"][LABELS[VARIANTS[0]]]["horizons"]
-    base = res["variants"]["MLP baseline"]["horizons"]
+    base = res["variants"][BASELINE]["horizons"]
     print("Duffing, MSE x100 (paper: Koopman/linear dec none | periodic | MLP):")
-    for h in HORIZONS:
-        e = entry[h]
-        p = PAPER[h]["duffing"]
+    for h in args.horizons:
+        e = entry[str(h)]
+        p = PAPER.get(h, {}).get("duffing") or [None] * 9
         print(
             f"  {h:4d} steps: none {_fmt(e['none'])} | every step {_fmt(e['every_step'])} | "
-            f"periodic (k={e['best_k']}) {_fmt(e['periodic'])} | MLP {_fmt(base[h]['mlp'])}"
-            f"   (paper {p[0]} | {p[1]} | {p[8]})"
+            f"periodic (k={e['best_k']}) {_fmt(e['periodic'])} | MLP {_fmt(base[str(h)]['mlp'])}"
+            f"   (paper {_fmt(p[0])} | {_fmt(p[1])} | {_fmt(p[8])})"
         )
-    print(f"plots: {out_dir}/koopman_portraits_duffing.png, koopman_curves_duffing.png")
+    print(f"figures: {', '.join(str(out_dir / f) for f in res['figures'])}")
