@@ -165,7 +165,7 @@ def train_memory_task(
 
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     """Train S4D on recall over 1,024 steps; print accuracy vs majority; plot kernels."""
-    result = train_memory_task(length=1024, steps=80 if small else 200, out_dir=out_dir)
+    result = train_memory_task(length=1024, steps=60 if small else 120, out_dir=out_dir)
     print(
         f"S4D recall across {3 * result['length'] // 4}-{result['length'] - 1} blank steps: "
         f"accuracy "
