@@ -11,7 +11,8 @@ import sysconfig
 
 import grain
 
-_SPLITS = ("train", "valid", "test", "all")
+from ._loader import check_split
+
 _SUFFIXES = (".txt", ".py", ".jsonl")
 
 
@@ -146,13 +147,7 @@ def text_corpus(
     `FileNotFoundError` for a missing path; `ValueError` for an empty source, an
     unknown `split`, bad fractions, or a split with no documents.
     """
-    if split not in _SPLITS:
-        raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
-    if not (0 <= valid_fraction and 0 <= test_fraction and valid_fraction + test_fraction < 1):
-        raise ValueError(
-            "valid_fraction and test_fraction must be >= 0 with sum < 1, got "
-            f"valid_fraction={valid_fraction}, test_fraction={test_fraction}"
-        )
+    check_split(split, valid_fraction, test_fraction)
     docs = read_documents(source, text_field=text_field)
     if split != "all":
         docs = [

@@ -9,6 +9,19 @@ import numpy as np
 
 __all__ = ["batch_examples"]
 
+SPLITS = ("train", "valid", "test", "all")
+
+
+def check_split(split: str, valid_fraction: float, test_fraction: float) -> None:
+    """`ValueError` for an unknown `split` or fractions that do not leave a train split."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not (0 <= valid_fraction and 0 <= test_fraction and valid_fraction + test_fraction < 1):
+        raise ValueError(
+            "valid_fraction and test_fraction must be >= 0 with sum < 1, got "
+            f"valid_fraction={valid_fraction}, test_fraction={test_fraction}"
+        )
+
 
 def check_batch_size(batch_size: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):

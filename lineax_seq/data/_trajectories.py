@@ -8,9 +8,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
-from ._loader import batch_examples
-
-_SPLITS = ("train", "valid", "test", "all")
+from ._loader import batch_examples, check_split
 
 
 class _TrajectoryWindows:
@@ -48,13 +46,7 @@ def split_trajectories(
     `round(valid_fraction * N)` trajectories in `"valid"`, the next
     `round(test_fraction * N)` in `"test"` and the rest in `"train"`.
     """
-    if split not in _SPLITS:
-        raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
-    if not (0 <= valid_fraction and 0 <= test_fraction and valid_fraction + test_fraction < 1):
-        raise ValueError(
-            "valid_fraction and test_fraction must be >= 0 with sum < 1, got "
-            f"valid_fraction={valid_fraction}, test_fraction={test_fraction}"
-        )
+    check_split(split, valid_fraction, test_fraction)
     if split == "all":
         return np.arange(num_trajectories)
     perm = np.random.default_rng(split_seed).permutation(num_trajectories)
