@@ -114,7 +114,17 @@ class HyenaFilter(eqx.Module):
         return jnp.linspace(rate / self.slow_decay, rate / self.fast_decay, self.channels)
 
     def positional_encoding(self, length: int) -> Float[Array, "length emb_dim"]:
-        """The positional features `[tau, cos, -sin]` of positions `0, ..., length - 1`."""
+        """The positional features `[tau, cos, -sin]` of positions `0, ..., length - 1`.
+
+        **Arguments:**
+
+        - `length`: number of positions (a positive Python integer).
+
+        **Returns:**
+
+        An array of shape `(length, emb_dim)`: `tau_l = l / max_length`, then the
+        `(emb_dim - 1) / 2` cosines and the as many negated sines.
+        """
         position = jnp.arange(length, dtype=jnp.float32)
         tau = position / self.max_length
         bands = (self.emb_dim - 1) // 2
