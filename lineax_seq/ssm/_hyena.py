@@ -123,7 +123,7 @@ class HyenaFilter(eqx.Module):
         **Returns:**
 
         An array of shape `(length, emb_dim)`: `tau_l = l / max_length`, then the
-        `(emb_dim - 1) / 2` cosines and the as many negated sines.
+        `(emb_dim - 1) / 2` cosines and as many negated sines.
         """
         position = jnp.arange(length, dtype=jnp.float32)
         tau = position / self.max_length
