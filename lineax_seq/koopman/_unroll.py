@@ -7,10 +7,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
-from ._autoencoder import KoopmanAutoencoder, MLPBaseline
+from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import LinearKoopmanDynamics
 
 # Without reencoding the latent recurrence is still cut into chunks of at most this many
@@ -19,16 +20,23 @@ _MAX_CHUNK = 128
 _METHODS = ("parallel", "sequential")
 
 
+def _concrete(a: Array) -> np.ndarray | None:
+    """The value of `a` on the host, or `None` when it is traced (a value inside `jit`
+    that is closed over, not an argument, is concrete)."""
+    return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
+
+
 def _check_x0(model, x0: Array) -> Array:
     if x0.shape != (model.state_dim,):
         raise ValueError(
             f"x0 has shape {x0.shape}, but the model's state_dim is {model.state_dim}: "
             f"expected shape ({model.state_dim},)"
         )
-    if isinstance(x0, jax.core.Tracer):
+    host = _concrete(x0)
+    if host is None:
         return eqx.error_if(x0, ~jnp.all(jnp.isfinite(x0)), "x0 contains NaN or inf values")
-    if not bool(jnp.all(jnp.isfinite(x0))):
-        raise ValueError(f"x0 contains NaN or inf values: {x0}")
+    if not np.all(np.isfinite(host)):
+        raise ValueError(f"x0 contains NaN or inf values: {host}")
     return x0
 
 
@@ -72,6 +80,45 @@ def _forced(powers: Array, b: Array) -> Array:
     return s
 
 
+def _blocks(steps: int, reencode_every: int | None) -> tuple[bool, int, int]:
+    """`(reencode, block, num_blocks)`: the period `k`, or chunks of `_MAX_CHUNK` steps."""
+    reencode = reencode_every is not None and reencode_every < steps
+    block = reencode_every if reencode else min(steps, _MAX_CHUNK)
+    return reencode, block, -(-steps // block)
+
+
+def _readout_rollout(
+    model: KoopmanAutoencoder, z0: Array, steps: int, reencode_every: int | None
+) -> Array:
+    """Decoded states `x_1..x_steps` of a linear model with a linear decoder, `(steps, d)`.
+
+    `x_{bk + j} = W Kbar^j z_b + bias` with `z_b` the latent at the start of block `b`:
+    the table `W Kbar^j` (`(k, d, n)`, built with `k` products of size `d x n x n`)
+    turns every step into an `O(d n)` product instead of `O(n^2)`, and only block ends
+    need the latent (`phi(x)` with reencoding, `Kbar^k z_b` by repeated squaring without).
+    """
+    reencode, block, num_blocks = _blocks(steps, reencode_every)
+    Kbar, _ = model.dynamics.discretize()
+
+    def grow(r, _):
+        r = r @ Kbar
+        return r, r
+
+    # W Kbar^1 .. W Kbar^block: `block` small (d, n) @ (n, n) products.
+    _, readout = jax.lax.scan(grow, model.decoder.normalized_weight(), None, length=block)
+    readout = readout.reshape(-1, model.latent_dim)
+    bias = model.decoder.bias
+    jump = None if reencode else jnp.linalg.matrix_power(Kbar, block)
+
+    def body(z, _):
+        xs = (readout @ z).reshape(block, -1) + bias
+        z_next = model.encode(xs[-1]) if reencode else jump @ z
+        return z_next, xs
+
+    _, xs = jax.lax.scan(body, z0, None, length=num_blocks)
+    return xs.reshape(num_blocks * block, -1)[:steps]
+
+
 def _latent_rollout(
     model: KoopmanAutoencoder,
     z0: Array,
@@ -86,12 +133,7 @@ def _latent_rollout(
     block ends with `z <- phi(psi(z))`. Inside a block the linear recurrence is evaluated
     in parallel from a table of powers of `Kbar`; the blocks follow each other in a scan.
     """
-    reencode = reencode_every is not None and reencode_every < steps
-    if reencode:
-        block = reencode_every
-    else:
-        block = min(steps, _MAX_CHUNK)
-    num_blocks = -(-steps // block)
+    reencode, block, num_blocks = _blocks(steps, reencode_every)
     pad = num_blocks * block - steps
     if vs is not None:
         vs = jnp.concatenate([vs, jnp.zeros((pad, vs.shape[1]), vs.dtype)])
@@ -143,6 +185,16 @@ def _check_reencode(reencode_every: int | None) -> None:
         )
 
 
+def _check_unroll(model, x0, actions, steps, reencode_every, method) -> Array:
+    _check_reencode(reencode_every)
+    if steps <= 0:
+        raise ValueError(f"steps={steps} must be positive")
+    if method not in _METHODS:
+        raise ValueError(f"method={method!r} is not one of {_METHODS}")
+    _check_actions(model, actions, steps)
+    return _check_x0(model, x0)
+
+
 def _encode_actions(model: KoopmanAutoencoder, actions: Array | None) -> Array | None:
     return None if actions is None else jax.vmap(model.encode_action)(actions)
 
@@ -161,13 +213,7 @@ def unroll_latents(
     Latents at reencoding steps are the ones *before* reencoding (those that are
     decoded). Same arguments as [`unroll`][lineax_seq.unroll]; used by the losses.
     """
-    _check_reencode(reencode_every)
-    if steps <= 0:
-        raise ValueError(f"steps={steps} must be positive")
-    if method not in _METHODS:
-        raise ValueError(f"method={method!r} is not one of {_METHODS}")
-    _check_actions(model, actions, steps)
-    x0 = _check_x0(model, x0)
+    x0 = _check_unroll(model, x0, actions, steps, reencode_every, method)
     vs = _encode_actions(model, actions)
     return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
 
@@ -189,8 +235,10 @@ def unroll(
     re-encoded, `z <- phi(psi(z))` (periodic reencoding; `k = 1` reencodes every step;
     `None`, or `k >= steps`, never reencodes). For linear dynamics the `k` steps between
     reencodings are computed in parallel (`method="parallel"`: a table of powers of
-    `Kbar` and an associative scan for the control inputs); `method="sequential"` is the
-    plain step-by-step `lax.scan` (same result, for reference and benchmarks).
+    `Kbar` and an associative scan for the control inputs; with the linear decoder and no
+    controls the decoder is folded into the table, `x_{j} = (W Kbar^j) z_0 + b`, so a
+    step costs `O(state_dim * latent_dim)`); `method="sequential"` is the plain
+    step-by-step `lax.scan` (same result, for reference and benchmarks).
 
     An [`MLPBaseline`][lineax_seq.MLPBaseline] is unrolled autoregressively
     (`reencode_every` must then be `None`). Batch over initial conditions with
@@ -218,10 +266,7 @@ def unroll(
                 f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
                 "(it has no latent space): pass None"
             )
-        if steps <= 0:
-            raise ValueError(f"steps={steps} must be positive")
-        _check_actions(model, actions, steps)
-        x0 = _check_x0(model, x0)
+        x0 = _check_unroll(model, x0, actions, steps, None, method)
 
         def one(x, u):
             x = model(x, u)
@@ -229,36 +274,70 @@ def unroll(
 
         _, xs = jax.lax.scan(one, x0, actions, length=steps)
         return xs
+    if (
+        method == "parallel"
+        and actions is None
+        and model.is_linear
+        and isinstance(model.decoder, UnitNormLinear)
+    ):
+        # Decoding fused into the powers of Kbar: O(d n) per step.
+        x0 = _check_unroll(model, x0, actions, steps, reencode_every, method)
+        return _readout_rollout(model, model.encode(x0), steps, reencode_every)
     zs = unroll_latents(
         model, x0, actions, steps=steps, reencode_every=reencode_every, method=method
     )
     return jax.vmap(model.decode)(zs)
 
 
-def _segments(ts: Array, reencode_dt: float | None, num_segments: int | None) -> int:
+def _segments(
+    ts_host: np.ndarray | None, reencode_dt: float | None, num_segments: int | None
+) -> int:
     if num_segments is not None:
         if num_segments <= 0:
             raise ValueError(f"num_segments={num_segments} must be positive")
         return num_segments
     if reencode_dt is None:
         return 1
-    if isinstance(ts, jax.core.Tracer):
+    if ts_host is None:
         raise ValueError(
-            "with a traced ts (inside jit), pass num_segments="
+            "with a traced ts (a jit argument), pass num_segments="
             "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
         )
-    span = float(ts[-1] - ts[0])
+    span = float(ts_host[-1] - ts_host[0])
     return max(1, math.ceil(span / reencode_dt - 1e-6))
 
 
-def _check_ts(ts: Array) -> Array:
+def _reencoding_grid(ts, reencode_dt: float | None, num: int):
+    """Reencoding times `taus` `(num + 1,)` and the segment of every output time.
+
+    Works on host arrays (`np`) or traced ones (`jnp`) alike.
+    """
+    xp = np if isinstance(ts, np.ndarray) else jnp
+    if reencode_dt is None:
+        return xp.stack([ts[0], ts[-1]]), xp.zeros(ts.shape, np.int32)
+    taus = xp.minimum(ts[0] + reencode_dt * xp.arange(num + 1, dtype=ts.dtype), ts[-1])
+    taus = xp.concatenate([taus[:-1], ts[-1:]])
+    # t in (tau_j, tau_{j+1}] belongs to segment j; the tolerance keeps grid points that
+    # equal a reencoding time in the segment that ends there.
+    seg = xp.ceil((ts - ts[0]) / reencode_dt - 1e-4).astype(np.int32) - 1
+    return taus, xp.clip(seg, 0, num - 1)
+
+
+def _distinct(values: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """`(distinct, index)` with `values == distinct[index]` up to float32 rounding of times
+    of magnitude `scale`."""
+    keys = np.round(values / (max(scale, 1.0) * 2 * float(np.finfo(np.float32).eps)))
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return values[first], inverse.reshape(-1)
+
+
+def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
     if ts.shape[0] < 1:
         raise ValueError("ts must contain at least one time")
-    bad = jnp.any(ts[1:] <= ts[:-1])
-    if isinstance(ts, jax.core.Tracer):
-        return eqx.error_if(ts, bad, "ts must be strictly increasing")
-    if bool(bad):
-        raise ValueError(f"ts must be strictly increasing, got {ts}")
+    if host is None:
+        return eqx.error_if(ts, jnp.any(ts[1:] <= ts[:-1]), "ts must be strictly increasing")
+    if np.any(host[1:] <= host[:-1]):
+        raise ValueError(f"ts must be strictly increasing, got {host}")
     return ts
 
 
@@ -289,8 +368,10 @@ def unroll_continuous(
     recursive checkpointing), so models can be trained through it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
-    `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. Autonomous
-    models only (`action_dim == 0`).
+    `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
+    `ts` (outside `jit`, or closed over) one exponential is computed per distinct offset
+    `t - tau_j` (`k + 1` for a uniform grid reencoded every `k` points); with traced `ts`
+    one per output time. Autonomous models only (`action_dim == 0`).
 
     **Arguments:**
 
@@ -320,26 +401,29 @@ def unroll_continuous(
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
     x0 = _check_x0(model, x0)
-    ts = _check_ts(ts)
-    num = _segments(ts, reencode_dt, num_segments)
-    t_first, t_last = ts[0], ts[-1]
-    if reencode_dt is None:
-        taus = jnp.stack([t_first, t_last])
-        seg = jnp.zeros(ts.shape, jnp.int32)
+    ts_host = _concrete(ts)
+    ts = _check_ts(ts, ts_host)
+    num = _segments(ts_host, reencode_dt, num_segments)
+    if ts_host is None:
+        taus, seg = _reencoding_grid(ts, reencode_dt, num)
     else:
-        taus = jnp.minimum(t_first + reencode_dt * jnp.arange(num + 1, dtype=ts.dtype), t_last)
-        taus = taus.at[-1].set(t_last)
-        # t in (tau_j, tau_{j+1}] belongs to segment j; the tolerance keeps grid points that
-        # equal a reencoding time in the segment that ends there.
-        seg = jnp.ceil((ts - t_first) / reencode_dt - 1e-4).astype(jnp.int32) - 1
-        seg = jnp.clip(seg, 0, num - 1)
+        host_taus, host_seg = _reencoding_grid(ts_host.astype(np.float64), reencode_dt, num)
+        taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
 
     if exact:
-        # Independent of the state: one exponential per output time and per segment.
         generator = model.dynamics.generator()
-        offsets = ts - taus[seg]
-        flows = jax.vmap(lambda s: jsl.expm(s * generator))(offsets)
-        jumps = jax.vmap(lambda s: jsl.expm(s * generator))(taus[1:] - taus[:-1])
+        expm = jax.vmap(lambda s: jsl.expm(s * generator))
+        if ts_host is None:
+            # One exponential per output time and per segment.
+            offsets = ts - taus[seg]
+            jumps = expm(taus[1:] - taus[:-1])
+        else:
+            # One per distinct offset: k + 1 on a uniform grid reencoded every k points.
+            scale = float(np.max(np.abs(ts_host)))
+            host_offsets, index = _distinct(ts_host - host_taus[host_seg], scale)
+            offsets = jnp.asarray(host_offsets, ts.dtype)
+            steps, jump_index = _distinct(np.diff(host_taus), scale)
+            jumps = expm(jnp.asarray(steps, ts.dtype))[jump_index]
 
         def advance(z, jump):
             z_end = jump @ z
@@ -347,8 +431,12 @@ def unroll_continuous(
             return z_next, z
 
         _, starts = jax.lax.scan(advance, model.encode(x0), jumps, length=num)
-        z_at_ts = jnp.einsum("tij,tj->ti", flows, starts[seg])
-        return jax.vmap(model.decode)(z_at_ts)
+        # z(ts[i]) = exp(offset_i K) z(tau_seg[i]).
+        if ts_host is None:
+            zs = jnp.einsum("tij,tj->ti", expm(offsets), starts[seg])
+        else:
+            zs = jnp.einsum("uij,sj->usi", expm(offsets), starts)[index, seg]
+        return jax.vmap(model.decode)(zs)
 
     term = diffrax.ODETerm(lambda t, z, args: model.dynamics.vector_field(z))
     solver = diffrax.Tsit5() if solver is None else solver
