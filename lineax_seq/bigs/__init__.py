@@ -38,8 +38,8 @@ Heads
 * [`lineax_seq.masked_mean`][]`(x: (L, d), mask=None) -> (d,)`.
 """
 
-import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ._encoder import BIGS_CONFIGS, BiGS
 from ._heads import (
@@ -54,18 +54,29 @@ from ._ssm import DirectionalSSM
 
 
 def count_parameters(tree) -> int:
-    """Number of array elements (parameters) in a PyTree, e.g. a model or a layer.
+    """Number of parameters (floating-point array elements) in a PyTree.
+
+    Works on concrete models and on abstract ones, e.g.
+    `count_parameters(eqx.filter_eval_shape(lambda: BiGS.from_config("bigs-large", key=k)))`
+    counts BiGS-Large without allocating it.
 
     **Arguments:**
 
-    - `tree`: any PyTree (Equinox module).
+    - `tree`: any PyTree (an Equinox module), with arrays or `jax.ShapeDtypeStruct`s.
 
     **Returns:**
 
-    The total number of elements of its inexact arrays.
+    The total number of elements of its floating-point (or complex) leaves.
     """
-    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
-    return int(sum(leaf.size for leaf in leaves))
+    leaves = jax.tree.leaves(tree)
+    return int(
+        sum(
+            leaf.size
+            for leaf in leaves
+            if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+            and jnp.issubdtype(leaf.dtype, jnp.inexact)
+        )
+    )
 
 
 __all__ = [

@@ -1,0 +1,414 @@
+"""BiGS layers, encoder and heads: oracles against the paper's equations, padding
+exactness, the four ablation variants, heads, checkpoints, lengths and bad inputs.
+
+Compile time dominates, so every module is built (and perturbed) in one jitted
+fixture, and each test compiles one function."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+import pytest
+from jax.test_util import check_grads
+
+import lineax_seq as ls
+from lineax_seq.bigs import _ssm
+
+VARIANTS = ["gated/ssm", "stack/ssm", "gated/attention", "stack/attention"]
+VOCAB, DIM = 50, 16
+
+# ----------------------------------------------------------------- slow references
+
+
+def f64(a):
+    return np.asarray(a, np.float64)
+
+
+def ref_ln(norm, x):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + norm.eps) * f64(norm.weight) + f64(norm.bias)
+
+
+def ref_gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def ref_dense(lin, x):
+    return x @ f64(lin.weight).T + (0 if lin.bias is None else f64(lin.bias))
+
+
+def ref_kernel(ssm, length):
+    """K[c, l] = 2 Re(sum_n CB[c, n] Abar[c, n]^l), from the discretised system."""
+    abar, cb = ssm.kernel_fn.discretize()
+    abar, cb = np.asarray(abar, np.complex128), np.asarray(cb, np.complex128)
+    powers = abar[:, :, None] ** np.arange(length)[None, None, :]
+    return 2 * np.real(np.einsum("cn,cnl->cl", cb, powers))
+
+
+def ref_ssm(ssm, u):
+    """The paper's SSM(u): causal, y[t] = sum_{j <= t} K[t - j] u[j] + D u[t] (a loop)."""
+    length, dim = u.shape
+    k = np.broadcast_to(ref_kernel(ssm, length), (dim, length))
+    y = np.zeros_like(u)
+    for t in range(length):
+        for j in range(t + 1):
+            y[t] += k[:, t - j] * u[j]
+    return y + f64(ssm.d) * u
+
+
+def ref_attention(mha, x):
+    """Softmax self-attention over all positions, heads concatenated, optional W_o."""
+    heads, hd = mha.num_heads, mha.head_dim
+    split = lambda a: a.reshape(a.shape[0], heads, hd).transpose(1, 0, 2)
+    q, k, v = (split(ref_dense(p, x)) for p in (mha.query_proj, mha.key_proj, mha.value_proj))
+    logits = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    o = ((p / p.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(x.shape[0], -1)
+    return o if mha.output_proj is None else ref_dense(mha.output_proj, o)
+
+
+def ref_route(routing, x):
+    return (
+        ref_attention(routing, x)
+        if isinstance(routing, ls.MultiHeadAttention)
+        else (ref_ssm(routing, x))
+    )
+
+
+def ref_gated(layer, x):
+    """Section 3 of the paper, with explicit Flips (the module never flips)."""
+    flip = lambda a: a[::-1]
+    h = ref_ln(layer.norm, x)
+    v = ref_gelu(ref_dense(layer.v_proj, h))
+    f = ref_gelu(ref_dense(layer.f_proj, h))
+    b = ref_gelu(ref_dense(layer.b_proj, flip(h)))
+    u1 = ref_dense(layer.u1_proj, ref_route(layer.forward_routing, f))
+    u2 = ref_dense(layer.u2_proj, ref_route(layer.backward_routing, b))
+    u = ref_gelu(ref_dense(layer.u_proj, u1 * flip(u2)))
+    return x + ref_dense(layer.out_proj, u * v)
+
+
+def ref_stack(layer, x):
+    """STACK/SSM (forward block, then Flip . SSM . Flip block) or BERT, then the MLP."""
+    if layer.routing == "ssm":
+        fwd, bwd = layer.routing_blocks
+        h = ref_dense(fwd.in_proj, ref_ln(fwd.norm, x))
+        x = x + ref_dense(fwd.out_proj, ref_gelu(ref_ssm(fwd.ssm, h)))
+        h = ref_dense(bwd.in_proj, ref_ln(bwd.norm, x))
+        x = x + ref_dense(bwd.out_proj, ref_gelu(ref_ssm(bwd.ssm, h[::-1])[::-1]))
+    else:
+        (block,) = layer.routing_blocks
+        x = x + ref_attention(block.attention, ref_ln(block.norm, x))
+    h = ref_gelu(ref_dense(layer.mlp_in, ref_ln(layer.mlp_norm, x)))
+    return x + ref_dense(layer.mlp_out, h)
+
+
+# ----------------------------------------------------------------------- fixtures
+
+
+def _random_params(abstract, seed, scale=0.3):
+    """Materialise an abstract module (`eqx.filter_eval_shape`) with random weights.
+
+    Compiling the constructors costs seconds per model on CPU, and BERT's 0.02 init
+    makes a layer almost the identity (weak oracle and padding tests): every float
+    leaf is `N(0, scale^2)`, except the S4D ones, which get a stable, long-memory
+    system (`A = -1/2 + i pi n` perturbed, `dt` in `[1e-3, 1e-1]`, `B` near 1)."""
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            return leaf
+        noise = scale * rng.standard_normal(leaf.shape)
+        name = getattr(path[-1], "name", None)
+        if name == "log_neg_real_a":
+            noise += np.log(0.5)
+        elif name == "imag_a":
+            noise += np.pi * np.arange(leaf.shape[-1])
+        elif name == "b_real":
+            noise += 1.0
+        elif name == "log_dt":
+            noise = rng.uniform(np.log(1e-3), np.log(1e-1), leaf.shape)
+        return jnp.asarray(noise, leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+@pytest.fixture(scope="module")
+def mods():
+    """Every module of the file, with random weights (see `_random_params`)."""
+    makers = dict(
+        gated=lambda k: ls.GatedLayer(8, inner_dim=20, key=k),
+        gated_att=lambda k: ls.GatedLayer(8, inner_dim=12, routing="attention", num_heads=2, key=k),
+        stack_ssm=lambda k: ls.StackLayer(8, routing="ssm", key=k),
+        bert=lambda k: ls.StackLayer(8, routing="attention", num_heads=2, key=k),
+        fwd=lambda k: ls.DirectionalSSM(5, key=k),
+        bwd=lambda k: ls.DirectionalSSM(5, reverse=True, kernel="per_channel", key=k),
+        cls=lambda k: ls.SequenceClassificationHead(DIM, 3, key=k),
+        span=lambda k: ls.SpanExtractionHead(DIM, key=k),
+        mc=lambda k: ls.MultipleChoiceHead(DIM, key=k),
+        mlm=lambda k: ls.MaskedLMHead(DIM, VOCAB, key=k),
+    )
+    for v in VARIANTS:
+        a, r = v.split("/")
+        makers[v] = lambda k, a=a, r=r: ls.BiGS(
+            VOCAB, DIM, 2, architecture=a, routing=r, num_heads=2, key=k
+        )
+    return {
+        name: _random_params(eqx.filter_eval_shape(make, jr.key(0)), seed)
+        for seed, (name, make) in enumerate(makers.items())
+    }
+
+
+@eqx.filter_jit
+def encode(model, tokens, mask=None):
+    return model(tokens, mask, inference=True)
+
+
+# ----------------------------------------------------------------------- oracles
+
+
+def test_layers_match_paper_equations(mods, getkey):
+    """GATED/SSM (= BiGS), GATED/ATT, STACK/SSM and BERT against the equations."""
+    names = ("gated", "gated_att", "stack_ssm", "bert")
+    x = jr.normal(getkey(), (11, 8))
+    got = eqx.filter_jit(lambda ls_, x: [layer(x) for layer in ls_])([mods[n] for n in names], x)
+    refs = (ref_gated, ref_gated, ref_stack, ref_stack)
+    for name, ref, out in zip(names, refs, got, strict=True):
+        np.testing.assert_allclose(out, ref(mods[name], f64(x)), atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("length", [9, _ssm.TOEPLITZ_MAX_LENGTH + 13])
+def test_directional_ssm_matches_loop(mods, length, getkey):
+    """Both convolution paths (Toeplitz product when short, FFT when long), shared and
+    per-channel kernels, forward = SSM and backward = Flip . SSM . Flip."""
+    u = jr.normal(getkey(), (length, 5))
+    fwd, bwd = eqx.filter_jit(lambda a, b, u: (a(u), b(u)))(mods["fwd"], mods["bwd"], u)
+    u64 = f64(u)
+    np.testing.assert_allclose(fwd, ref_ssm(mods["fwd"], u64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(bwd, ref_ssm(mods["bwd"], u64[::-1])[::-1], rtol=1e-4, atol=1e-4)
+
+
+def test_directional_ssm_gradients(mods, getkey):
+    """Through the Toeplitz gather and the kernel's parameters."""
+    ssm = mods["fwd"]
+    set_c = lambda c: eqx.tree_at(lambda s: s.kernel_fn.c_real, ssm, c)
+    f = jax.jit(lambda u, c: set_c(c)(u))
+    u = jr.normal(getkey(), (7, 5))
+    check_grads(f, (u, ssm.kernel_fn.c_real), order=1, modes=("rev",), atol=5e-2, rtol=5e-2)
+
+
+# -------------------------------------------------------------------- the encoder
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_invariance(mods, variant):
+    """Real positions ignore the content (bitwise) and the amount (to rounding: the
+    matrix sizes differ) of trailing padding; a model without the mask would not."""
+    model = mods[variant]
+    n = 9
+    real = jr.randint(jr.key(3), (n,), 0, VOCAB)
+    pads = jr.randint(jr.key(4), (2, 21), 0, VOCAB)
+    tokens = jnp.concatenate([jnp.stack([real, real]), pads], axis=1)  # (2, 30)
+
+    @jax.jit
+    def run(tokens):
+        unpadded = model(tokens[0, :n], inference=True)
+        mask = jnp.arange(30) < n
+        padded = jax.vmap(lambda t: model(t, mask, inference=True))(tokens)
+        short = model(tokens[1, :16], mask[:16], inference=True)
+        leaky = jax.vmap(lambda t: model(t, inference=True))(tokens)
+        return unpadded, padded, short, leaky
+
+    unpadded, padded, short, leaky = run(tokens)
+    np.testing.assert_array_equal(padded[0, :n], padded[1, :n])  # content: exact
+    np.testing.assert_allclose(padded[0, :n], unpadded, rtol=0, atol=1e-5)  # amount 21
+    np.testing.assert_allclose(short[:n], unpadded, rtol=0, atol=1e-5)  # amount 7
+    assert jnp.all(padded[:, n:] == 0) and jnp.all(short[n:] == 0)
+    # Sanity check that the test can fail: unmasked, the pads change real outputs.
+    assert float(jnp.max(jnp.abs(leaky[0, :n] - leaky[1, :n]))) > 1e-3
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_train_one_step(mods, variant):
+    model, head = mods[variant], mods["mlm"]
+    tokens = jr.randint(jr.key(1), (2, 12), 0, VOCAB)
+    mask = jnp.arange(12)[None] < jnp.array([[12], [8]])
+
+    def loss_fn(params, key):
+        enc, head = params
+        keys = jr.split(key, 2)
+        h = jax.vmap(lambda t, m, k: enc(t, m, key=k))(tokens, mask, keys)
+        logits = jax.vmap(head, in_axes=(0, None))(h, enc.token_embedding.weight)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
+        return jnp.sum(jnp.where(mask, ce, 0)) / jnp.sum(mask).astype(ce.dtype)
+
+    params = (model, head)
+    opt = optax.adam(1e-3)
+
+    @eqx.filter_jit
+    def step(params, state, key):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(params, key)
+        updates, state = opt.update(grads, state)
+        return eqx.apply_updates(params, updates), state, loss
+
+    key = jr.key(2, impl="unsafe_rbg")  # dropout masks; the default PRNG compiles slowly
+    with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes dtypes
+        state = opt.init(eqx.filter(params, eqx.is_inexact_array))
+        params, state, loss0 = step(params, state, key)
+        _, _, loss1 = step(params, state, key)
+    assert jnp.isfinite(loss0) and loss1 < loss0
+
+
+def test_lengths_128_and_4096_same_weights(mods):
+    """The same weights at 128 and 4,096 tokens (the FFT path); padding exact there too."""
+    model = mods["gated/ssm"]
+    tokens = jr.randint(jr.key(0), (4096,), 0, VOCAB)
+    short = encode(model, tokens[:128])
+    long = encode(model, tokens, jnp.arange(4096) < 128)
+    assert long.shape == (4096, DIM) and jnp.all(jnp.isfinite(long))
+    np.testing.assert_allclose(long[:128], short, rtol=1e-4, atol=1e-4)
+    assert jnp.all(long[128:] == 0)
+
+
+def test_kernels(mods):
+    model = mods["gated/ssm"]
+    ks, (fwd, bwd) = eqx.filter_jit(lambda m: (m.kernels(21), m.layer(1).kernels(21)))(model)
+    assert ks.shape == (2, 2, 1, 21)
+    np.testing.assert_allclose(ks[1, 0], fwd, atol=1e-6)
+    np.testing.assert_allclose(ks[1, 1], bwd, atol=1e-6)
+    np.testing.assert_allclose(fwd[0], ref_kernel(model.layer(1).forward_routing, 21)[0], atol=1e-5)
+    with pytest.raises(ValueError, match="routing='ssm'"):
+        mods["stack/attention"].kernels(4)
+
+
+def test_checkpoint_round_trip(mods, tmp_path):
+    """Save a model, rebuild a fresh one from its config (real initialisation), load."""
+    model = mods["gated/ssm"]
+    path = tmp_path / "bigs.eqx"
+    eqx.tree_serialise_leaves(path, model)
+    fresh = eqx.filter_jit(lambda k: ls.BiGS(**model.config(), key=k))(
+        jr.key(99, impl="unsafe_rbg")
+    )
+    loaded = eqx.tree_deserialise_leaves(path, fresh)
+    tokens = jnp.arange(9) % VOCAB
+    np.testing.assert_array_equal(encode(loaded, tokens), encode(model, tokens))
+    assert jnp.all(jnp.isfinite(encode(fresh, tokens)))
+
+
+# ------------------------------------------------------------------------- heads
+
+
+def test_heads_shapes_and_real_token_pooling(mods, getkey):
+    x = jr.normal(getkey(), (10, DIM))
+    mask = jnp.arange(10) < 6
+    garbage = x.at[6:].set(100.0)
+    emb = jr.normal(getkey(), (VOCAB, DIM))
+    cls, span, mc, mlm = (mods[n] for n in ("cls", "span", "mc", "mlm"))
+
+    @eqx.filter_jit
+    def run(cls, span, mc, mlm):
+        out = cls(x, mask, inference=True)
+        return dict(
+            cls=out,
+            cls_garbage=cls(garbage, mask, inference=True),
+            cls_short=cls(x[:6], inference=True),
+            span=span(x, mask),
+            mc=mc(jnp.stack([x, garbage, -x]), jnp.stack([mask] * 3), inference=True),
+            mc_single=mc.scorer(x, mask, inference=True),
+            mlm=mlm(x, emb),
+        )
+
+    r = run(cls, span, mc, mlm)
+    assert r["cls"].shape == (3,)
+    np.testing.assert_allclose(r["cls_garbage"], r["cls"], atol=1e-6)
+    np.testing.assert_allclose(r["cls_short"], r["cls"], atol=1e-6)
+    pooled = np.tanh(ref_dense(cls.pooler, f64(x[:6]).mean(0)))
+    np.testing.assert_allclose(r["cls"], ref_dense(cls.classifier, pooled), atol=1e-5)
+
+    start, end = r["span"]
+    assert start.shape == end.shape == (10,)
+    assert jnp.all(start[6:] == jnp.finfo(jnp.float32).min) and jnp.all(start[:6] > -1e3)
+    want = ref_dense(span.proj, f64(x[:6]))
+    np.testing.assert_allclose(jnp.stack([start, end], -1)[:6], want, atol=1e-5)
+
+    assert r["mc"].shape == (3,)
+    np.testing.assert_allclose(r["mc"][0], r["mc"][1], atol=1e-6)
+    np.testing.assert_allclose(r["mc"][0], r["mc_single"][0], atol=1e-6)
+
+    assert r["mlm"].shape == (10, VOCAB)
+    h = ref_ln(mlm.norm, ref_gelu(ref_dense(mlm.transform, f64(x))))
+    np.testing.assert_allclose(r["mlm"], h @ f64(emb).T + f64(mlm.bias), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def _count(make):
+    return ls.count_parameters(eqx.filter_eval_shape(make))
+
+
+@pytest.mark.parametrize(
+    "architecture, routing, per_d2",
+    [
+        ("gated", "ssm", 13),
+        ("stack", "ssm", 12),
+        ("stack", "attention", 12),
+        ("gated", "attention", 19),
+    ],
+)
+def test_per_layer_parameter_count(architecture, routing, per_d2):
+    """Paper, section 3: ~13 d^2 per GATED/SSM layer vs ~12 d^2 per STACK layer."""
+    d = 256
+    make = lambda: ls.BiGS(10, d, 1, architecture=architecture, routing=routing, key=jr.key(0))
+    count = ls.count_parameters(eqx.filter_eval_shape(make).layers)
+    assert abs(count / d**2 - per_d2) < 0.1
+
+
+def test_named_config_sizes():
+    sizes = {
+        name: _count(lambda n=name: ls.BiGS.from_config(n, key=jr.key(0)))
+        for name in ("bigs-large", "bigs-12", "bert-large")
+    }
+    assert 3.3e8 < sizes["bigs-large"] < 3.6e8  # paper: ~350M
+    assert 1.1e8 < sizes["bigs-12"] < 1.25e8  # paper: 119M
+    assert 3.2e8 < sizes["bert-large"] < 3.45e8  # BERT-Large: ~335M
+    model = eqx.filter_eval_shape(lambda: ls.BiGS.from_config("bigs-large", key=jr.key(0)))
+    assert model.layers.v_proj.weight.shape == (23, 3072, 1024)
+    assert model.config()["num_layers"] == 23
+
+
+# ------------------------------------------------------------------ bad inputs
+
+
+def test_bad_inputs(mods):
+    model = mods["gated/ssm"]
+    tokens = jnp.arange(9)
+    with pytest.raises(Exception, match="mask"):
+        encode(model, tokens, jnp.ones(7, bool))
+    with pytest.raises(Exception, match=r"ids must be in \[0, vocab_size=50\)"):
+        encode(model, tokens.at[3].set(VOCAB))
+    with pytest.raises(Exception, match=r"vocab_size=50"):
+        encode(model, tokens.at[0].set(-1))
+    with pytest.raises(ValueError, match="length 0"):
+        encode(model, jnp.zeros((0,), jnp.int32))
+    with pytest.raises(ValueError, match="key is required"):
+        model(tokens)
+    with pytest.raises(ValueError, match="num_token_types=0"):
+        model(tokens, token_types=jnp.zeros(9, jnp.int32), inference=True)
+    # Under pytest's jaxtyping hook a wrong Literal is a TypeCheckError, else ValueError.
+    with pytest.raises(Exception, match="routing"):
+        ls.BiGS(10, 8, 1, routing="conv", key=jr.key(0))
+    with pytest.raises(Exception, match="architecture"):
+        ls.BiGS(10, 8, 1, architecture="parallel", key=jr.key(0))
+    with pytest.raises(Exception, match="kernel"):
+        ls.GatedLayer(8, kernel="diagonal", key=jr.key(0))
+    with pytest.raises(ValueError, match="name must be one of"):
+        ls.BiGS.from_config("bigs-huge", key=jr.key(0))
+    bert = eqx.filter_eval_shape(
+        lambda: ls.BiGS(10, 8, 1, routing="attention", max_length=4, key=jr.key(0))
+    )
+    with pytest.raises(ValueError, match="max_length=4"):
+        eqx.filter_eval_shape(lambda m: m(jnp.arange(5), inference=True), bert)
