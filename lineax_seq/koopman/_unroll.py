@@ -331,6 +331,23 @@ def _distinct(values: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]
     return values[first], inverse.reshape(-1)
 
 
+def _segment_times(
+    taus: np.ndarray, seg: np.ndarray, ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment, its output times padded with its end time, then the end time.
+
+    Returns `save_ts` `(num, width + 1)` and the position of every `ts[i]` in the row of
+    its segment.
+    """
+    num = taus.shape[0] - 1
+    counts = np.bincount(seg, minlength=num)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(ts.shape[0]) - first[seg]
+    save_ts = np.repeat(taus[1:, None], int(counts.max()) + 1, axis=1)
+    save_ts[seg, position] = ts
+    return save_ts, position
+
+
 def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
     if ts.shape[0] < 1:
         raise ValueError("ts must contain at least one time")
@@ -446,8 +463,18 @@ def unroll_continuous(
     if progress_meter is not None:
         extra["progress_meter"] = progress_meter
 
-    def segment(z, bounds):
-        t0, t1 = bounds
+    if ts_host is None:
+        # Every segment saves at all of ts, clipped into it (shapes cannot depend on ts).
+        save_ts = jax.vmap(lambda t0, t1: jnp.clip(ts, t0, t1))(taus[:-1], taus[1:])
+        position = jnp.arange(ts.shape[0])
+    else:
+        # Each segment saves only at its own times (padded), then at its end.
+        save_ts, host_position = _segment_times(host_taus, host_seg, ts_host)
+        save_ts = jnp.clip(jnp.asarray(save_ts, ts.dtype), taus[:-1, None], taus[1:, None])
+        position = jnp.asarray(host_position)
+
+    def segment(z, inputs):
+        t0, t1, saves = inputs
         sol = diffrax.diffeqsolve(
             term,
             solver,
@@ -455,8 +482,8 @@ def unroll_continuous(
             t1=t1,
             dt0=dt0,
             y0=z,
-            # The last clipped time is t1 itself, so zs[-1] is the segment's end.
-            saveat=diffrax.SaveAt(ts=jnp.clip(ts, t0, t1)),
+            # The last save time is t1 itself, so zs[-1] is the segment's end.
+            saveat=diffrax.SaveAt(ts=saves),
             stepsize_controller=stepsize_controller,
             max_steps=max_steps,
             **extra,
@@ -466,7 +493,6 @@ def unroll_continuous(
         z_next = model.encode(model.decode(z_end)) if reencode_dt is not None else z_end
         return z_next, zs
 
-    bounds = (taus[:-1], taus[1:])
-    _, zs = jax.lax.scan(segment, model.encode(x0), bounds, length=num)
-    z_at_ts = zs[seg, jnp.arange(ts.shape[0])]
+    _, zs = jax.lax.scan(segment, model.encode(x0), (taus[:-1], taus[1:], save_ts), length=num)
+    z_at_ts = zs[seg, position]
     return jax.vmap(model.decode)(z_at_ts)
