@@ -91,14 +91,22 @@ def _windows(xs: np.ndarray, window: int) -> np.ndarray:
     return xs[:, idx].reshape(-1, window + 1, d)
 
 
-def build_model(kind, state_dim: int, dt: float, *, latent: int, width: int, key):
-    """A Koopman variant `(dynamics, decoder)` or the MLP baseline (`kind == "baseline"`)."""
+def build_model(
+    kind, state_dim: int, dt: float, *, latent: int, width: int, k_scale: float = 1.0, key
+):
+    """A Koopman variant `(dynamics, decoder)` or the MLP baseline (`kind == "baseline"`).
+
+    `k_scale` rescales the initial Koopman generator `K` (`N(0, 1/n)` entries by default).
+    """
     if kind == "baseline":
         return ls.MLPBaseline(state_dim, width=width, layers=4, key=key)
     dynamics, decoder = kind
-    return ls.KoopmanAutoencoder(
+    model = ls.KoopmanAutoencoder(
         state_dim, latent, decoder=decoder, dynamics=dynamics, width=width, dt=dt, key=key
     )
+    if model.is_linear and k_scale != 1.0:
+        model = eqx.tree_at(lambda m: m.dynamics.K, model, k_scale * model.dynamics.K)
+    return model
 
 
 def _chunk_length(steps: int, limit: int = 250) -> int:
@@ -268,26 +276,44 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     for kind, mkey in zip((*variants, "baseline"), model_keys, strict=True):
         init_key, train_key = jr.split(mkey)
         model = build_model(
-            kind, system.state_dim, system.dt, latent=args.latent, width=args.width, key=init_key
+            kind,
+            system.state_dim,
+            system.dt,
+            latent=args.latent,
+            width=args.width,
+            k_scale=args.k_scale,
+            key=init_key,
         )
         t0 = time.perf_counter()
-        model, history = train_model(
-            model,
-            (train_xs - mean) / std,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            window=args.window,
-            lr=args.lr,
-            dynamics_lr=args.dynamics_lr,
-            weight_decay=args.weight_decay,
-            prediction=args.prediction,
-            key=train_key,
-        )
-        train_s = time.perf_counter() - t0
-        curves, preds = evaluate(
-            model, test_xs, steps=max(horizons), periods=periods, mean=mean, std=std
-        )
         name = BASELINE if kind == "baseline" else LABELS[kind]
+        try:
+            model, history = train_model(
+                model,
+                (train_xs - mean) / std,
+                steps=args.steps,
+                batch_size=args.batch_size,
+                window=args.window,
+                lr=args.lr,
+                dynamics_lr=args.dynamics_lr,
+                weight_decay=args.weight_decay,
+                prediction=args.prediction,
+                key=train_key,
+            )
+        except FloatingPointError as e:
+            # A diverged training counts as exploded (the paper's cross), not as a crash.
+            print(f"  [{system_name}] {name}: {e}", flush=True)
+            model, history = None, [{"loss": math.inf}]
+        train_s = time.perf_counter() - t0
+        if model is None:
+            modes = mode_names(periods, baseline=kind == "baseline")
+            curves = {m: np.full(max(horizons), np.inf) for m in modes}
+            preds = {
+                m: np.full((args.num_test, max(horizons), system.state_dim), np.nan) for m in modes
+            }
+        else:
+            curves, preds = evaluate(
+                model, test_xs, steps=max(horizons), periods=periods, mean=mean, std=std
+            )
         entry = {"train_seconds": train_s, "final_loss": history[-1]["loss"], "horizons": {}}
         for h in horizons:
             if kind == "baseline":
@@ -302,14 +328,12 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
                     "all_k": {str(k): scale * mse_at(curves[f"k={k}"], h) for k in periods},
                 }
         entry["curve"] = {
-            n: [float(v) for v in c[:: max(1, len(c) // 200)]] for n, c in curves.items()
+            n: [float(v) if math.isfinite(v) else None for v in c[:: max(1, len(c) // 200)]]
+            for n, c in curves.items()
         }
         results["variants"][name] = entry
         kept[kind] = (curves, preds)
-        print(
-            f"  [{system_name}] {name}: trained {train_s:.0f} s, loss {entry['final_loss']:.4f}",
-            flush=True,
-        )
+        print(f"  [{system_name}] {name}: {_summary(entry, train_s)}", flush=True)
     figure_kind = variants[0]
     figures = [
         plot_portraits(system_name, test_xs, *kept[figure_kind], periods, out_dir),
@@ -319,6 +343,19 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     results["figures"] = [str(p.name) for p in figures]
     results["seconds"] = time.perf_counter() - start
     return results
+
+
+def _summary(entry: dict, train_s: float) -> str:
+    parts = [f"trained {train_s:.0f} s, loss {entry['final_loss']:.4g}"]
+    for h, cell in entry["horizons"].items():
+        if "mlp" in cell:
+            parts.append(f"@{h}: {_fmt(cell['mlp'])}")
+        else:
+            parts.append(
+                f"@{h}: none {_fmt(cell['none'])}, periodic {_fmt(cell['periodic'])} "
+                f"(k={cell['best_k']})"
+            )
+    return "; ".join(parts)
 
 
 def _fmt(x) -> str:
@@ -490,17 +527,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--horizons", type=_int_list("--horizons"), default=HORIZONS, help="evaluation horizons"
     )
-    parser.add_argument("--steps", type=_positive, default=1500, help="train steps per model")
-    parser.add_argument("--batch-size", type=_positive, default=256)
+    parser.add_argument("--steps", type=_positive, default=800, help="train steps per model")
+    parser.add_argument("--batch-size", type=_positive, default=128)
     parser.add_argument("--window", type=_positive, default=10, help="training window (steps)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="paper: 1e-4 (longer runs)")
-    parser.add_argument("--dynamics-lr", type=float, default=1e-4, help="paper: 1e-5")
+    parser.add_argument("--lr", type=float, default=3e-3, help="paper: 1e-4 (longer runs)")
+    parser.add_argument("--dynamics-lr", type=float, default=3e-3, help="paper: 1e-5")
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument(
-        "--prediction", type=float, default=0.0, help="prediction-loss weight (paper: 0)"
+        "--prediction", type=float, default=1.0, help="prediction-loss weight (paper: 0)"
+    )
+    parser.add_argument(
+        "--k-scale",
+        type=float,
+        default=0.0,
+        help="scale of the initial Koopman generator K (0: Kbar = I; 1: N(0, 1/n) entries)",
     )
     parser.add_argument("--latent", type=_positive, default=128)
-    parser.add_argument("--width", type=_positive, default=128)
+    parser.add_argument("--width", type=_positive, default=64, help="encoder/decoder/MLP width")
     parser.add_argument("--num-train", type=_positive, default=None, help="default 50 (Lorenz 100)")
     parser.add_argument("--train-length", type=_positive, default=500, help="steps per trajectory")
     parser.add_argument("--num-test", type=_positive, default=100, help="fresh initial conditions")
@@ -574,6 +617,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"== {name} ==", flush=True)
         all_results[name] = run_system(name, args, skey, args.out, variants=args.variants)
         print(f"   done in {all_results[name]['seconds']:.0f} s", flush=True)
+        save_results({name: all_results[name]}, args, args.out)  # keep finished systems
     print()
     print(format_table(all_results))
     path = save_results(all_results, args, args.out)
