@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     best: dict[str, dict[int, float]] = {v: {} for v in args.variants}
     memory: dict[str, dict[int, int]] = {v: {} for v in args.variants}
     flops: dict[str, dict[int, float]] = {v: {} for v in args.variants}
+    done: list[int] = []
     for length in lengths:
         x = jr.normal(keys[0], (length, DIM), jnp.float32)
         calls = {}
@@ -135,9 +136,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"peak {memory[variant][length] / 2**20:8.1f} MiB",
                 flush=True,
             )
+        done.append(length)
+        _report(times, best, memory, flops, params, repeats, gemm, done)
 
-    ratios = _ratios(times, lengths)
-    flop_ratios = _ratios(flops, lengths)
+    return 0
+
+
+def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.Path:
+    """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
+    length, so an interrupted long run keeps what it measured)."""
+    ratios = _ratios(times, done)
+    flop_ratios = _ratios(flops, done)
     for name, by_length in ratios.items():
         row = "  ".join(
             f"{length // 1024:>3d}k {r:5.2f}x (FLOPs {flop_ratios[name][length]:4.2f}x)"
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{name:14s} {row}")
 
-    targets = _targets(times, ratios, lengths)
+    targets = _targets(times, ratios, done)
     for name, result in targets.items():
         print(f"target {name}: {result}")
 
@@ -160,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "pass": "forward, jitted, one layer",
             "repeats": repeats,
         },
-        "lengths": lengths,
+        "lengths": done,
         "parameters": params,
         "seconds": {v: {str(k): t for k, t in d.items()} for v, d in times.items()},
         "min_seconds": {v: {str(k): t for k, t in d.items()} for v, d in best.items()},
@@ -176,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     path = save("bst", payload)
-    _plot(times, memory, lengths, path.with_suffix(".png"))
+    _plot(times, memory, done, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
-    return 0
+    return path
 
 
 def _gemm_gflops() -> float:
