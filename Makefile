@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export MPLBACKEND ?= Agg
+export NO_MKDOCS_2_WARNING ?= 1
 
 .PHONY: demo test lint docs bench venv clean
 
