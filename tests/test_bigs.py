@@ -145,7 +145,8 @@ def mods():
         stack_ssm=lambda k: ls.StackLayer(8, routing="ssm", key=k),
         bert=lambda k: ls.StackLayer(8, routing="attention", num_heads=2, key=k),
         fwd=lambda k: ls.DirectionalSSM(5, key=k),
-        bwd=lambda k: ls.DirectionalSSM(5, reverse=True, kernel="per_channel", key=k),
+        bwd=lambda k: ls.DirectionalSSM(5, reverse=True, key=k),
+        bwd_per_channel=lambda k: ls.DirectionalSSM(5, reverse=True, kernel="per_channel", key=k),
         cls=lambda k: ls.SequenceClassificationHead(DIM, 3, key=k),
         span=lambda k: ls.SpanExtractionHead(DIM, key=k),
         mc=lambda k: ls.MultipleChoiceHead(DIM, key=k),
@@ -182,13 +183,36 @@ def test_layers_match_paper_equations(mods, getkey):
 
 @pytest.mark.parametrize("length", [9, _ssm.TOEPLITZ_MAX_LENGTH + 13])
 def test_directional_ssm_matches_loop(mods, length, getkey):
-    """Both convolution paths (Toeplitz product when short, FFT when long), shared and
-    per-channel kernels, forward = SSM and backward = Flip . SSM . Flip."""
+    """Every convolution path: shared kernels by Toeplitz product (short) or by chunks
+    (long, 3 chunks here), per-channel kernels by FFT; forward = SSM and backward =
+    Flip . SSM . Flip."""
+    names = ("fwd", "bwd", "bwd_per_channel")
     u = jr.normal(getkey(), (length, 5))
-    fwd, bwd = eqx.filter_jit(lambda a, b, u: (a(u), b(u)))(mods["fwd"], mods["bwd"], u)
+    got = eqx.filter_jit(lambda ms, u: [m(u) for m in ms])([mods[n] for n in names], u)
     u64 = f64(u)
-    np.testing.assert_allclose(fwd, ref_ssm(mods["fwd"], u64), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(bwd, ref_ssm(mods["bwd"], u64[::-1])[::-1], rtol=1e-4, atol=1e-4)
+    want = (
+        ref_ssm(mods["fwd"], u64),
+        ref_ssm(mods["bwd"], u64[::-1])[::-1],
+        ref_ssm(mods["bwd_per_channel"], u64[::-1])[::-1],
+    )
+    for name, out, ref in zip(names, got, want, strict=True):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_chunked_conv_chunk_sizes(mods, getkey):
+    """The chunked path with several chunk sizes (incl. a ragged last chunk) against
+    the FFT convolution of the same kernels."""
+    fwd, bwd = mods["fwd"], mods["bwd"]
+    u = jr.normal(getkey(), (100, 2, 3))
+    systems = [m.kernel_fn.discretize() for m in (fwd, bwd)]
+    abar = jnp.concatenate([a for a, _ in systems])
+    cb = jnp.concatenate([c for _, c in systems])
+    d = jnp.concatenate([fwd.d, bwd.d])
+    k = jnp.stack([fwd.impulse_response(100), bwd.impulse_response(100)])
+    fft = jnp.stack([ls.fft_conv(u[:, i], k[i]) for i in range(2)], axis=1)
+    for chunk in (7, 32, 100):
+        out = _ssm.chunked_ssm_conv(u, abar, cb, d, chunk=chunk)
+        np.testing.assert_allclose(out, fft, rtol=1e-4, atol=1e-4, err_msg=str(chunk))
 
 
 def test_directional_ssm_gradients(mods, getkey):

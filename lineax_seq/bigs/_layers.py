@@ -10,7 +10,7 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention
-from ._ssm import DirectionalSSM
+from ._ssm import DirectionalSSM, ssm_conv
 
 ROUTINGS = ("ssm", "attention")
 ARCHITECTURES = ("gated", "stack")
@@ -98,9 +98,11 @@ class GatedLayer(eqx.Module):
     X_{i+1} = X_i + Dropout(O)
     ```
 
-    about `13 d^2` parameters for `inner = 3d`. `Flip(SSM_b(Flip(.)))` is computed as
-    one anti-causal convolution (`DirectionalSSM(reverse=True)`), so no array is
-    flipped. With `routing="attention"` each SSM is replaced by bidirectional
+    about `13 d^2` parameters for `inner = 3d`. `Flip(SSM_b(Flip(.)))` is the
+    anti-causal convolution of `DirectionalSSM(reverse=True)`; both directions run in
+    one pass (one batched Toeplitz product up to 256 positions, chunked matrix
+    products above, see [`lineax_seq.DirectionalSSM`][]). With `routing="attention"`
+    each SSM is replaced by bidirectional
     multi-head self-attention (without its own output projection, which `W_u1`/`W_u2`
     already provide; attention is flip-equivariant, so the flips cancel): about
     `19 d^2` parameters.
@@ -192,11 +194,6 @@ class GatedLayer(eqx.Module):
             raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
         return self.forward_routing.kernel(length), self.backward_routing.kernel(length)
 
-    def _route(self, routing, x, mask):
-        if self.routing == "ssm":
-            return routing(x, mask)
-        return routing(x, mask=_key_mask(mask))
-
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
@@ -225,8 +222,18 @@ class GatedLayer(eqx.Module):
         w = jnp.concatenate([self.v_proj.weight, self.f_proj.weight, self.b_proj.weight])
         b = jnp.concatenate([self.v_proj.bias, self.f_proj.bias, self.b_proj.bias])
         v, f, bwd = jnp.split(gelu(h @ w.T + b), [self.inner_dim, self.inner_dim + self.dim], -1)
-        u1 = apply_dense(self.u1_proj, self._route(self.forward_routing, f, mask))
-        u2 = apply_dense(self.u2_proj, self._route(self.backward_routing, bwd, mask))
+        if self.routing == "ssm":
+            # Both SSMs in one pass (one batched Toeplitz / chunked product).
+            fb = jnp.stack([f, bwd], axis=1)
+            if mask is not None:
+                fb = jnp.where(mask[:, None, None], fb, 0)
+            y = ssm_conv(fb, (self.forward_routing, self.backward_routing))
+            y_f, y_b = y[:, 0], y[:, 1]
+        else:
+            y_f = self.forward_routing(f, mask=_key_mask(mask))
+            y_b = self.backward_routing(bwd, mask=_key_mask(mask))
+        u1 = apply_dense(self.u1_proj, y_f)
+        u2 = apply_dense(self.u2_proj, y_b)
         u = gelu(apply_dense(self.u_proj, u1 * u2))
         o = apply_dense(self.out_proj, u * v)
         out = x + self.dropout(o, key=key, inference=inference)

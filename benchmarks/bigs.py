@@ -1,0 +1,407 @@
+"""BiGS vs BERT: FLOPs of BiGS-Large / BERT-Large (the paper's Table 6) and measured
+forward+backward time at equal parameter count.
+
+**FLOPs** (`benchmarks/results/bigs_flops.json`): XLA's cost analysis of one jitted
+forward+backward pass (gradient of a scalar of the encoder's output with respect to
+every parameter), batch 1, for the `"bigs-large"` and `"bert-large"` configurations at
+L = 128, 512, 1024, 4096. Nothing is executed and no parameter is allocated: the
+models are abstract (`eqx.filter_eval_shape`). XLA counts the body of a while loop
+once, and the encoders run their layers with `lax.scan`, so the total is the model's
+count plus `num_layers - 1` times one layer's (verified against an unrolled model in
+`_check_loop_counting`). Also reported: the forward pass alone, and BiGS with the
+FFT convolution at every length (at L <= 256 the shared kernel is applied as a dense
+Toeplitz product, which costs more FLOPs but runs faster).
+
+**Speed** (`benchmarks/results/bigs.json` + `.png`): forward+backward time of
+a BiGS stack (GATED/SSM layers, d 256, inner 768) against a BERT stack of equal
+parameter count (STACK/ATT, d 256, 4 heads, feed-forward 1152, so both layers have
+13 d^2 parameters), batch 8, at L = 128, 512, 1024, 4096, plus ONE BiGS layer at the
+shape of the reference measurements quoted in the issue (jxiw/BiGS Flax layer, batch 8,
+hidden 256, inner 768: 44 / 185 / 349 / 1,475 ms). Competitors are timed in one
+process in interleaved rounds (each once per round, after a compiling warm-up), so
+load on a shared machine hits all alike: times are medians over rounds, ratios are
+ratios of medians. Peak memory is XLA's plan for one call.
+
+    python benchmarks/bigs.py              # FLOPs + speed, L = 128 ... 4096
+    python benchmarks/bigs.py --quick      # smoke run (L = 128, 512; 1 layer)
+    python benchmarks/bigs.py --no-flops   # speed only
+"""
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import compiled_memory, save  # noqa: E402
+
+import lineax_seq as ls  # noqa: E402
+from lineax_seq.bigs import _ssm  # noqa: E402
+
+LENGTHS = (128, 512, 1024, 4096)
+# Paper, Table 6: "FLOPs, batch size 1, forward and backward passes".
+PAPER_FLOPS = {
+    "bigs-large": {128: 8.1e10, 512: 3.2e11, 1024: 6.5e11, 4096: 2.6e12},
+    "bert-large": {128: 7.9e10, 512: 3.4e11, 1024: 7.2e11, 4096: 4.1e12},
+}
+# Issue, section 4: the reference BiGS Flax layer (jxiw/BiGS) and a Flax BERT layer of
+# the same width on the 2-core development machine, forward+backward, one layer,
+# batch 8, hidden 256, inner 768, in ms (BERT at 4k: 3.6 s for the forward alone).
+REFERENCE_BIGS_LAYER_MS = {128: 44.0, 512: 185.0, 1024: 349.0, 4096: 1475.0}
+REFERENCE_BERT_LAYER_MS = {128: 27.0, 512: 182.0, 1024: 532.0}
+
+DIM, INNER, HEADS, BATCH = 256, 768, 4, 8
+BERT_INNER = 1152  # 4 d^2 (attention) + 2 d * 1152 = 13 d^2, the BiGS layer's count
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def _is_param(x) -> bool:
+    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _xla_flops(fn, *args) -> float:
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float(cost["flops"])
+
+
+def _model_flops(model, length: int, *, backward: bool = True) -> float:
+    """XLA's count for the encoder (layer scan body counted once)."""
+    params, static = eqx.partition(model, _is_param)
+    tokens = jax.ShapeDtypeStruct((length,), jnp.int32)
+
+    def loss(params, tokens):
+        return jnp.sum(eqx.combine(params, static)(tokens, inference=True))
+
+    return _xla_flops(jax.grad(loss) if backward else loss, params, tokens)
+
+
+def _layer_flops(model, length: int, *, backward: bool = True) -> float:
+    """One layer: forward, and backward to both its parameters and its input."""
+    layer = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype) if _is_param(x) else x,
+        model.layers,
+    )
+    params, static = eqx.partition(layer, _is_param)
+    x = jax.ShapeDtypeStruct((length, model.dim), jnp.float32)
+
+    def loss(params, x):
+        return jnp.sum(eqx.combine(params, static)(x, inference=True))
+
+    return _xla_flops(jax.grad(loss, argnums=(0, 1)) if backward else loss, params, x)
+
+
+def encoder_flops(model, length: int, *, backward: bool = True) -> float:
+    """Total FLOPs: the scanned model's count + (num_layers - 1) more layers."""
+    total = _model_flops(model, length, backward=backward)
+    return total + (model.num_layers - 1) * _layer_flops(model, length, backward=backward)
+
+
+def _check_loop_counting() -> dict[str, float]:
+    """The formula above against a model whose layers are unrolled in Python."""
+    model = eqx.filter_eval_shape(lambda: ls.BiGS(100, 32, 3, key=jr.key(0)))
+    params, static = eqx.partition(model, _is_param)
+    tokens = jax.ShapeDtypeStruct((300,), jnp.int32)
+
+    def unrolled(params, tokens):
+        m = eqx.combine(params, static)
+        h = m.token_embedding.weight[tokens]
+        h = jax.vmap(m.embedding_norm)(h)
+        lp, ls_ = eqx.partition(m.layers, eqx.is_array)
+        for i in range(m.num_layers):
+            h = eqx.combine(jax.tree.map(lambda a, i=i: a[i], lp), ls_)(h, inference=True)
+        return jnp.sum(jax.vmap(m.final_norm)(h))
+
+    want = _xla_flops(jax.grad(unrolled), params, tokens)
+    got = encoder_flops(model, 300)
+    return {"unrolled": want, "formula": got, "relative_difference": abs(got - want) / want}
+
+
+def flops_table(lengths) -> dict:
+    models = {
+        name: eqx.filter_eval_shape(lambda n=name: ls.BiGS.from_config(n, key=jr.key(0)))
+        for name in PAPER_FLOPS
+    }
+    out: dict = {
+        "parameters": {n: ls.count_parameters(m) for n, m in models.items()},
+        "forward_backward": {n: {} for n in models},
+        "forward": {n: {} for n in models},
+        "bigs-large_fft_forward_backward": {},
+        "paper_table6": {n: {str(k): v for k, v in d.items()} for n, d in PAPER_FLOPS.items()},
+    }
+    for length in lengths:
+        for name, model in models.items():
+            start = time.perf_counter()
+            fb = encoder_flops(model, length)
+            fwd = encoder_flops(model, length, backward=False)
+            out["forward_backward"][name][str(length)] = fb
+            out["forward"][name][str(length)] = fwd
+            paper = PAPER_FLOPS[name].get(length, float("nan"))
+            print(
+                f"L={length:5d} {name:11s} fwd+bwd {fb:9.2e}  fwd {fwd:9.2e}  "
+                f"paper {paper:9.2e}  ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+        if length <= _ssm.TOEPLITZ_MAX_LENGTH:
+            saved = _ssm.TOEPLITZ_MAX_LENGTH
+            _ssm.TOEPLITZ_MAX_LENGTH = 0  # read at trace time
+            try:
+                fft = encoder_flops(models["bigs-large"], length)
+            finally:
+                _ssm.TOEPLITZ_MAX_LENGTH = saved
+            out["bigs-large_fft_forward_backward"][str(length)] = fft
+            print(f"L={length:5d} bigs-large with FFT convolution: fwd+bwd {fft:9.2e}")
+    out["bert/bigs_forward_backward"] = {
+        k: out["forward_backward"]["bert-large"][k] / out["forward_backward"]["bigs-large"][k]
+        for k in out["forward_backward"]["bigs-large"]
+    }
+    out["loop_counting_check"] = _check_loop_counting()
+    return out
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def build(kind: str, num_layers: int, key):
+    """A `"bigs"` (GATED/SSM) or `"bert"` (STACK/ATT) layer, or a stack of
+    `num_layers > 1` of them (stored stacked, run by `lax.scan`)."""
+    if num_layers == 1:
+        if kind == "bigs":
+            return ls.GatedLayer(DIM, inner_dim=INNER, key=key)
+        return ls.StackLayer(DIM, inner_dim=BERT_INNER, num_heads=HEADS, key=key)
+    if kind == "bigs":
+        return ls.BiGS(2, DIM, num_layers, inner_dim=INNER, dropout=0.0, key=key).layers
+    return ls.BiGS(
+        2,
+        DIM,
+        num_layers,
+        architecture="stack",
+        routing="attention",
+        inner_dim=BERT_INNER,
+        num_heads=HEADS,
+        dropout=0.0,
+        key=key,
+    ).layers
+
+
+def train_fn(module, num_layers: int):
+    """`(params, x, ct) -> grads`: forward + backward (parameter gradients, as a training
+    step computes them) of a batch through the layers."""
+    params, static = eqx.partition(module, eqx.is_array)
+    stacked = num_layers > 1
+
+    def apply(params, x):
+        if not stacked:
+            return eqx.combine(params, static)(x)
+
+        def step(h, p):
+            return eqx.combine(p, static)(h), None
+
+        return jax.lax.scan(step, x, params)[0]
+
+    def fn(params, x, ct):
+        loss = lambda p: jnp.sum(jax.vmap(lambda xi: apply(p, xi))(x) * ct)
+        return jax.grad(loss)(params)
+
+    return params, fn
+
+
+def speed_table(lengths, num_layers: int, rounds: int) -> dict:
+    keys = jr.split(jr.key(0), 3)
+    make = eqx.filter_jit(build)  # one compilation instead of one per primitive
+    modules = {
+        "bigs": make("bigs", num_layers, keys[0]),
+        "bert": make("bert", num_layers, keys[1]),
+    }
+    single = "bigs"
+    if num_layers > 1:  # the reference figures are for one layer
+        modules["bigs_layer"] = make("bigs", 1, keys[2])
+        single = "bigs_layer"
+    params = {n: ls.count_parameters(m) for n, m in modules.items()}
+    print(f"parameters: {params}", flush=True)
+    gemm = [_gemm_gflops()]
+    seconds: dict = {n: {} for n in modules}
+    memory: dict = {n: {} for n in modules}
+    for length in lengths:
+        x = jr.normal(jr.key(1), (BATCH, length, DIM))
+        ct = jr.normal(jr.key(2), (BATCH, length, DIM))
+        calls = {}
+        for name, module in modules.items():
+            p, fn = train_fn(module, 1 if name == "bigs_layer" else num_layers)
+            memory[name][length] = compiled_memory(fn, p, x, ct).get("peak_bytes", -1)
+            jitted = jax.jit(fn)
+            jax.block_until_ready(jitted(p, x, ct))  # compile + warm up
+            calls[name] = lambda jitted=jitted, p=p, x=x, ct=ct: jitted(p, x, ct)
+        reps = rounds if length <= 1024 else max(3, rounds // 2)
+        samples: dict = {n: [] for n in modules}
+        for _ in range(reps):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                jax.block_until_ready(call())
+                samples[name].append(time.perf_counter() - start)
+        for name in modules:
+            seconds[name][length] = statistics.median(samples[name])
+        ref = REFERENCE_BIGS_LAYER_MS.get(length)
+        print(
+            f"L={length:5d}  BiGS {seconds['bigs'][length] * 1e3:8.1f} ms  "
+            f"BERT {seconds['bert'][length] * 1e3:8.1f} ms  "
+            f"BERT/BiGS {seconds['bert'][length] / seconds['bigs'][length]:5.2f}x  |  "
+            f"one BiGS layer {seconds[single][length] * 1e3:7.1f} ms "
+            f"(reference {ref} ms)  |  peak MiB BiGS {memory['bigs'][length] / 2**20:.0f} "
+            f"BERT {memory['bert'][length] / 2**20:.0f}",
+            flush=True,
+        )
+    gemm.append(_gemm_gflops())
+    print(f"GEMM throughput before/after: {gemm[0]:.0f} / {gemm[1]:.0f} GFLOP/s", flush=True)
+    bert_over_bigs = {k: seconds["bert"][k] / seconds["bigs"][k] for k in lengths}
+    ref_over_ours = {
+        k: REFERENCE_BIGS_LAYER_MS[k] / 1e3 / seconds[single][k]
+        for k in lengths
+        if k in REFERENCE_BIGS_LAYER_MS
+    }
+    targets = {}
+    if 4096 in bert_over_bigs:
+        r = bert_over_bigs[4096]
+        targets["BiGS >= 1.5x faster than BERT at 4096"] = (
+            f"{'met' if r >= 1.5 else 'missed'} ({r:.2f}x)"
+        )
+    if 128 in bert_over_bigs:
+        r = bert_over_bigs[128]
+        targets["BiGS not > 5% slower than BERT at 128"] = (
+            f"{'met' if r >= 1 / 1.05 else 'missed'} (BiGS/BERT {1 / r:.2f})"
+        )
+    if ref_over_ours and jax.default_backend() == "cpu":
+        worst = min(ref_over_ours.values())
+        targets[">= 1.3x faster than the reference Flax layer at every length"] = (
+            f"{'met' if worst >= 1.3 else 'missed'} (min {worst:.2f}x)"
+        )
+    for name, verdict in targets.items():
+        print(f"target {name}: {verdict}")
+    str_keys = lambda d: {str(k): v for k, v in d.items()}
+    return {
+        "setting": {
+            "dim": DIM,
+            "bigs_inner_dim": INNER,
+            "bert_inner_dim": BERT_INNER,
+            "bert_heads": HEADS,
+            "batch": BATCH,
+            "num_layers": num_layers,
+            "pass": "forward + backward (parameter gradients), jitted, float32",
+            "rounds": rounds,
+        },
+        "lengths": list(lengths),
+        "parameters": params,
+        "seconds": {n: str_keys(d) for n, d in seconds.items()},
+        "peak_bytes": {n: str_keys(d) for n, d in memory.items()},
+        "bert_over_bigs": str_keys(bert_over_bigs),
+        "reference_bigs_layer_ms": str_keys(REFERENCE_BIGS_LAYER_MS),
+        "reference_bert_layer_ms": str_keys(REFERENCE_BERT_LAYER_MS),
+        "reference_over_ours_one_layer": str_keys(ref_over_ours),
+        "targets": targets,
+        "gemm_gflops_before_after": gemm,
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "note": "machine shared with other jobs: ratios within this process are what "
+        "to quote; the reference figures were taken on this machine when it was idle",
+    }
+
+
+def _gemm_gflops() -> float:
+    """Throughput of a (8192 x 256) @ (256 x 1280) float32 matmul (the layer's largest
+    GEMM shape at L = 1024), to calibrate the machine and its current load."""
+    a = jnp.ones((8192, DIM))
+    b = jnp.ones((DIM, 5 * DIM))
+    matmul = jax.jit(jnp.matmul)
+    jax.block_until_ready(matmul(a, b))
+    best = []
+    for _ in range(9):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a, b))
+        best.append(time.perf_counter() - start)
+    return 2 * a.size * b.shape[1] / statistics.median(best) / 1e9
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = result["lengths"]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    n = result["setting"]["num_layers"]
+    layers = "1 layer" if n == 1 else f"{n} layers"
+    labels = {
+        "bigs": f"BiGS ({layers})",
+        "bert": f"BERT ({layers}, equal parameters)",
+        "bigs_layer": "BiGS, one layer",
+    }
+    for name, label in labels.items():
+        if name not in result["seconds"]:
+            continue
+        ax_t.plot(
+            lengths, [result["seconds"][name][str(k)] * 1e3 for k in lengths], "o-", label=label
+        )
+        ax_m.plot(
+            lengths,
+            [result["peak_bytes"][name][str(k)] / 2**20 for k in lengths],
+            "o-",
+            label=label,
+        )
+    if jax.default_backend() == "cpu":
+        ref = REFERENCE_BIGS_LAYER_MS
+        ax_t.plot(
+            list(ref), list(ref.values()), "x:", color="grey", label="reference Flax BiGS layer"
+        )
+        ref = REFERENCE_BERT_LAYER_MS
+        ax_t.plot(list(ref), list(ref.values()), "+:", color="black", label="Flax BERT layer")
+    for ax, label in (
+        (ax_t, "forward+backward time (ms)"),
+        (ax_m, "XLA-planned peak memory (MiB)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    ax_t.set_title(f"batch {BATCH}, d {DIM} ({jax.devices()[0].device_kind})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="L = 128, 512; 3 rounds")
+    parser.add_argument("--lengths", type=int, nargs="+", help="override sequence lengths")
+    parser.add_argument("--layers", type=int, default=1, help="layers in each stack (1)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (7)")
+    parser.add_argument("--no-flops", action="store_true", help="skip the FLOPs table")
+    parser.add_argument("--no-speed", action="store_true", help="skip the timings")
+    args = parser.parse_args(argv)
+    lengths = tuple(args.lengths or ((128, 512) if args.quick else LENGTHS))
+    num_layers = args.layers
+    rounds = args.rounds or (3 if args.quick else 7)
+    suffix = "_quick" if args.quick else ""
+    if not args.no_flops:
+        path = save(f"bigs_flops{suffix}", flops_table(lengths))
+        print(f"wrote {path}")
+    if not args.no_speed:
+        result = speed_table(lengths, num_layers, rounds)
+        path = save(f"bigs{suffix}", result)
+        plot(result, path.with_suffix(".png"))
+        print(f"wrote {path} and {path.with_suffix('.png').name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
