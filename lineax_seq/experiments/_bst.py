@@ -6,7 +6,7 @@ tokens) at one training length `L` with window `W`, matched in parameter count a
 steps, then measures held-out perplexity at `L/2, L, 4L, 16L` on the *same* held-out
 tokens, cut into sequences of each length: the paper's length-generalisation study.
 
-    python -m lineax_seq bst                          # the default run (CPU, ~15 min)
+    python -m lineax_seq bst                          # the committed run (2-core CPU, ~35 min)
     python -m lineax_seq bst --steps 50 --models SLIDE BST:SH:S4
     python -m lineax_seq bst --corpus path/to/texts   # any text corpus (file or directory)
 
@@ -49,10 +49,10 @@ class Config:
     state_size: int = 16
     mf_filters: int = 32
     brect_states: int = 128
-    steps: int = 200
+    steps: int = 400
     batch_size: int = 2
     learning_rate: float = 3e-3
-    warmup_steps: int = 20
+    warmup_steps: int = 30
     weight_decay: float = 0.01
     eval_multipliers: tuple[float, ...] = (0.5, 1.0, 4.0, 16.0)
     eval_tokens: int = 32768
