@@ -340,13 +340,15 @@ def summarise(payload: dict) -> dict:
 
 
 def table(payload: dict) -> str:
-    """Markdown table: parameters, perplexity at every length, drift, train time."""
+    """Markdown table: parameters, perplexity at every length, drift, final training loss
+    (nats, mean of the last 4 logged records, on batches the model had not seen before
+    its update), train time."""
     lengths = payload["eval_lengths"]
     train_length = payload["config"]["train_length"]
     head = ["model", "params"] + [
         f"ppl @ {n}" + (" (L)" if n == train_length else "") for n in lengths
     ]
-    head += [f"{max(lengths)} / L", "train s"]
+    head += [f"{max(lengths)} / L", "train loss (last 20 steps)", "train s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in payload["results"].items():
         if "perplexity" not in r:
@@ -355,6 +357,7 @@ def table(payload: dict) -> str:
         ppl = r["perplexity"]
         cells = [name, f"{r['parameters'] / 1e6:.2f}M"] + [f"{ppl[str(n)]:.3f}" for n in lengths]
         cells += [f"{ppl[str(max(lengths))] / ppl[str(train_length)]:.3f}"]
+        cells += [f"{r['final_train_loss']:.3f}" if "final_train_loss" in r else "-"]
         cells += [f"{r['train_seconds']:.0f}"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
