@@ -30,7 +30,7 @@ def mlp_dynamics():
     return ls.KoopmanAutoencoder(2, 6, dynamics="mlp", decoder="mlp", width=8, key=jr.key(2))
 
 
-def reference_unroll(model, x0, actions, steps, k):
+def reference_unroll(model, x0, actions, steps, k, *, latents=False):
     """Step by step in Python: z <- Kbar z + Lbar omega(u); decode; every k: reencode."""
     if isinstance(model.dynamics, ls.LinearKoopmanDynamics):
         # Bilinear transform with explicit inverses (the library solves instead).
@@ -43,20 +43,21 @@ def reference_unroll(model, x0, actions, steps, k):
         def step(z, v):
             return Kbar @ z if v is None else Kbar @ z + Lbar @ v
     else:
-        step = model.dynamics
-    z = model.encode(x0)
+        step = jax.jit(lambda z, v: model.dynamics(z, v))
+    encode, decode = jax.jit(lambda x: model.encode(x)), jax.jit(lambda z: model.decode(z))
+    z = encode(x0)
     out = []
     for t in range(steps):
         v = None if actions is None else model.encode_action(actions[t])
         z = step(z, v)
-        x = model.decode(z)
-        out.append(x)
+        x = decode(z)
+        out.append(z if latents else x)
         if k is not None and (t + 1) % k == 0:
-            z = model.encode(x)
+            z = encode(x)
     return jnp.stack(out)
 
 
-@pytest.mark.parametrize("k", [None, 1, 5, 7])
+@pytest.mark.parametrize("k", [None, 1, 7])
 def test_unroll_matches_step_by_step(model, controlled, mlp_dynamics, k):
     x0 = jnp.array([0.7, -0.3])
     actions = jr.normal(jr.key(3), (STEPS, 1))
@@ -66,6 +67,11 @@ def test_unroll_matches_step_by_step(model, controlled, mlp_dynamics, k):
             got = ls.unroll(m, x0, u, steps=STEPS, reencode_every=k, method=method)
             assert got.shape == (STEPS, 2)
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # The linear model's parallel unroll folds the decoder into the powers of Kbar; the
+    # latent path (used by the losses) must agree with the reference latents too.
+    zs = ls.unroll_latents(model, x0, steps=STEPS, reencode_every=k)
+    expected = reference_unroll(model, x0, None, STEPS, k, latents=True)
+    np.testing.assert_allclose(zs, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_long_unroll_without_reencoding_chains_chunks(model):
@@ -79,16 +85,15 @@ def test_reencode_every_at_least_steps_is_no_reencoding(controlled):
     x0 = jnp.array([0.1, 0.4])
     u = jr.normal(jr.key(4), (STEPS, 1))
     base = ls.unroll(controlled, x0, u, steps=STEPS)
-    for k in (STEPS, STEPS + 5):
-        np.testing.assert_allclose(
-            ls.unroll(controlled, x0, u, steps=STEPS, reencode_every=k), base, rtol=1e-6
-        )
+    np.testing.assert_allclose(
+        ls.unroll(controlled, x0, u, steps=STEPS, reencode_every=STEPS + 5), base, rtol=1e-6
+    )
     # ... while reencoding does change the rollout (encoder/decoder are not inverses).
     assert not jnp.allclose(ls.unroll(controlled, x0, u, steps=STEPS, reencode_every=4), base)
 
 
 def test_unroll_vmaps_over_initial_conditions(model):
-    x0s = jr.normal(jr.key(5), (4, 2))
+    x0s = jr.normal(jr.key(5), (3, 2))
     batched = jax.vmap(lambda x: ls.unroll(model, x, steps=10, reencode_every=3))(x0s)
     single = jnp.stack([ls.unroll(model, x, steps=10, reencode_every=3) for x in x0s])
     np.testing.assert_allclose(batched, single, rtol=1e-5, atol=1e-6)
@@ -97,12 +102,16 @@ def test_unroll_vmaps_over_initial_conditions(model):
 def test_bilinear_converges_to_expm_as_delta_shrinks():
     dyn = ls.LinearKoopmanDynamics(5, 2, dt=0.1, key=jr.key(6))
     exact = ls.LinearKoopmanDynamics(5, 2, dt=0.1, discretization="exact", key=jr.key(6))
+
+    @jax.jit
+    def both(log_delta):
+        set_delta = lambda m: eqx.tree_at(lambda m: m.log_delta, m, log_delta)
+        return set_delta(dyn).discretize(), set_delta(exact).discretize()
+
     errors = []
     for delta in (0.1, 0.05, 0.025):
-        d = eqx.tree_at(lambda m: m.log_delta, dyn, jnp.log(jnp.asarray(delta)))
-        Kb, Lb = d.discretize()
-        Ke, Le = eqx.tree_at(lambda m: m.log_delta, exact, d.log_delta).discretize()
-        np.testing.assert_allclose(Ke, jsl.expm(delta * d.K), rtol=1e-5, atol=1e-6)
+        (Kb, Lb), (Ke, Le) = both(jnp.log(jnp.asarray(delta)))
+        np.testing.assert_allclose(Ke, jsl.expm(delta * dyn.K), rtol=1e-5, atol=1e-6)
         errors.append(float(jnp.max(jnp.abs(Kb - Ke)) + jnp.max(jnp.abs(Lb - Le))))
     # Tustin is second-order accurate: local error O(delta^3), so ~8x per halving.
     assert errors[0] < 1e-3
@@ -117,8 +126,8 @@ def test_exact_control_matrix_is_the_zoh_integral():
     np.testing.assert_allclose(Lbar, jnp.trapezoid(integrand, s, axis=0), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("reencode_dt", [None, 0.05])
-def test_unroll_continuous_matches_exact_path(model, reencode_dt):
+def test_unroll_continuous_matches_exact_path(model):
+    reencode_dt = 0.05
     x0 = jnp.array([0.5, -0.4])
     ts = jnp.linspace(0.0, 0.2, 21)
     solver = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt)
@@ -160,7 +169,8 @@ def test_gradients_through_diffrax_match_finite_differences():
         return jnp.sum((xs - target) ** 2)
 
     K = m.dynamics.K
-    grad = jax.grad(loss)(K)
+    grad = jax.jit(jax.grad(loss))(K)
+    loss = jax.jit(loss)
     assert jnp.all(jnp.isfinite(grad))
     direction = jr.normal(jr.key(9), K.shape)
     eps = 1e-2
@@ -220,3 +230,104 @@ def test_bad_inputs(model, controlled):
         ls.LinearKoopmanDynamics(4, discretization="euler", key=jr.key(0))
     with pytest.raises(ValueError, match="MLPBaseline"):
         ls.unroll(ls.MLPBaseline(2, width=4, key=jr.key(0)), x0, steps=5, reencode_every=2)
+
+
+def test_unroll_continuous_irregular_times_concrete_and_traced(model):
+    # Irregular output times: the host path (concrete ts: per-segment save times, one
+    # exponential per distinct offset) and the traced path (ts a jit argument) agree.
+    x0 = jnp.array([-0.6, 0.3])
+    ts = jnp.cumsum(jr.uniform(jr.key(12), (15,), minval=0.002, maxval=0.03))
+    concrete = ls.unroll_continuous(model, x0, ts, reencode_dt=0.07)
+    exact = ls.unroll_continuous(model, x0, ts, reencode_dt=0.07, exact=True)
+    num = int(np.ceil(float(ts[-1] - ts[0]) / 0.07 - 1e-6))
+
+    @jax.jit
+    def traced(x0, ts):
+        return (
+            ls.unroll_continuous(model, x0, ts, reencode_dt=0.07, num_segments=num, exact=True),
+            # closed-over times are concrete inside jit: the host path again
+            ls.unroll_continuous(model, x0, ts_closed, reencode_dt=0.07, exact=True),
+        )
+
+    ts_closed = ts
+    exact_traced, exact_closed = traced(x0, ts)
+    for got in (concrete, exact_traced, exact_closed):
+        np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-5)
+    # An MLP decoder is not folded into the flows: same agreement.
+    mlp_decoder = ls.KoopmanAutoencoder(2, 6, decoder="mlp", width=8, key=jr.key(18))
+    np.testing.assert_allclose(
+        ls.unroll_continuous(mlp_decoder, x0, ts, reencode_dt=0.07, exact=True),
+        ls.unroll_continuous(mlp_decoder, x0, ts, reencode_dt=0.07),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    # Without reencoding: one segment; the prediction differs (reencoding happened).
+    plain = ls.unroll_continuous(model, x0, ts, exact=True)
+    np.testing.assert_allclose(ls.unroll_continuous(model, x0, ts), plain, rtol=1e-4, atol=1e-5)
+    assert not jnp.allclose(plain, exact, atol=1e-4)
+
+
+def test_training_objective_with_reencoding_and_action_head():
+    m = ls.KoopmanAutoencoder(2, 5, action_dim=1, width=8, action_head=True, key=jr.key(13))
+    xs = jr.normal(jr.key(14), (7, 2))
+    us = jr.normal(jr.key(15), (6, 1))
+    weights = dict(alignment=0.3, reconstruction=2.0, prediction=0.7, sparsity=0.01, action=0.5)
+    loss, terms = eqx.filter_jit(
+        lambda m, xs, us: ls.koopman_loss(m, xs, us, reencode_every=2, **weights)
+    )(m, xs, us)
+    zs = jnp.stack([m.encode(x) for x in xs])
+    zhat = reference_unroll(m, xs[0], us, 6, 2, latents=True)  # before reencoding
+    expected = {
+        "alignment": sum(jnp.linalg.norm(zhat[i] - zs[i + 1]) for i in range(6)),
+        "reconstruction": sum(jnp.linalg.norm(xs[i] - m.decode(zs[i])) for i in range(7)),
+        "prediction": sum(jnp.linalg.norm(xs[i + 1] - m.decode(zhat[i])) for i in range(6)),
+        "sparsity": jnp.sum(jnp.abs(zs)),
+        "action": sum(jnp.linalg.norm(us[i] - m.predict_action(zs[i])) for i in range(6)),
+    }
+    assert set(terms) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(terms[name], value, rtol=1e-4, err_msg=name)
+    np.testing.assert_allclose(loss, sum(weights[n] * v for n, v in expected.items()), rtol=1e-4)
+    # The step size is trained in log space: the loss depends on log_delta.
+    grads = eqx.filter_grad(lambda m: ls.koopman_loss(m, xs, us, reencode_every=2)[0])(m)
+    assert jnp.isfinite(grads.dynamics.log_delta) and grads.dynamics.log_delta != 0
+
+
+def test_mlp_baseline_with_controls_is_autoregressive():
+    base = ls.MLPBaseline(2, 1, width=8, layers=3, key=jr.key(16))
+    x0 = jnp.array([0.2, -0.1])
+    us = jr.normal(jr.key(17), (5, 1))
+    x, expected = x0, []
+    for u in us:
+        x = x + base.mlp(jnp.concatenate([x, u]))
+        expected.append(x)
+    np.testing.assert_allclose(ls.unroll(base, x0, us, steps=5), jnp.stack(expected), rtol=1e-5)
+
+
+def test_more_bad_inputs(model):
+    x0 = jnp.array([0.1, 0.2])
+    ts = jnp.linspace(0.0, 0.1, 5)
+    with pytest.raises(ValueError, match="steps=0"):
+        ls.unroll(model, x0, steps=0)
+    with pytest.raises(ValueError, match="method='fast'"):
+        ls.unroll(model, x0, steps=3, method="fast")
+    with pytest.raises(ValueError, match="reencode_every=True"):
+        ls.unroll(model, x0, steps=3, reencode_every=True)
+    with pytest.raises(ValueError, match="NaN"):
+        ls.unroll_continuous(model, jnp.array([0.0, jnp.inf]), ts)
+    with pytest.raises(ValueError, match="num_segments"):
+        jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05))(ts)
+    with pytest.raises(Exception, match="strictly increasing"):
+        jax.jit(lambda t: ls.unroll_continuous(model, x0, t, exact=True))(ts[::-1])
+    with pytest.raises(ValueError, match="reencode_dt"):
+        ls.unroll_continuous(model, x0, ts, reencode_dt=0.0)
+    mlp = ls.KoopmanAutoencoder(2, 4, dynamics="mlp", width=4, key=jr.key(0))
+    with pytest.raises(ValueError, match="exact=True"):
+        ls.unroll_continuous(mlp, x0, ts, exact=True)
+    with pytest.raises(ValueError, match="action_head"):
+        ls.KoopmanAutoencoder(2, 4, action_head=True, key=jr.key(0))
+    with pytest.raises(ValueError, match="latent_dim=0"):
+        ls.KoopmanAutoencoder(2, 0, key=jr.key(0))
+    # A wrong shape fails the run-time type check, naming the argument.
+    with pytest.raises(Exception, match="x0"):
+        ls.unroll_continuous(model, jnp.zeros((2, 2)), ts)

@@ -448,12 +448,17 @@ def unroll_continuous(
             return z_next, z
 
         _, starts = jax.lax.scan(advance, model.encode(x0), jumps, length=num)
-        # z(ts[i]) = exp(offset_i K) z(tau_seg[i]).
+        # z(ts[i]) = exp(offset_i K) z(tau_seg[i]); a linear decoder is folded into the
+        # flows, psi(z(ts[i])) = (W exp(offset_i K)) z(tau_seg[i]) + b.
+        flows = expm(offsets)
+        fused = isinstance(model.decoder, UnitNormLinear)
+        if fused:
+            flows = jnp.einsum("dn,unm->udm", model.decoder.normalized_weight(), flows)
         if ts_host is None:
-            zs = jnp.einsum("tij,tj->ti", expm(offsets), starts[seg])
+            out = jnp.einsum("tij,tj->ti", flows, starts[seg])
         else:
-            zs = jnp.einsum("uij,sj->usi", expm(offsets), starts)[index, seg]
-        return jax.vmap(model.decode)(zs)
+            out = jnp.einsum("uij,sj->usi", flows, starts)[index, seg]
+        return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
     term = diffrax.ODETerm(lambda t, z, args: model.dynamics.vector_field(z))
     solver = diffrax.Tsit5() if solver is None else solver
