@@ -224,11 +224,10 @@ class GatedLayer(eqx.Module):
         v, f, bwd = jnp.split(gelu(h @ w.T + b), [self.inner_dim, self.inner_dim + self.dim], -1)
         if self.routing == "ssm":
             # Both SSMs in one pass (one batched Toeplitz / chunked product).
-            fb = jnp.stack([f, bwd], axis=1)
+            fb = jnp.stack([f, bwd])
             if mask is not None:
-                fb = jnp.where(mask[:, None, None], fb, 0)
-            y = ssm_conv(fb, (self.forward_routing, self.backward_routing))
-            y_f, y_b = y[:, 0], y[:, 1]
+                fb = jnp.where(mask[None, :, None], fb, 0)
+            y_f, y_b = ssm_conv(fb, (self.forward_routing, self.backward_routing))
         else:
             y_f = self.forward_routing(f, mask=_key_mask(mask))
             y_b = self.backward_routing(bwd, mask=_key_mask(mask))

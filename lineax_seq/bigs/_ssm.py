@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray
 
-from ..ssm import S4DKernel, fft_conv
+from ..ssm import S4DKernel
 from ..ssm._fft_conv import _fft_size
 
 # Up to this length a kernel shared by all features is applied as one dense Toeplitz
-# matrix product (`2 L^2 d` flops, a single GEMM that also batches over examples); above
-# it, by FFT (`O(d L log L)`). The crossover on CPUs and accelerators is a few hundred.
+# matrix product (`2 L` flops per position and feature, one GEMM); above it, by chunks
+# (`chunked_ssm_conv`, about `2 C + 8 modes` flops per position and feature, GEMMs).
 TOEPLITZ_MAX_LENGTH = 256
 
 
@@ -26,97 +26,27 @@ def _toeplitz(k: Float[Array, " length"], reverse: bool) -> Float[Array, "length
     return t.T if reverse else t
 
 
-def shared_kernel_conv(
-    u: Float[Array, "length channels"],
-    k: Float[Array, "kc length"],
-    *,
-    reverse: bool = False,
-) -> Float[Array, "length channels"]:
-    """Causal (or anti-causal) convolution of every channel with its kernel.
-
-    `reverse=False`: `y[t] = sum_{j <= t} k[t - j] u[j]`; `reverse=True`:
-    `y[t] = sum_{j >= t} k[j - t] u[j]`, i.e. `Flip(conv(Flip(u)))`.
-
-    A kernel shared by all channels (`kc = 1`) at length `<= TOEPLITZ_MAX_LENGTH` is
-    applied as a Toeplitz matrix product; otherwise by FFT (the anti-causal direction
-    as a cross-correlation, `irfft(rfft(u) * conj(rfft(k)))`, so nothing is flipped).
-
-    **Arguments:**
-
-    - `u`: input, shape `(length, channels)`.
-    - `k`: kernel, shape `(1, length)` (shared) or `(channels, length)`.
-    - `reverse`: anti-causal instead of causal.
-
-    **Returns:**
-
-    Shape `(length, channels)`.
-    """
-    length = u.shape[0]
-    if k.shape[0] == 1 and length <= TOEPLITZ_MAX_LENGTH:
-        return (_toeplitz(k[0], reverse) @ u).astype(u.dtype)
-    if not reverse:
-        return fft_conv(u, k)
-    return bidirectional_conv(u[:, None], k[None], reverse=(True,))[:, 0]
-
-
-def bidirectional_conv(
-    u: Float[Array, "length directions channels"],
-    k: Float[Array, "directions kc length"],
-    *,
-    reverse: tuple[bool, ...],
-) -> Float[Array, "length directions channels"]:
-    """Several independent convolutions, causal or anti-causal, in one pass.
-
-    For each direction `i`: `y[:, i] = shared_kernel_conv(u[:, i], k[i],
-    reverse=reverse[i])`. BiGS's forward and backward SSMs go through ONE batched
-    Toeplitz product (shared kernels, `length <= TOEPLITZ_MAX_LENGTH`) or ONE real FFT
-    of all `directions * channels` signals and one inverse (zero-padded to `>= 2L`, so
-    exact): a causal direction multiplies by `rfft(k)`, an anti-causal one by its
-    conjugate (a cross-correlation), and no array is flipped.
-
-    **Arguments:**
-
-    - `u`: inputs, shape `(length, directions, channels)`.
-    - `k`: kernels, shape `(directions, kc, length)`, `kc` = 1 (shared) or `channels`.
-    - `reverse`: per direction, anti-causal instead of causal.
-
-    **Returns:**
-
-    Shape `(length, directions, channels)`, in `u`'s dtype.
-    """
-    length, directions, channels = u.shape
-    if len(reverse) != directions:
-        raise ValueError(f"reverse needs {directions} entries, got reverse={reverse!r}")
-    if k.shape[1] == 1 and length <= TOEPLITZ_MAX_LENGTH:
-        t = jnp.stack([_toeplitz(k[i, 0], r) for i, r in enumerate(reverse)])
-        return jnp.einsum("dts,sdc->tdc", t, u).astype(u.dtype)
-    n = _fft_size(2 * length)
-    u_f = jnp.fft.rfft(u, n=n, axis=0)  # (n // 2 + 1, directions, channels)
-    k_f = jnp.fft.rfft(k, n=n, axis=-1)  # (directions, kc, n // 2 + 1)
-    k_f = jnp.stack([jnp.conj(k_f[i]) if r else k_f[i] for i, r in enumerate(reverse)])
-    y = jnp.fft.irfft(u_f * jnp.transpose(k_f, (2, 0, 1)), n=n, axis=0)[:length]
-    return y.astype(u.dtype)
-
-
 def _chunk_size(length: int) -> int:
     """Chunks of at least 128 positions, and at most 64 chunks."""
     return max(128, 1 << max(0, math.ceil(math.log2(length / 64))))
 
 
 def chunked_ssm_conv(
-    u: Float[Array, "length directions channels"],
+    u: Float[Array, "directions length channels"],
     abar: Complex[Array, "directions modes"],
     cb: Complex[Array, "directions modes"],
     d: Float[Array, " directions"],
     *,
+    reverse: tuple[bool, ...],
     chunk: int | None = None,
-) -> Float[Array, "length directions channels"]:
-    """Causal convolution with diagonal-SSM kernels shared by all channels, by chunks.
+) -> Float[Array, "directions length channels"]:
+    """Convolution with diagonal-SSM kernels shared by all channels, by chunks.
 
-    `y[t] = sum_{s <= t} K[t - s] u[s] + D u[t]` with `K[l] = 2 Re(sum_n CB_n Abar_n^l)`,
-    for each direction. Equal to the FFT convolution, but made of matrix products,
-    which CPUs (and accelerators) run far faster than FFTs: with chunks of `C`
-    positions,
+    For each direction, causal: `y[t] = sum_{s <= t} K[t - s] u[s] + D u[t]`, or
+    anti-causal (`reverse`): `y[t] = sum_{s >= t} K[s - t] u[s] + D u[t]`, with
+    `K[l] = 2 Re(sum_n CB_n Abar_n^l)`. Equal to the FFT convolution, but made of
+    matrix products, which CPUs (and accelerators) run far faster than FFTs. With
+    chunks of `C` positions (causal direction; the anti-causal one mirrors it):
 
     * within a chunk: a `(C, C)` Toeplitz product;
     * each chunk's end state `S_q = sum_j Abar^(C-1-j) u_(qC+j)`: a `(modes, C)` product;
@@ -124,86 +54,139 @@ def chunked_ssm_conv(
         `(Q, Q)` product per mode (`Q = L / C` chunks, at most 64);
     * their effect `2 Re(sum_n CB_n Abar_n^(i+1) H_(q-1), n)` on offset `i` of chunk `q`.
 
-    About `2 C + 8 modes` multiply-adds per position and channel, all in GEMMs.
+    About `2 C + 8 modes` flops per position and channel, in batched GEMMs over
+    (direction, chunk), with no transposes of the `(length, channels)` data.
 
     **Arguments:**
 
-    - `u`: inputs, shape `(length, directions, channels)`.
+    - `u`: inputs, shape `(directions, length, channels)`.
     - `abar`, `cb`: each direction's discrete system (see
         [`lineax_seq.S4DKernel.discretize`][]), shape `(directions, modes)`.
     - `d`: each direction's skip, shape `(directions,)`.
+    - `reverse`: per direction, anti-causal instead of causal.
     - `chunk`: chunk size `C` (default: 128, or more so that there are <= 64 chunks).
 
     **Returns:**
 
-    Shape `(length, directions, channels)`, in `u`'s dtype.
+    Shape `(directions, length, channels)`, in `u`'s dtype.
     """
-    length, directions, channels = u.shape
+    directions, length, channels = u.shape
     c = _chunk_size(length) if chunk is None else chunk
     q = -(-length // c)
-    u = jnp.pad(u, ((0, q * c - length), (0, 0), (0, 0))).reshape(q, c, directions, channels)
-    log_abar = jnp.log(abar)[:, :, None]  # (z, n, 1)
-    powers = lambda e: jnp.exp(log_abar * jnp.asarray(e, jnp.float32).astype(log_abar.dtype))
-    offsets = jnp.arange(c)
-    # Within chunks: the kernel's first C lags (skip at lag 0), as a Toeplitz matrix.
-    k = 2 * jnp.einsum("zn,znl->zl", cb, powers(offsets)).real
-    k = k.at[:, 0].add(d)
-    lag = offsets[:, None] - offsets[None, :]
-    t = jnp.where(lag >= 0, k[:, jnp.clip(lag, 0)], 0)  # (z, C, C)
-    y = jnp.einsum("zij,qjzc->qizc", t.astype(u.dtype), u)
-    # End-of-chunk states, real and imaginary parts of `sum_j Abar^(C-1-j) u_j`.
-    w_in = powers(c - 1 - offsets)  # (z, n, C)
-    w_in = jnp.concatenate([w_in.real, w_in.imag], axis=1).astype(u.dtype)
-    states = jnp.einsum("znj,qjzc->zqnc", w_in, u)  # (z, Q, 2n, C)
     modes = abar.shape[1]
+    u = jnp.pad(u, ((0, 0), (0, q * c - length), (0, 0))).reshape(directions, q, c, channels)
+    log_abar = jnp.log(abar)[:, :, None]  # (z, n, 1)
+    rev = jnp.asarray(reverse)[:, None]  # (z, 1)
+
+    def powers(e):  # Abar^e, e: (z, m) -> (z, n, m)
+        return jnp.exp(log_abar * e[:, None, :].astype(jnp.float32).astype(log_abar.dtype))
+
+    o = jnp.broadcast_to(jnp.arange(c), (directions, c))
+    # Within chunks: the kernel's first C lags (skip at lag 0), as Toeplitz matrices.
+    k = 2 * jnp.einsum("zn,znl->zl", cb, powers(o)).real + jnp.where(o == 0, d[:, None], 0)
+    lag = o[:, :, None] - o[:, None, :]  # (z, i, j): i - j
+    lag = jnp.where(rev[:, :, None], -lag, lag)
+    t = jnp.where(
+        lag >= 0,
+        jnp.take_along_axis(k, jnp.clip(lag, 0).reshape(directions, -1), 1).reshape(lag.shape),
+        0,
+    ).astype(u.dtype)
+    batched = lambda a: jnp.broadcast_to(a[:, None], (directions, q, *a.shape[1:]))
+    y = jnp.einsum("zqij,zqjc->zqic", batched(t), u)
+    # Chunk states (real and imaginary parts): causal sum_j Abar^(C-1-j) u_j (the state
+    # after the chunk), anti-causal sum_j Abar^j u_j (the state before it, seen from the
+    # right).
+    w_in = powers(jnp.where(rev, o, c - 1 - o))  # (z, n, C)
+    w_in = jnp.concatenate([w_in.real, w_in.imag], axis=1).astype(u.dtype)
+    states = jnp.einsum("zqnj,zqjc->zqnc", batched(w_in), u)  # (z, Q, 2n, channels)
     states = jax.lax.complex(states[:, :, :modes], states[:, :, modes:])
-    # Carry: H_q = sum_{p <= q} Abar^(C (q - p)) S_p, and its value entering chunk q.
-    chunk_lag = jnp.arange(q)[:, None] - jnp.arange(q)[None, :]
-    carry = powers(c * jnp.clip(chunk_lag, 0).reshape(-1)).reshape(directions, modes, q, q)
-    carry = jnp.where(chunk_lag >= 0, carry, 0)
+    # Carried: H_q = sum over chunks p on q's side (p <= q causal, p >= q anti-causal)
+    # of Abar^(C |q - p|) S_p.
+    chunk_lag = jnp.arange(q)[:, None] - jnp.arange(q)[None, :]  # q - p
+    chunk_lag = jnp.where(rev[:, :, None], -chunk_lag, chunk_lag)  # (z, Q, Q)
+    carry = powers(c * jnp.clip(chunk_lag, 0).reshape(directions, -1))
+    carry = jnp.where(chunk_lag[:, None] >= 0, carry.reshape(directions, modes, q, q), 0)
     h = jnp.einsum("znqp,zpnc->zqnc", carry, states)
-    h = jnp.pad(h[:, :-1], ((0, 0), (1, 0), (0, 0), (0, 0)))  # state before chunk q
-    # Effect on offset i: 2 Re(sum_n CB_n Abar_n^(i+1) H_n) = [2 Re V, -2 Im V] . [Re H, Im H].
-    v = cb[:, :, None] * powers(offsets + 1)  # (z, n, C)
-    w_out = 2 * jnp.concatenate([v.real, -v.imag], axis=1).astype(u.dtype)
-    h = jnp.concatenate([h.real, h.imag], axis=2).astype(u.dtype)
-    y = y + jnp.einsum("zni,zqnc->qizc", w_out, h)
-    return y.reshape(q * c, directions, channels)[:length]
+    # The state entering chunk q: from chunk q - 1 (causal) or q + 1 (anti-causal).
+    zeros = jnp.zeros_like(h[:, :1])
+    h = jnp.stack(
+        [
+            jnp.concatenate([h[i, 1:], zeros[i]]) if r else jnp.concatenate([zeros[i], h[i, :-1]])
+            for i, r in enumerate(reverse)
+        ]
+    )
+    # Its effect on offset i: 2 Re(sum_n CB_n Abar_n^e H_n), e = i + 1 (causal) or
+    # C - i (anti-causal); as [2 Re V, -2 Im V] . [Re H, Im H].
+    v = cb[:, :, None] * powers(jnp.where(rev, c - o, o + 1))  # (z, n, C)
+    w_out = 2 * jnp.concatenate([v.real, -v.imag], axis=1).astype(u.dtype)  # (z, 2n, C)
+    h = jnp.concatenate([h.real, h.imag], axis=2).astype(u.dtype)  # (z, Q, 2n, channels)
+    y = y + jnp.einsum("zqin,zqnc->zqic", batched(jnp.swapaxes(w_out, 1, 2)), h)
+    return y.reshape(directions, q * c, channels)[:, :length]
 
 
-def ssm_conv(
-    u: Float[Array, "length directions channels"], ssms: tuple["DirectionalSSM", ...]
-) -> Float[Array, "length directions channels"]:
-    """Apply one [`lineax_seq.DirectionalSSM`][] per direction (`y = K * u + D u`,
-    causal or anti-causal as each one's `reverse`), all in one pass.
+def fft_ssm_conv(
+    u: Float[Array, "directions length channels"],
+    k: Float[Array, "directions kc length"],
+    *,
+    reverse: tuple[bool, ...],
+) -> Float[Array, "directions length channels"]:
+    """Causal or anti-causal convolutions by one real FFT pair over all directions.
 
-    Shared kernels: a Toeplitz product up to `TOEPLITZ_MAX_LENGTH`, chunks above
-    (`chunked_ssm_conv`, anti-causal
-    directions on the flipped sequence); per-channel kernels: one FFT pair.
+    Zero-padded to `>= 2L` (exact); an anti-causal direction multiplies by the
+    conjugate of `rfft(k)` (a cross-correlation), so no array is flipped.
 
     **Arguments:**
 
-    - `u`: inputs (already zero at padded positions), `(length, directions, channels)`.
+    - `u`: inputs, shape `(directions, length, channels)`.
+    - `k`: kernels (lag 0 first), shape `(directions, kc, length)`, `kc` = 1 or
+        `channels`.
+    - `reverse`: per direction, anti-causal instead of causal.
+
+    **Returns:**
+
+    Shape `(directions, length, channels)`, in `u`'s dtype.
+    """
+    length = u.shape[1]
+    n = _fft_size(2 * length)
+    u_f = jnp.fft.rfft(u, n=n, axis=1)  # (z, n // 2 + 1, channels)
+    k_f = jnp.fft.rfft(k, n=n, axis=-1)  # (z, kc, n // 2 + 1)
+    k_f = jnp.stack([jnp.conj(k_f[i]) if r else k_f[i] for i, r in enumerate(reverse)])
+    y = jnp.fft.irfft(u_f * jnp.swapaxes(k_f, 1, 2), n=n, axis=1)[:, :length]
+    return y.astype(u.dtype)
+
+
+def ssm_conv(
+    u: Float[Array, "directions length channels"], ssms: tuple["DirectionalSSM", ...]
+) -> Float[Array, "directions length channels"]:
+    """Apply one [`lineax_seq.DirectionalSSM`][] per direction (`y = K * u + D u`,
+    causal or anti-causal as each one's `reverse`), all in one pass.
+
+    Shared kernels: a batched dense Toeplitz product up to `TOEPLITZ_MAX_LENGTH`,
+    `chunked_ssm_conv` above; per-channel kernels: `fft_ssm_conv`.
+
+    **Arguments:**
+
+    - `u`: inputs (already zero at padded positions), `(directions, length, channels)`.
     - `ssms`: one module per direction.
 
     **Returns:**
 
-    Shape `(length, directions, channels)`.
+    Shape `(directions, length, channels)`.
     """
-    length = u.shape[0]
+    length = u.shape[1]
     reverse = tuple(ssm.reverse for ssm in ssms)
-    shared = all(ssm.kernel_fn.channels == 1 for ssm in ssms)
-    if shared and length > TOEPLITZ_MAX_LENGTH:
-        systems = [ssm.kernel_fn.discretize() for ssm in ssms]
-        abar = jnp.concatenate([a for a, _ in systems])
-        cb = jnp.concatenate([c for _, c in systems])
-        d = jnp.concatenate([ssm.d for ssm in ssms])
-        flip = lambda v: jnp.stack(
-            [v[::-1, i] if r else v[:, i] for i, r in enumerate(reverse)], axis=1
-        )
-        return flip(chunked_ssm_conv(flip(u), abar, cb, d.astype(u.dtype)))
-    k = jnp.stack([ssm.impulse_response(length) for ssm in ssms]).astype(u.dtype)
-    return bidirectional_conv(u, k, reverse=reverse)
+    if any(ssm.kernel_fn.channels != 1 for ssm in ssms):
+        k = jnp.stack([ssm.impulse_response(length) for ssm in ssms]).astype(u.dtype)
+        return fft_ssm_conv(u, k, reverse=reverse)
+    if length <= TOEPLITZ_MAX_LENGTH:
+        k = [ssm.impulse_response(length)[0].astype(u.dtype) for ssm in ssms]
+        t = jnp.stack([_toeplitz(ki, r) for ki, r in zip(k, reverse, strict=True)])
+        return jnp.einsum("zts,zsc->ztc", t, u)
+    systems = [ssm.kernel_fn.discretize() for ssm in ssms]
+    abar = jnp.concatenate([a for a, _ in systems])
+    cb = jnp.concatenate([c for _, c in systems])
+    d = jnp.concatenate([ssm.d for ssm in ssms]).astype(u.dtype)
+    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse)
 
 
 class DirectionalSSM(eqx.Module):
@@ -296,4 +279,4 @@ class DirectionalSSM(eqx.Module):
         """
         if mask is not None:
             u = jnp.where(mask[:, None], u, 0)
-        return ssm_conv(u[:, None], (self,))[:, 0]
+        return ssm_conv(u[None], (self,))[0]
