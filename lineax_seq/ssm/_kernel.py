@@ -1,5 +1,6 @@
 """Diagonal state-space (S4D) convolution kernels."""
 
+import functools
 import math
 
 import equinox as eqx
@@ -46,6 +47,19 @@ def _init_a(init: str, state_size: int) -> tuple[np.ndarray, np.ndarray]:
 def _block_size(length: int) -> int:
     """Power of two near `sqrt(length)` (at least 16): the inner block of the powers."""
     return max(16, 1 << math.ceil(math.log2(max(length, 1)) / 2))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _random_init(
+    key: PRNGKeyArray, channels: int, modes: int, log_dt_min: float, log_dt_max: float
+) -> tuple[
+    Float[Array, "channels modes"], Float[Array, "channels modes"], Float[Array, " channels"]
+]:
+    """`(Re C, Im C, log dt)`: C complex normal (variance 1/2 per part), log dt uniform."""
+    c_key, dt_key = jr.split(key)
+    c = jr.normal(c_key, (2, channels, modes)) * math.sqrt(0.5)
+    log_dt = jr.uniform(dt_key, (channels,), minval=log_dt_min, maxval=log_dt_max)
+    return c[0], c[1], log_dt
 
 
 class S4DKernel(eqx.Module):
@@ -134,17 +148,14 @@ class S4DKernel(eqx.Module):
             raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
         modes = state_size // 2
         real_a, imag_a = _init_a(init, state_size)
-        c_key, dt_key = jr.split(key)
-        c = jr.normal(c_key, (2, channels, modes)) * math.sqrt(0.5)
-        self.log_neg_real_a = jnp.broadcast_to(
-            jnp.asarray(np.log(-real_a), jnp.float32), (channels, modes)
-        )
-        self.imag_a = jnp.broadcast_to(jnp.asarray(imag_a, jnp.float32), (channels, modes))
-        self.b_real = jnp.ones((channels, modes))
-        self.b_imag = jnp.zeros((channels, modes))
-        self.c_real, self.c_imag = c[0], c[1]
-        self.log_dt = jr.uniform(
-            dt_key, (channels,), minval=math.log(dt_min), maxval=math.log(dt_max)
+        shape = (channels, modes)
+        # Deterministic parts from NumPy (no XLA compilation); random parts in one jit.
+        self.log_neg_real_a = jnp.asarray(np.broadcast_to(np.log(-real_a), shape), jnp.float32)
+        self.imag_a = jnp.asarray(np.broadcast_to(imag_a, shape), jnp.float32)
+        self.b_real = jnp.asarray(np.ones(shape), jnp.float32)
+        self.b_imag = jnp.asarray(np.zeros(shape), jnp.float32)
+        self.c_real, self.c_imag, self.log_dt = _random_init(
+            key, channels, modes, math.log(dt_min), math.log(dt_max)
         )
         self.state_size = state_size
         self.channels = channels
