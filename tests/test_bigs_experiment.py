@@ -165,3 +165,191 @@ def test_cli_parses_subcommands():
         _parse(["pretrain", "--resume", "--init-from", "x"])
     with pytest.raises(SystemExit):
         _parse([])
+
+
+# ----------------------------------------------------------------- models, losses, optimiser
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jax.random as jr  # noqa: E402
+import optax  # noqa: E402
+
+import lineax_seq as ls  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm():
+    # One compiled program instead of op-by-op construction (much faster to build).
+    build = lambda k: ls.BiGS(20, 8, 2, inner_dim=12, state_size=4, dropout=0.0, key=k)
+    return _bigs.MaskedLM(eqx.filter_jit(build)(jr.key(0)), key=jr.key(1))
+
+
+def test_mlm_loss_matches_direct_computation(tiny_mlm):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(7, 20, size=(2, 10)).astype(np.int32)
+    mask = np.ones((2, 10), bool)
+    mask[1, 7:] = False
+    labels = np.full((2, 10), -100, np.int32)
+    labels[0, [1, 4]] = [9, 11]
+    labels[1, [0, 2, 5]] = [8, 12, 19]
+    batch = {"tokens": tokens, "padding_mask": mask, "labels": labels}
+    loss_fn = eqx.filter_jit(_bigs.mlm_loss)
+    loss, aux = loss_fn(tiny_mlm, batch, jr.key(0), max_masked=4, inference=True)
+
+    # Reference: full-vocabulary logits at every position, then pick the labelled ones.
+    @eqx.filter_jit
+    def all_logits(model, tokens, mask):
+        h = model.encoder(tokens, mask, inference=True)
+        return model.head(h, model.encoder.token_embedding.weight)
+
+    nll, hits = [], []
+    for b in range(2):
+        logits = all_logits(tiny_mlm, jnp.asarray(tokens[b]), jnp.asarray(mask[b]))
+        for t in np.flatnonzero(labels[b] >= 0):
+            nll.append(-jax.nn.log_softmax(logits[t])[labels[b, t]])
+            hits.append(int(jnp.argmax(logits[t]) == labels[b, t]))
+    assert float(loss) == pytest.approx(float(np.mean(nll)), rel=1e-5)
+    assert float(aux["accuracy"]) == pytest.approx(np.mean(hits))
+
+
+def test_max_predictions_covers_masking():
+    assert _bigs.max_predictions(128, 0.15) >= 19 + 3 * 4
+    assert _bigs.max_predictions(4, 0.5) <= 4
+
+
+def test_optimizer_groups_ssm_parameters(tiny_mlm):
+    paths = _bigs.ssm_parameter_paths(tiny_mlm)
+    kernels = [
+        x
+        for x in jax.tree.leaves(tiny_mlm, is_leaf=lambda x: isinstance(x, ls.S4DKernel))
+        if isinstance(x, ls.S4DKernel)
+    ]
+    assert len(paths) == sum(
+        len(jax.tree.leaves(eqx.filter(k, eqx.is_inexact_array))) for k in kernels
+    )
+    assert paths and all("kernel_fn" in p for p in paths)
+    # Zero gradients: decoupled weight decay moves ordinary weights but not SSM ones.
+    opt = _bigs.make_optimizer(tiny_mlm, lr=0.1, steps=10, warmup=0.0, weight_decay=0.5, ssm_lr=0.1)
+    params = eqx.filter(tiny_mlm, eqx.is_inexact_array)
+
+    @eqx.filter_jit
+    def zero_grad_update(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return opt.update(zeros, opt.init(params), params)[0]
+
+    updates = zero_grad_update(params)
+    moved = eqx.apply_updates(tiny_mlm, updates)
+    kernel_fn = lambda m: m.encoder.layers.forward_routing.kernel_fn.c_real
+    np.testing.assert_array_equal(kernel_fn(moved), kernel_fn(tiny_mlm))
+    dense = lambda m: m.encoder.layers.v_proj.weight
+    assert not np.allclose(dense(moved), dense(tiny_mlm))
+
+
+def test_matched_inner_dim_matches_parameters():
+    base = dict(vocab_size=50, dim=16, num_layers=2)
+    abstract = eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0)))
+    target = _bigs.parameter_counts(abstract)["params_non_embedding"]
+    for arch, routing in _bigs.VARIANTS:
+        config = dict(base, architecture=arch, routing=routing)
+        inner = _bigs.matched_inner_dim(config, target)
+        built = eqx.filter_eval_shape(ls.BiGS, **config, inner_dim=inner, key=jr.key(0))
+        got = _bigs.parameter_counts(built)
+        assert abs(got["params_non_embedding"] - target) <= 0.02 * target, (arch, routing)
+
+
+def test_classification_loss_regression_and_classes(tiny_mlm):
+    batch = {
+        "tokens": np.full((3, 6), 9, np.int32),
+        "padding_mask": np.ones((3, 6), bool),
+        "label": np.array([0, 2, 1], np.int32),
+    }
+    clf = _bigs.Classifier(tiny_mlm.encoder, 3, key=jr.key(2))
+    loss_fn = eqx.filter_jit(_bigs.classification_loss)
+    loss, aux = loss_fn(clf, batch, jr.key(0), inference=True)
+    logits = eqx.filter_jit(jax.vmap(lambda t, m: clf(t, m, inference=True)))(
+        batch["tokens"], batch["padding_mask"]
+    )
+    expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    reg = _bigs.Classifier(tiny_mlm.encoder, 1, key=jr.key(2))
+    batch["label"] = np.array([0.5, -1.0, 2.0], np.float32)
+    loss, aux = loss_fn(reg, batch, jr.key(0), inference=True)
+    out = eqx.filter_jit(jax.vmap(lambda t, m: reg(t, m, inference=True)))(
+        batch["tokens"], batch["padding_mask"]
+    )[:, 0]
+    assert float(loss) == pytest.approx(float(jnp.mean((out - batch["label"]) ** 2)), rel=1e-5)
+    assert float(aux["mae"]) == pytest.approx(float(jnp.mean(jnp.abs(out - batch["label"]))))
+
+
+# ----------------------------------------------------------------- CLI end to end (tiny)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "self", "import", "class", "(x)", ":", "\n    ", "=", "1"]
+    for i in range(100):  # enough for a non-empty hash-split held-out part
+        text = " ".join(rng.choice(words, size=100))
+        (root / f"f{i:02d}.py").write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pretrained(corpus_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    argv = [
+        "pretrain", "--corpus", str(corpus_dir), "--tokenizer", "byte", "--dim", "16",
+        "--layers", "1", "--state-size", "4", "--length", "32", "--batch-size", "4",
+        "--steps", "3", "--out", str(out),
+    ]  # fmt: skip
+    metrics = _bigs.pretrain(_parse(argv))
+    return out, argv, metrics
+
+
+def test_pretrain_writes_run(pretrained):
+    out, _, metrics = pretrained
+    assert {"loss", "accuracy"} <= set(metrics)
+    assert np.isfinite(metrics["loss"])
+    for name in ("config.json", "metrics.jsonl", "kernels.png", "final", "checkpoints"):
+        assert (out / name).exists(), name
+    model, tok, config = _bigs.load_pretrained(out)
+    assert config["model"]["dim"] == 16 and tok.vocab_size == model.encoder.vocab_size
+    # The same weights run at a longer length (kernels are generated for it).
+    h = model.encoder(jnp.full((200,), 9, jnp.int32), inference=True)
+    assert h.shape == (200, 16)
+
+
+def test_pretrain_resume_and_init_from(pretrained, tmp_path):
+    out, argv, _ = pretrained
+    steps = argv.index("--steps") + 1
+    resumed = [*argv[:steps], "4", *argv[steps + 1 :], "--resume"]
+    _bigs.pretrain(_parse(resumed))
+    assert ls.list_checkpoints(out / "final")[-1].name.endswith("4")
+    longer = [*argv[: argv.index("--out")], "--out", str(tmp_path), "--init-from", str(out)]
+    longer[longer.index("--length") + 1] = "64"
+    _bigs.pretrain(_parse(longer))
+    assert json.loads((tmp_path / "config.json").read_text())["init_from"] == str(out)
+
+
+def test_finetune_file_and_kernels(pretrained, tmp_path):
+    out, _, _ = pretrained
+    rows = [(f"x{'y' * (i % 5)}", i % 2) for i in range(40)]
+    train = _bigs.write_rows(rows, tmp_path / "train.csv")
+    args = _parse(
+        ["finetune", "--checkpoint", str(out), "--train", str(train), "--steps", "2",
+         "--batch-size", "4", "--length", "16", "--out", str(tmp_path / "ft")]
+    )  # fmt: skip
+    metrics = _bigs.finetune(args)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert (tmp_path / "ft" / "result.json").exists()
+    png = _bigs.kernels(
+        _parse(["kernels", "--checkpoint", str(out), "--out", str(tmp_path / "k.png")])
+    )
+    assert png.stat().st_size > 0
+    with pytest.raises(ValueError, match="--regression"):
+        bad = _bigs.write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
+        _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(bad)]))
+    with pytest.raises(ValueError, match="not a `bigs pretrain` output"):
+        _bigs.load_pretrained(tmp_path)

@@ -352,6 +352,12 @@ def _save_json(payload: dict[str, Any], path: pathlib.Path) -> pathlib.Path:
 # ---------------------------------------------------------------------------------------
 
 
+def build_encoder(key: PRNGKeyArray, **config: Any) -> ls.BiGS:
+    """`ls.BiGS(**config, key=key)`, built as one compiled program (op-by-op
+    construction of the stacked layers compiles dozens of small XLA programs)."""
+    return eqx.filter_jit(lambda k: ls.BiGS(**config, key=k))(key)
+
+
 class MaskedLM(eqx.Module):
     """A BiGS-family encoder with the masked-LM head (decoder tied to the embedding)."""
 
@@ -413,7 +419,7 @@ def max_predictions(length: int, mask_rate: float) -> int:
 
 def mlm_loss(
     model: MaskedLM,
-    batch: dict[str, Array],
+    batch: dict[str, Any],
     key: PRNGKeyArray,
     *,
     max_masked: int,
@@ -457,7 +463,7 @@ def mlm_loss(
 
 def classification_loss(
     model: Classifier,
-    batch: dict[str, Array],
+    batch: dict[str, Any],
     key: PRNGKeyArray,
     *,
     inference: bool = False,
@@ -571,7 +577,7 @@ def matched_inner_dim(config: dict[str, Any], target: int) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def _subsample(dataset: Sequence[str], max_files: int | None) -> list[str]:
+def _subsample(dataset: Any, max_files: int | None) -> list[str]:
     """At most `max_files` documents, evenly spaced over the (id-sorted) corpus, so a
     small run still sees every part of it rather than its alphabetical start."""
     n = len(dataset)
@@ -669,64 +675,25 @@ def _classification_data(
 
 
 def _read_rows(path: pathlib.Path, *, regression: bool) -> tuple[Any, int]:
-    """A (text, label) CSV/JSONL file as records (via [`lineax_seq.read_classification`][]
-    for classes) and the number of outputs (classes, or 1 for regression)."""
+    """A (text, label) CSV/JSONL file (optional `text_pair` column) as records, via
+    [`lineax_seq.read_classification`][], and the number of outputs (classes, or 1 for
+    regression)."""
     path = pathlib.Path(path)
-    if path.suffix == ".jsonl":
-        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    else:
-        with path.open(newline="", encoding="utf-8") as f:
-            raw = list(csv.DictReader(f))
-    if not raw:
-        raise ValueError(f"{path} contains no examples")
-    labels = [float(r["label"]) for r in raw]
+    with path.open(newline="", encoding="utf-8") as f:
+        if path.suffix == ".jsonl":
+            first = next((json.loads(line) for line in f if line.strip()), {})
+            fields = first if isinstance(first, dict) else {}
+        else:
+            fields = next(csv.reader(f), [])
+    pair = "text_pair" if "text_pair" in fields else None
+    records = ls.read_classification(path, num_classes=None, pair_field=pair)
     if regression:
-        pair = "text_pair" in raw[0]
-        rows = [
-            (r["text"], r["text_pair"], float(r["label"]))
-            if pair
-            else (r["text"], float(r["label"]))
-            for r in raw
-        ]
-        return _records(rows), 1
+        return records, 1
+    labels = [records[i]["label"] for i in range(len(records))]
     if not _is_integer_labels(labels):
         raise ValueError(f"{path}: labels are not integers; pass --regression for real values")
     num_classes = max(2, int(max(labels)) + 1)
-    pair = "text_pair" if "text_pair" in raw[0] else None
     return ls.read_classification(path, num_classes=num_classes, pair_field=pair), num_classes
-
-
-class _Regression:
-    """`{"text"[, "text_pair"], "label": float}` -> tokens, padding mask, float label (the
-    data package's classification encoder keeps integer labels only)."""
-
-    def __init__(self, tok: ls.Tokenizer, length: int):
-        self.tok, self.length = tok, length
-
-    def __call__(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
-        t = self.tok
-        parts = [[t.cls_id], t.encode(record["text"]), [t.sep_id]]
-        if "text_pair" in record:
-            parts += [t.encode(record["text_pair"]), [t.sep_id]]
-        ids = np.concatenate([np.asarray(q, np.int32) for q in parts])[: self.length]
-        tokens = np.full(self.length, t.pad_id, np.int32)
-        tokens[: ids.size] = ids
-        return {
-            "tokens": tokens,
-            "padding_mask": np.arange(self.length) < ids.size,
-            "label": np.float32(record["label"]),
-        }
-
-
-def _regression_data(
-    records: Any, tok: ls.Tokenizer, *, length: int, batch_size: int, seed: int, train: bool
-) -> Any:
-    examples = records.map(_Regression(tok, length))
-    if train:
-        return ls.batch_examples(examples, batch_size=batch_size, seed=seed)
-    return ls.batch_examples(
-        examples, batch_size=batch_size, shuffle=False, num_epochs=1, drop_remainder=False
-    )
 
 
 def _split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
@@ -872,7 +839,6 @@ def finetune_classifier(
             f"the training set has {len(train_records)} examples, fewer than "
             f"batch_size={batch_size}"
         )
-    make = _classification_data if model.head.num_outputs > 1 else _regression_data
     common = dict(length=length, batch_size=batch_size, seed=seed)
     optimizer = make_optimizer(
         model,
@@ -887,10 +853,10 @@ def finetune_classifier(
         model,
         optimizer,
         classification_loss,
-        make(train_records, tok, train=True, **common),
+        _classification_data(train_records, tok, train=True, **common),
         steps=steps,
         key=jr.key(seed),
-        eval_data=make(eval_records, tok, train=False, **common),
+        eval_data=_classification_data(eval_records, tok, train=False, **common),
         eval_fn=lambda m, b, k: classification_loss(m, b, k, inference=True),
         log_every=max(1, min(25, steps // 20)),
         out_dir=out_dir,
@@ -923,16 +889,17 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--resume: {out} holds no run to resume (no {CONFIG_FILE})")
         config = json.loads((out / CONFIG_FILE).read_text())
         tok = _load_tokenizer(out, config["tokenizer"])
-        model = MaskedLM(ls.BiGS(**config["model"], key=jr.key(args.seed)), key=jr.key(1))
+        model = MaskedLM(build_encoder(jr.key(args.seed), **config["model"]), key=jr.key(1))
     elif args.init_from is not None:
         model, tok, config = load_pretrained(args.init_from)
         config = {**config, "init_from": str(args.init_from)}
     else:
         tok = make_tokenizer(train_texts, args.tokenizer, args.vocab_size)
-        encoder = ls.BiGS(
-            tok.vocab_size,
-            args.dim,
-            args.layers,
+        encoder = build_encoder(
+            jr.key(args.seed),
+            vocab_size=tok.vocab_size,
+            dim=args.dim,
+            num_layers=args.layers,
             architecture=args.architecture,
             routing=args.routing,
             inner_dim=args.inner,
@@ -940,7 +907,6 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
             max_length=args.length if args.routing == "attention" else None,
             state_size=args.state_size,
             dropout=args.dropout,
-            key=jr.key(args.seed),
         )
         model = MaskedLM(encoder, key=jr.fold_in(jr.key(args.seed), 1))
         config = {"model": encoder.config()}
@@ -978,7 +944,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_every=max(1, args.steps // 4),
         resume=args.resume,
     )
-    ls.save_checkpoint(out / FINAL_DIR, result.step, model=result.model, keep=1)
+    ls.save_checkpoint(
+        out / FINAL_DIR, result.step, model=result.model, key=jr.key(args.seed), keep=1
+    )
     metrics = _last(result.history, "eval")
     _print_metrics("held-out MLM", metrics)
     if result.model.encoder.routing == "ssm":
@@ -1100,6 +1068,7 @@ def _ablation_settings(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size",
         "steps",
         "lr",
+        "warmup",
         "finetune_task",
         "finetune_steps",
         "finetune_lr",
@@ -1171,7 +1140,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         )
         config["inner_dim"] = matched_inner_dim(config, target["params_non_embedding"])
         key = jr.key(cfg["seed"])
-        mlm = MaskedLM(ls.BiGS(**config, key=key), key=jr.fold_in(key, 1))
+        mlm = MaskedLM(build_encoder(key, **config), key=jr.fold_in(key, 1))
         counts = parameter_counts(mlm.encoder)
         print(
             f"\n--- {name}: inner width {config['inner_dim']}, {counts['params']:,} "
@@ -1188,6 +1157,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             batch_size=batch_size,
             length=length,
             lr=cfg["lr"],
+            warmup=cfg["warmup"],
             seed=cfg["seed"],
             progress=False,
         )
@@ -1236,21 +1206,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
     # Context-free reference points.
-    eval_iter = iter(
-        _mlm_data(
-            eval_texts,
-            tok,
-            length=length,
-            batch_size=batch_size,
-            mask_rate=0.15,
-            seed=cfg["seed"],
-            train=False,
-        )
-    )
-    batches = [b for b, _ in zip(eval_iter, range(8), strict=False)]
-    targets = np.concatenate([b["labels"][b["labels"] >= 0] for b in batches])
-    stream = np.concatenate([tok.encode(t) for t in train_texts])
-    uni_loss, uni_acc = unigram_baseline(stream, targets, tok.vocab_size)
+    uni_loss, uni_acc = _unigram_reference(train_texts, eval_texts, tok, length, batch_size)
     train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
     eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
     majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
@@ -1286,6 +1242,31 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         f"written to {out}/bigs_ablation{suffix}.json/png in {_fmt_seconds(timer())}"
     )
     return payload
+
+
+def _unigram_reference(
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: ls.Tokenizer,
+    length: int,
+    batch_size: int,
+    *,
+    eval_batches: int = 8,
+) -> tuple[float, float]:
+    """The unigram baseline on exactly the held-out MLM targets `pretrain_mlm` scores."""
+    data = _mlm_data(
+        eval_texts,
+        tok,
+        length=length,
+        batch_size=batch_size,
+        mask_rate=0.15,
+        seed=0,
+        train=False,
+    )
+    batches = [b for b, _ in zip(iter(data), range(eval_batches), strict=False)]
+    targets = np.concatenate([b["labels"][b["labels"] >= 0] for b in batches])
+    stream = np.concatenate([tok.encode(t) for t in train_texts])
+    return unigram_baseline(stream, targets, tok.vocab_size)
 
 
 def _environment() -> dict[str, Any]:
@@ -1343,7 +1324,7 @@ def _optim_arguments(
     g.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: end)")
 
 
-def _corpus_arguments(parser: argparse.ArgumentParser) -> None:
+def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> None:
     g = parser.add_argument_group("corpus")
     g.add_argument(
         "--corpus",
@@ -1352,7 +1333,9 @@ def _corpus_arguments(parser: argparse.ArgumentParser) -> None:
         help="a text file or a directory of text files (default: the stdlib .py sources)",
     )
     g.add_argument("--max-files", type=int, default=400, help="use at most N files (400)")
-    g.add_argument("--tokenizer", choices=("bpe", "byte"), default="bpe")
+    g.add_argument(
+        "--tokenizer", choices=("bpe", "byte"), default=tokenizer, help=f"default {tokenizer}"
+    )
     g.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary (2048)")
 
 
@@ -1365,7 +1348,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="masked-LM pretraining on a text corpus",
         description="Masked-LM pretraining (15%% masking, 80/10/10, no NSP).",
     )
-    _corpus_arguments(pre)
+    _corpus_arguments(pre, tokenizer="bpe")
     _model_arguments(pre, layers=4, dim=128)
     _optim_arguments(pre, lr=1e-3, steps=2000, batch=32, length=128)
     pre.add_argument("--out", type=pathlib.Path, default=pathlib.Path("outputs/bigs/pretrain"))
@@ -1405,17 +1388,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="GATED/SSM, STACK/SSM, GATED/ATT, STACK/ATT at matched parameters and "
         "tokens: held-out MLM loss and a fine-tuning accuracy.",
     )
-    _corpus_arguments(abl)
-    abl.add_argument("--dim", type=int, default=128)
+    _corpus_arguments(abl, tokenizer="byte")
+    abl.add_argument("--dim", type=int, default=64)
     abl.add_argument("--layers", type=int, default=4)
     abl.add_argument("--length", type=int, default=128)
-    abl.add_argument("--batch-size", type=int, default=32)
-    abl.add_argument("--steps", type=int, default=600, help="pretraining steps per model")
+    abl.add_argument("--batch-size", type=int, default=16)
+    abl.add_argument("--steps", type=int, default=500, help="pretraining steps per model")
     abl.add_argument("--lr", type=float, default=1e-3)
-    abl.add_argument("--finetune-task", choices=("continuation", "listops"), default="continuation")
+    abl.add_argument("--warmup", type=float, default=0.05, help="warmup fraction (0.05)")
+    abl.add_argument(
+        "--finetune-task",
+        choices=("listops", "continuation"),
+        default="listops",
+        help="ListOps (default) or the corpus continuation task (does B continue A?)",
+    )
     abl.add_argument("--finetune-steps", type=int, default=300)
-    abl.add_argument("--finetune-lr", type=float, default=3e-4)
-    abl.add_argument("--finetune-examples", type=int, default=2048, help="training rows")
+    abl.add_argument("--finetune-lr", type=float, default=1e-3)
+    abl.add_argument("--finetune-examples", type=int, default=4000, help="training rows")
     abl.add_argument("--seed", type=int, default=0)
     abl.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     abl.add_argument(
@@ -1449,4 +1438,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
-    raise NotImplementedError
+    """`make demo`: MLM-pretrain a tiny BiGS on the stdlib corpus and compare its
+    held-out masked-token loss/accuracy with the unigram baseline; saves the curves and
+    the Figure-3 kernel heat map under `out_dir`."""
+    out_dir = pathlib.Path(out_dir)
+    steps, length, files = (80, 64, 60) if small else (500, 128, 300)
+    batch_size, seed = 16, 0
+    train_texts, eval_texts = load_corpus(None, files)
+    tok = ls.ByteTokenizer()
+    key = jr.key(seed)
+    encoder = build_encoder(key, vocab_size=tok.vocab_size, dim=64, num_layers=2)
+    model = MaskedLM(encoder, key=jr.fold_in(key, 1))
+    print(
+        f"BiGS (GATED/SSM, d=64, 2 layers, {ls.count_parameters(model):,} parameters): "
+        f"MLM on {len(train_texts)} stdlib files, bytes, "
+        f"{steps} steps x {batch_size} x {length} tokens",
+        flush=True,
+    )
+    result = pretrain_mlm(
+        model,
+        train_texts,
+        eval_texts,
+        tok,
+        steps=steps,
+        batch_size=batch_size,
+        length=length,
+        lr=2e-3,
+        warmup=0.05,
+        seed=seed,
+        out_dir=out_dir,
+        progress=False,
+    )
+    metrics = _last(result.history, "eval")
+    uni_loss, uni_acc = _unigram_reference(train_texts, eval_texts, tok, length, batch_size)
+    print(
+        f"held-out masked tokens: loss {metrics['loss']:.3f} nats (unigram baseline "
+        f"{uni_loss:.3f}), accuracy {metrics['accuracy']:.3f} (unigram {uni_acc:.3f})"
+    )
+    fwd, bwd = model_kernels(result.model, length)
+    print(f"kernels: {plot_kernels({'BiGS demo': (fwd, bwd)}, out_dir / 'kernels.png')}")
