@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._dynamics import LinearKoopmanDynamics, MLPDynamics
+from ._dynamics import AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
@@ -54,7 +54,7 @@ class KoopmanAutoencoder(eqx.Module):
 
     encoder: eqx.nn.MLP
     decoder: UnitNormLinear | eqx.nn.MLP
-    dynamics: LinearKoopmanDynamics | MLPDynamics
+    dynamics: AbstractLatentDynamics
     action_encoder: eqx.nn.MLP | None
     action_head: eqx.nn.MLP | None
     state_dim: int = eqx.field(static=True)

@@ -1,5 +1,6 @@
 """Latent dynamics: linear Koopman generators (bilinear / exact) and a nonlinear MLP."""
 
+import abc
 import math
 
 import equinox as eqx
@@ -18,7 +19,67 @@ def _check_positive(name: str, value: int | float) -> None:
         raise ValueError(f"{name}={value} must be positive")
 
 
-class LinearKoopmanDynamics(eqx.Module):
+def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> None:
+    _check_positive("latent_dim", latent_dim)
+    if action_latent_dim < 0:
+        raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
+    _check_positive("dt", dt)
+
+
+class AbstractLatentDynamics(eqx.Module):
+    """Latent dynamics with a trainable step `delta = exp(log_delta)`.
+
+    Subclasses give the rate `f(z, v)`, so that `dz/dt = (delta / dt) f(z, v)` in the
+    data's time units, and the discrete step `z_{t+1} = step(z_t, v_t)` over one sampling
+    interval.
+    """
+
+    log_delta: eqx.AbstractVar[Float[Array, ""]]
+    latent_dim: eqx.AbstractVar[int]
+    action_latent_dim: eqx.AbstractVar[int]
+    dt: eqx.AbstractVar[float]
+
+    @property
+    def delta(self) -> Float[Array, ""]:
+        """The trainable step `exp(log_delta)` (initialised at the data's `dt`)."""
+        return jnp.exp(self.log_delta)
+
+    @abc.abstractmethod
+    def rate(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """`f(z, v)`, the time derivative per unit of `delta`."""
+
+    @abc.abstractmethod
+    def step(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """One discrete step `z_{t+1}` from `z_t` and the encoded control `v_t`."""
+
+    def vector_field(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """`dz/dt = (delta / dt) f(z, v)` in the data's time units (for diffrax)."""
+        return (self.delta / self.dt) * self.rate(z, v)
+
+    def __call__(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """One discrete step.
+
+        **Arguments:**
+
+        - `z`: latent state `(latent_dim,)`.
+        - `v`: encoded control `(action_latent_dim,)`, or `None`.
+
+        **Returns:**
+
+        The next latent state `(latent_dim,)`.
+        """
+        return self.step(z, v)
+
+
+class LinearKoopmanDynamics(AbstractLatentDynamics):
     """Continuous-time linear latent dynamics `dz/dt = K z + L v` (section 1.3.1).
 
     Discretised over a trainable step `delta` (stored as `log_delta`, initialised
@@ -62,11 +123,7 @@ class LinearKoopmanDynamics(eqx.Module):
         - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`.
         - `key`: PRNG key.
         """
-        if latent_dim <= 0:
-            raise ValueError(f"latent_dim={latent_dim} must be positive")
-        if action_latent_dim < 0:
-            raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
-        _check_positive("dt", dt)
+        _check_sizes(latent_dim, action_latent_dim, dt)
         if discretization not in _DISCRETIZATIONS:
             raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
         k_key, l_key = jr.split(key)
@@ -81,11 +138,6 @@ class LinearKoopmanDynamics(eqx.Module):
         self.action_latent_dim = action_latent_dim
         self.dt = dt
         self.discretization = discretization
-
-    @property
-    def delta(self) -> Float[Array, ""]:
-        """The trainable discretisation step `exp(log_delta)`."""
-        return jnp.exp(self.log_delta)
 
     def generator(self) -> Float[Array, "latent latent"]:
         """The generator in the data's time units, `(delta / dt) K`."""
@@ -117,29 +169,19 @@ class LinearKoopmanDynamics(eqx.Module):
         out = jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
         return (out[:, :n], out[:, n:]) if self.L is not None else (out, None)
 
-    def vector_field(
+    def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`dz/dt` in the data's time units: `(delta / dt) (K z + L v)`."""
+        """`K z + L v` (so `dz/dt = (delta / dt) (K z + L v)`)."""
         out = self.K @ z
         if v is not None and self.L is not None:
             out = out + self.L @ v
-        return (self.delta / self.dt) * out
+        return out
 
-    def __call__(
+    def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """One discrete step `Kbar z + Lbar v`.
-
-        **Arguments:**
-
-        - `z`: latent state `(latent_dim,)`.
-        - `v`: encoded control `(action_latent_dim,)`, or `None`.
-
-        **Returns:**
-
-        The next latent state `(latent_dim,)`.
-        """
+        """One discrete step `Kbar z + Lbar v`."""
         Kbar, Lbar = self.discretize()
         out = Kbar @ z
         if v is not None and Lbar is not None:
@@ -147,7 +189,7 @@ class LinearKoopmanDynamics(eqx.Module):
         return out
 
 
-class MLPDynamics(eqx.Module):
+class MLPDynamics(AbstractLatentDynamics):
     """Nonlinear latent dynamics: a 3-layer ReLU MLP of `(z, v)` (appendix, Table 1.4).
 
     The MLP outputs a time derivative; one discrete step is
@@ -179,12 +221,8 @@ class MLPDynamics(eqx.Module):
         - `dt`: the data's sampling interval; initialises `delta`.
         - `key`: PRNG key.
         """
-        if latent_dim <= 0:
-            raise ValueError(f"latent_dim={latent_dim} must be positive")
-        if action_latent_dim < 0:
-            raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
+        _check_sizes(latent_dim, action_latent_dim, dt)
         _check_positive("width", width)
-        _check_positive("dt", dt)
         self.mlp = eqx.nn.MLP(
             latent_dim + action_latent_dim,
             latent_dim,
@@ -198,33 +236,15 @@ class MLPDynamics(eqx.Module):
         self.action_latent_dim = action_latent_dim
         self.dt = dt
 
-    @property
-    def delta(self) -> Float[Array, ""]:
-        """The trainable step `exp(log_delta)`."""
-        return jnp.exp(self.log_delta)
-
-    def _field(self, z, v):
+    def rate(
+        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+    ) -> Float[Array, " latent"]:
+        """`mlp([z, v])` (so `dz/dt = (delta / dt) mlp([z, v])`)."""
         inp = z if v is None or self.action_latent_dim == 0 else jnp.concatenate([z, v])
         return self.mlp(inp)
 
-    def vector_field(
+    def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`dz/dt` in the data's time units, `(delta / dt) mlp([z, v])`."""
-        return (self.delta / self.dt) * self._field(z, v)
-
-    def __call__(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
-    ) -> Float[Array, " latent"]:
-        """One discrete step `z + delta * mlp([z, v])`.
-
-        **Arguments:**
-
-        - `z`: latent state `(latent_dim,)`.
-        - `v`: encoded control `(action_latent_dim,)`, or `None`.
-
-        **Returns:**
-
-        The next latent state `(latent_dim,)`.
-        """
-        return z + self.delta * self._field(z, v)
+        """One discrete step `z + delta * mlp([z, v])` (explicit Euler over `dt`)."""
+        return z + self.delta * self.rate(z, v)
