@@ -129,7 +129,9 @@ def mlm_loss(model, batch, key, inference=False):
 
 
 k_enc, k_head, k_cls = jr.split(jr.key(0), 3)
-encoder = ls.BiGS(tokenizer.vocab_size, dim=64, num_layers=2, dropout=0.1, key=k_enc)
+# Built under `eqx.filter_jit`: one compiled program instead of many small eager ones.
+make_encoder = lambda k: ls.BiGS(tokenizer.vocab_size, dim=64, num_layers=2, dropout=0.1, key=k)
+encoder = eqx.filter_jit(make_encoder)(k_enc)
 model = MaskedLM(encoder, ls.MaskedLMHead(64, tokenizer.vocab_size, key=k_head))
 print(f"{ls.count_parameters(model):,} parameters; layers: {type(encoder.layer(0)).__name__}")
 

@@ -1233,6 +1233,10 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     suffix += "_quick" if args.quick else ""
     _save_json(payload, out / f"bigs_ablation{suffix}.json")
     plot_ablation(results, out / f"bigs_ablation{suffix}.png")
+    (out / f"bigs_ablation{suffix}.md").write_text(
+        f"{table}\n\nUnigram MLM baseline: loss {uni_loss:.3f}, accuracy {uni_acc:.3f}. "
+        f"Fine-tuning task: {task_name}; majority class {majority:.3f}.\n"
+    )
     if kernel_panels:
         plot_kernels(kernel_panels, out / f"bigs_kernels{suffix}.png")
     print("\n" + table)
