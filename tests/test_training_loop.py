@@ -221,6 +221,15 @@ def test_checkpoint_round_trip_and_pruning(saved):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_checkpoint_of_model_only_round_trips(tmp_path):
+    model = common.make_model()
+    ls.save_checkpoint(tmp_path, 0, model=model)
+    ckpt = ls.load_checkpoint(tmp_path, model=eqx.filter_eval_shape(common.make_model))
+    assert ckpt.key is None and ckpt.opt_state is None and ckpt.step == 0
+    for a, b in zip(_leaves(ckpt.model), _leaves(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_truncated_checkpoint_is_reported_and_previous_loads(saved, tmp_path):
     src, model, opt_state, _ = saved
     directory = tmp_path / "c"

@@ -52,7 +52,7 @@ class Checkpoint:
     step: int
     model: PyTree
     opt_state: PyTree
-    key: PRNGKeyArray
+    key: PRNGKeyArray | None
     data_state: Any
     extra: dict
 
