@@ -112,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
             jitted = jax.jit(fn)
             calls[variant] = lambda jitted=jitted, p=p, x=x: jitted(p, x)
             memory[variant][length] = compiled_memory(fn, p, x).get("peak_bytes", -1)
-            cost = jitted.lower(p, x).compile().cost_analysis()
-            cost = cost[0] if isinstance(cost, list | tuple) else cost
-            flops[variant][length] = float((cost or {}).get("flops", float("nan")))
+            flops[variant][length] = _xla_flops(fn, p, x)
             if variant == "BRECT":
-                # XLA counts a while loop's body once: BRECT's work is all in its
-                # `lax.scan` over the length / W blocks.
-                flops[variant][length] *= length // WINDOW
+                # XLA counts a while loop's body once. BRECT's state update is a
+                # `lax.scan` over the L / W blocks; its body's cost B is read off two-
+                # and three-block inputs (cost(nW) = nT + B, T the token side per block;
+                # a one-block scan is simplified away) and counted L / W times.
+                two, three = (_xla_flops(fn, p, x[: n * WINDOW]) for n in (2, 3))
+                flops[variant][length] += (length // WINDOW - 1) * (3 * two - 2 * three)
         # Round robin: every repeat times each variant once, so that load from other
         # processes on a shared machine hits all competitors alike.
         reps = repeats if length <= 16384 else max(3, repeats // 2)
@@ -188,6 +189,13 @@ def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.
     _plot(times, memory, done, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path
+
+
+def _xla_flops(fn, *args) -> float:
+    """FLOPs of `jax.jit(fn)(*args)` from XLA's cost analysis (while loops counted once)."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float((cost or {}).get("flops", float("nan")))
 
 
 def _gemm_gflops() -> float:

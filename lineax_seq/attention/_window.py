@@ -1,7 +1,8 @@
 """Causal sliding-window attention computed block by block, all blocks at once."""
 
+import math
+
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
@@ -64,9 +65,10 @@ def sliding_window_attention(
     the keys/values of the previous block and of their own block (a differentiable
     cache, as in Transformer-XL / Block-Recurrent Transformers) under a mask that lets
     token `i` see tokens `i - window + 1, ..., i`: every token sees the `window` most
-    recent tokens. All blocks go through `jax.nn.dot_product_attention` with the blocks
-    as the batch axis (block 0, which has no previous block, in a call of its own), so
-    the cost is `O(length * window)` and nothing of size `(length, length)` is built.
+    recent tokens. All blocks are computed at once, as batched matrix products over
+    `(heads, blocks)` (queries `(window, head_dim)` against a `(2 * window, head_dim)`
+    key frame), so the cost is `O(length * window)` and nothing of size
+    `(length, length)` is built. Logits and the softmax are computed in float32.
 
     **Arguments:**
 
@@ -81,19 +83,59 @@ def sliding_window_attention(
     Attention outputs, shape `(length, heads, head_dim)`.
     """
     num_blocks = check_blocks(q.shape[0], window, "q")
-    q, k, v = (rearrange(a, "(n w) h d -> n w h d", w=window) for a in (q, k, v))
+    # Head-major blocks: (heads, blocks, w, d). The batched products then have their
+    # batch axes leading and contract the minor axis: plain GEMMs, no transposes inside.
+    q, k, v = (rearrange(a, "(n w) h d -> h n w d", w=window) for a in (q, k, v))
+    previous = lambda a: jnp.concatenate([jnp.zeros_like(a[:, :1]), a[:, :-1]], axis=1)
+    k_frame = jnp.concatenate([previous(k), k], axis=2)  # (h, n, 2w, d): [previous; own]
+    v_frame = jnp.concatenate([previous(v), v], axis=2)
     # The window mask is the same for every block, so it is folded into one additive
-    # (heads, w, 2w) bias: no per-block boolean mask is built or applied (on CPU the
-    # masking pass costs about a fifth of the attention). Block 0 has no previous block:
-    # it attends to its own keys only, with the causal half of the same bias.
-    frame_bias = masked_bias(sliding_window_mask(window), bias)
-    first = jax.nn.dot_product_attention(q[:1], k[:1], v[:1], bias=frame_bias[None, :, :, window:])
-    if num_blocks == 1:
-        return first[0]
-    k_frame = jnp.concatenate([k[:-1], k[1:]], axis=1)  # (n - 1, 2w, h, d): [previous; own]
-    v_frame = jnp.concatenate([v[:-1], v[1:]], axis=1)
-    rest = jax.nn.dot_product_attention(q[1:], k_frame, v_frame, bias=frame_bias[None])
-    return rearrange(jnp.concatenate([first, rest]), "n w h d -> (n w) h d")
+    # (heads, w, 2w) bias; block 0 has no previous block, so the first half of its frame
+    # is blocked by a (blocks, 2w) term. Both broadcast inside the softmax's loop.
+    frame_bias = masked_bias(sliding_window_mask(window), bias)[:, None]
+    no_previous = (jnp.arange(num_blocks)[:, None] == 0) & (jnp.arange(2 * window) < window)
+    frame_bias = frame_bias + jnp.where(no_previous, -1e30, 0.0)[None, :, None]
+    out = head_major_attention(q, k_frame, v_frame, frame_bias)
+    return rearrange(out, "h n w d -> (n w) h d")
+
+
+def head_major_attention(
+    q: Float[Array, "*batch q d"],
+    k: Float[Array, "*batch k d"],
+    v: Float[Array, "*batch k d"],
+    bias: Float[Array, "*#batch #q #k"] | None = None,
+) -> Float[Array, "*batch q d"]:
+    """Softmax attention with leading batch axes (e.g. `(heads, blocks)`).
+
+    Logits and the softmax are float32 (the outputs are cast back to `v`'s dtype);
+    normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
+    `bias` is additive (use `-1e30` to block a key); every query must see a key.
+    """
+    scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + bias
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    out = jnp.einsum(
+        "...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
+
+
+def block_attention(
+    q: Float[Array, "blocks q heads d"],
+    k: Float[Array, "blocks k heads d"],
+    v: Float[Array, "blocks k heads d"],
+    bias: Float[Array, "#heads q k"] | None = None,
+) -> Float[Array, "blocks q heads d"]:
+    """Multi-head softmax attention batched over blocks (each block its own keys).
+
+    The same computation as `jax.nn.dot_product_attention` with the blocks as the batch
+    axis, laid out head-major so every block/head pair is one plain matrix product.
+    """
+    hm = lambda a: rearrange(a, "n t h d -> h n t d")
+    out = head_major_attention(hm(q), hm(k), hm(v), None if bias is None else bias[:, None])
+    return rearrange(out, "h n t d -> n t h d")
 
 
 class SlidingWindowAttention(eqx.Module):
@@ -140,8 +182,16 @@ class SlidingWindowAttention(eqx.Module):
 
     def heads(self, x: Float[Array, "length dim"]) -> Float[Array, "length heads head_dim"]:
         """Per-head attention outputs before merging heads."""
-        q = self.attention.queries(x)
         k, v = self.attention.keys_values(x)
+        return self.attend(self.attention.queries(x), k, v)
+
+    def attend(
+        self,
+        q: Float[Array, "length heads head_dim"],
+        k: Float[Array, "length heads head_dim"],
+        v: Float[Array, "length heads head_dim"],
+    ) -> Float[Array, "length heads head_dim"]:
+        """Sliding-window attention of projected queries/keys/values, with this bias."""
         bias = self.relative_bias(self.window, 2 * self.window, query_offset=self.window)
         return sliding_window_attention(q, k, v, window=self.window, bias=bias)
 

@@ -21,8 +21,8 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from ..attention import MultiHeadAttention, SlidingWindowAttention, sliding_window_mask
-from ..attention._window import check_blocks, masked_bias
+from ..attention import MultiHeadAttention, SlidingWindowAttention
+from ..attention._window import block_attention, check_blocks, masked_bias
 from ._ssm import ContextSSM
 
 CONTEXTS = ("sh", "mh", "mf")
@@ -405,9 +405,7 @@ class BlockStateTransformerLayer(eqx.Module):
             _dense(self.cross_query, h), "(n w) (h d) -> n w h d", w=self.window, h=self.num_heads
         )
         mask = self.context.mask(self.window)
-        cross = jax.nn.dot_product_attention(
-            q, k, v, bias=None if mask is None else masked_bias(mask)[None]
-        )
+        cross = block_attention(q, k, v, None if mask is None else masked_bias(mask))
         cross = rearrange(cross, "n w h d -> (n w) (h d)")
         x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
         return x + self.mlp(_norm(self.mlp_norm, x))
@@ -539,9 +537,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
     def _tokens_out(self, x, self_heads, h, ks, vs):
         q = _heads(_dense(self.cross_query, h), self.num_heads)
-        cross = jax.nn.dot_product_attention(q, ks, vs)
-        x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), _merge(cross)], -1))
-        return x + self.mlp(_norm(self.mlp_norm, x))
+        return self._mix(x, self_heads, jax.nn.dot_product_attention(q, ks, vs))
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
@@ -556,31 +552,31 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         _check_input(x, self.window, self.self_attention.attention.dim)
         w = self.window
         mha = self.self_attention.attention
-        relative = self.self_attention.relative_bias(w, 2 * w, query_offset=w)
-        frame_bias = masked_bias(sliding_window_mask(w), relative)
-        no_previous = jnp.where(jnp.arange(2 * w) < w, -1e30, 0.0)  # for block 0
+        # Everything on the token side is block-parallel: projections, the sliding-window
+        # attention, the cross-attention to the states, the output projection and the MLP
+        # run over the whole sequence at once (large matrix products). Only the states'
+        # update is sequential: `lax.scan` over blocks carrying the states, whose step is
+        # the states' own projections and their attention over one block of token keys.
+        h = _norm(self.attention_norm, x)
+        k, v = mha.keys_values(h)
+        self_heads = self.self_attention.attend(mha.queries(h), k, v)
 
-        def block(carry, x_b):
-            states, k_prev, v_prev, first = carry
-            h = _norm(self.attention_norm, x_b)
-            q = mha.queries(h)
-            k, v = mha.keys_values(h)
-            self_heads = jax.nn.dot_product_attention(
-                q,
-                jnp.concatenate([k_prev, k]),
-                jnp.concatenate([v_prev, v]),
-                bias=frame_bias + jnp.where(first, no_previous, 0.0),
-            )
+        def update(states, kv_b):
             s, (ks, vs) = self._state_kv(states)
-            out = self._tokens_out(x_b, self_heads, h, ks, vs)
-            states = self._update_states(states, s, ks, vs, k, v)
-            return (states, k, v, jnp.array(False)), out
+            return self._update_states(states, s, ks, vs, *kv_b), (ks, vs)
 
-        zeros = jnp.zeros((w, mha.num_heads, mha.head_dim))
-        init = (self.initial_state, zeros, zeros, jnp.array(True))
-        blocks = rearrange(x, "(n w) d -> n w d", w=w)
-        _, out = jax.lax.scan(block, init, blocks)
-        return rearrange(out, "n w d -> (n w) d")
+        blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=w)
+        # (ks, vs)[b]: the keys/values of the states that block b's tokens read, i.e. the
+        # states before block b's update.
+        _, (ks, vs) = jax.lax.scan(update, self.initial_state, (blocks(k), blocks(v)))
+        q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
+        cross = rearrange(block_attention(q, ks, vs), "n w h d -> (n w) h d")
+        return self._mix(x, self_heads, cross)
+
+    def _mix(self, x, self_heads, cross):
+        mixed = jnp.concatenate([_merge(self_heads), _merge(cross)], axis=-1)
+        x = x + _dense(self.output, mixed)
+        return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: int) -> Cache:
         """Empty decoding cache: attention frame and the recurrent states."""
