@@ -246,6 +246,39 @@ def test_optimizer_groups_ssm_parameters(tiny_mlm):
     assert not np.allclose(dense(moved), dense(tiny_mlm))
 
 
+def test_optimizer_is_adamw_098_1e6_with_warmup_cosine():
+    # A model without SSM kernels: one group, so the chain must equal plain optax.adamw
+    # with the paper's betas/eps and a warmup + cosine schedule (no clipping).
+    params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5])}
+    opt = _bigs.make_optimizer(params, lr=0.1, steps=100, warmup=0.1, weight_decay=0.01, ssm_lr=0.0)
+    schedule = opt.learning_rate_schedule
+    cosine = lambda t: 0.05 * (1 + np.cos(np.pi * (t - 10) / 90))
+    for step, expected in [(0, 0.0), (5, 0.05), (10, 0.1), (55, cosine(55)), (100, 0.0)]:
+        assert float(schedule(step)) == pytest.approx(expected, abs=1e-7), step
+    grads = [
+        {"w": jnp.array([0.3, -1e-7, 2.0]), "b": jnp.array([1.0])},
+        {"w": jnp.array([-0.1, 4.0, 0.0]), "b": jnp.array([0.2])},
+    ]
+
+    def run(optimizer):  # 12 updates: past the warmup, where lr > 0
+        state, p = optimizer.init(params), params
+        for _ in range(6):
+            for g in grads:
+                u, state = optimizer.update(g, state, p)
+                p = optax.apply_updates(p, u)
+        return p
+
+    ours = run(opt)
+    # optax's bias correction needs standard promotion (the tests run strict).
+    with jax.numpy_dtype_promotion("standard"):
+        paper = run(optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01))
+        default = run(optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01))
+    for k in params:
+        np.testing.assert_allclose(ours[k], paper[k], rtol=1e-6, atol=1e-7)
+    # Adam's defaults (b2 0.999, eps 1e-8) end elsewhere: the test can tell them apart.
+    assert not np.allclose(default["w"], ours["w"], rtol=1e-6, atol=1e-7)
+
+
 def test_matched_inner_dim_matches_parameters():
     base = dict(vocab_size=50, dim=16, num_layers=2)
     abstract = eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0)))
@@ -299,8 +332,9 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
+    # The default corpus (no --corpus): the standard library's .py sources.
     argv = [
-        "pretrain", "--corpus", str(corpus_dir), "--tokenizer", "byte", "--dim", "16",
+        "pretrain", "--max-files", "12", "--tokenizer", "byte", "--dim", "16",
         "--layers", "1", "--state-size", "4", "--length", "32", "--batch-size", "4",
         "--steps", "3", "--out", str(out),
     ]  # fmt: skip
@@ -314,23 +348,34 @@ def test_pretrain_writes_run(pretrained):
     assert np.isfinite(metrics["loss"])
     for name in ("config.json", "metrics.jsonl", "kernels.png", "final", "checkpoints"):
         assert (out / name).exists(), name
+    # Trained on standard-library sources, i.e. real Python code.
+    train, held = _bigs.load_corpus(None, 12)
+    assert len(train) == 12 and held and all("def " in t or "import" in t for t in train[:3])
     model, tok, config = _bigs.load_pretrained(out)
+    assert config["pretrain"]["corpus"] is None
     assert config["model"]["dim"] == 16 and tok.vocab_size == model.encoder.vocab_size
     # The same weights run at a longer length (kernels are generated for it).
     h = model.encoder(jnp.full((200,), 9, jnp.int32), inference=True)
     assert h.shape == (200, 16)
 
 
-def test_pretrain_resume_and_init_from(pretrained, tmp_path):
+def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
     out, argv, _ = pretrained
     steps = argv.index("--steps") + 1
     resumed = [*argv[:steps], "4", *argv[steps + 1 :], "--resume"]
     _bigs.pretrain(_parse(resumed))
     assert ls.list_checkpoints(out / "final")[-1].name.endswith("4")
+    # Continued pretraining at twice the length, from the checkpoint, on a text path.
     longer = [*argv[: argv.index("--out")], "--out", str(tmp_path), "--init-from", str(out)]
     longer[longer.index("--length") + 1] = "64"
-    _bigs.pretrain(_parse(longer))
-    assert json.loads((tmp_path / "config.json").read_text())["init_from"] == str(out)
+    metrics = _bigs.pretrain(_parse([*longer, "--corpus", str(corpus_dir)]))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["init_from"] == str(out) and config["pretrain"]["length"] == 64
+    assert config["pretrain"]["corpus"] == str(corpus_dir) and np.isfinite(metrics["loss"])
+    start = _bigs.load_pretrained(out)[0].encoder.token_embedding.weight
+    continued = _bigs.load_pretrained(tmp_path)[0].encoder.token_embedding.weight
+    # It started from the checkpoint (3 small Adam steps away), not from a fresh init.
+    assert 0 < float(jnp.max(jnp.abs(continued - start))) < 0.01
 
 
 def test_finetune_file_and_kernels(pretrained, tmp_path):
@@ -353,3 +398,23 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(bad)]))
     with pytest.raises(ValueError, match="not a `bigs pretrain` output"):
         _bigs.load_pretrained(tmp_path)
+
+
+def test_finetune_jsonl_regression_and_listops(pretrained, tmp_path):
+    out, _, _ = pretrained
+    path = tmp_path / "reg.jsonl"
+    rows = [{"text": "x" * (1 + i % 7), "label": 0.5 * (i % 7)} for i in range(24)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--checkpoint", str(out), "--steps", "2", "--batch-size", "4", "--length", "16"]
+    metrics = _bigs.finetune(
+        _parse(["finetune", *common, "--train", str(path), "--regression", "--out",
+                str(tmp_path / "reg")])
+    )  # fmt: skip
+    assert set(metrics) >= {"loss", "mae"} and np.isfinite(metrics["mae"])
+    metrics = _bigs.finetune(
+        _parse(["finetune", *common, "--task", "listops", "--listops-examples", "40",
+                "--out", str(tmp_path / "listops")])
+    )  # fmt: skip
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    result = json.loads((tmp_path / "listops" / "result.json").read_text())
+    assert result["task"] == "listops" and result["checkpoint"] == str(out)

@@ -1195,6 +1195,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
                 finetune_accuracy=ft_eval_metrics["accuracy"],
                 pretrain_seconds=round(pretrain_s, 1),
                 finetune_seconds=round(finetune_s, 1),
+                pretrain_tokens_per_s=_steady_throughput(train_records),
                 mlm_curve=[[r["step"], r["loss"]] for r in train_records],
             )
         )
@@ -1202,7 +1203,8 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"{name}: held-out MLM loss {r['mlm_loss']:.3f} (acc. {r['mlm_accuracy']:.3f}), "
             f"fine-tune acc. {r['finetune_accuracy']:.3f}  "
-            f"[{_fmt_seconds(pretrain_s)} + {_fmt_seconds(finetune_s)}]",
+            f"[{_fmt_seconds(pretrain_s)} + {_fmt_seconds(finetune_s)}, "
+            f"{r['pretrain_tokens_per_s'] or float('nan'):,.0f} tokens/s]",
             flush=True,
         )
     # Context-free reference points.
@@ -1234,8 +1236,14 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     _save_json(payload, out / f"bigs_ablation{suffix}.json")
     plot_ablation(results, out / f"bigs_ablation{suffix}.png")
     (out / f"bigs_ablation{suffix}.md").write_text(
-        f"{table}\n\nUnigram MLM baseline: loss {uni_loss:.3f}, accuracy {uni_acc:.3f}. "
-        f"Fine-tuning task: {task_name}; majority class {majority:.3f}.\n"
+        f"{table}\n\nd={cfg['dim']}, {cfg['layers']} layers, length {length}, "
+        f"{cfg['tokenizer']} tokens (vocabulary {tok.vocab_size}), {cfg['steps']} pretraining "
+        f"steps x {batch_size} sequences (the same batches for every variant), "
+        f"{cfg['finetune_steps']} fine-tuning steps; {payload['total_seconds'] / 60:.0f} min "
+        f"on {_environment()['device']}. Held-out MLM loss in nats per masked token; "
+        f"unigram baseline: loss {uni_loss:.3f}, accuracy {uni_acc:.3f}. "
+        f"Fine-tuning task: {task_name}; majority class {majority:.3f}. "
+        f"GATED/SSM - STACK/SSM fine-tune accuracy: {gap:+.3f}.\n"
     )
     if kernel_panels:
         plot_kernels(kernel_panels, out / f"bigs_kernels{suffix}.png")
@@ -1246,6 +1254,12 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         f"written to {out}/bigs_ablation{suffix}.json/png in {_fmt_seconds(timer())}"
     )
     return payload
+
+
+def _steady_throughput(records: Sequence[dict[str, Any]]) -> float | None:
+    """Median tokens/s over the logged windows after the first (which holds the compile)."""
+    rates = [r["tokens_per_s"] for r in records[1:] if "tokens_per_s" in r]
+    return float(np.median(rates)) if rates else None
 
 
 def _unigram_reference(
