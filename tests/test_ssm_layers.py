@@ -27,7 +27,7 @@ def _unroll(layer, x):
     [
         dict(),
         dict(channels=1, discretization="bilinear", init="legs"),
-        dict(activation=jax.nn.gelu, glu=True, init="inv"),
+        dict(activation=jax.nn.gelu, glu=True, init="inv", conv="chunked"),
     ],
     ids=["default", "shared-bilinear-legs", "gelu-glu"],
 )

@@ -1,6 +1,5 @@
 """The directional SSM used as BiGS routing: one S4D kernel shared by every feature."""
 
-import math
 from typing import Literal
 
 import equinox as eqx
@@ -8,27 +7,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray
 
-from ..ssm import S4DKernel
+from ..ssm import S4DKernel, chunked_conv
 from ..ssm._fft_conv import _fft_size
 
 # Up to this length a kernel shared by all features is applied as one dense Toeplitz
 # matrix product (`2 L` flops per position and feature, one GEMM); above it, by chunks
-# (`chunked_ssm_conv`, about `2 C + 8 modes` flops per position and feature, GEMMs).
+# (`lineax_seq.chunked_conv`, about `2 C + 8 modes` flops per position and feature).
 TOEPLITZ_MAX_LENGTH = 256
-
-
-def _toeplitz(k: Float[Array, " length"], reverse: bool) -> Float[Array, "length length"]:
-    """`T[t, s] = k[t - s]` for `t >= s` (zero above the diagonal); transposed if `reverse`."""
-    length = k.shape[0]
-    lag = jnp.arange(length)[:, None] - jnp.arange(length)[None, :]
-    padded = jnp.concatenate([k, jnp.zeros((1,), k.dtype)])
-    t = padded[jnp.where(lag >= 0, lag, length)]
-    return t.T if reverse else t
-
-
-def _chunk_size(length: int) -> int:
-    """Chunks of at least 128 positions, and at most 64 chunks."""
-    return max(128, 1 << max(0, math.ceil(math.log2(length / 64))))
 
 
 def chunked_ssm_conv(
@@ -40,22 +25,8 @@ def chunked_ssm_conv(
     reverse: tuple[bool, ...],
     chunk: int | None = None,
 ) -> Float[Array, "directions length channels"]:
-    """Convolution with diagonal-SSM kernels shared by all channels, by chunks.
-
-    For each direction, causal: `y[t] = sum_{s <= t} K[t - s] u[s] + D u[t]`, or
-    anti-causal (`reverse`): `y[t] = sum_{s >= t} K[s - t] u[s] + D u[t]`, with
-    `K[l] = 2 Re(sum_n CB_n Abar_n^l)`. Equal to the FFT convolution, but made of
-    matrix products, which CPUs (and accelerators) run far faster than FFTs. With
-    chunks of `C` positions (causal direction; the anti-causal one mirrors it):
-
-    * within a chunk: a `(C, C)` Toeplitz product;
-    * each chunk's end state `S_q = sum_j Abar^(C-1-j) u_(qC+j)`: a `(modes, C)` product;
-    * the states carried over chunks `H_q = sum_(p <= q) Abar^(C (q-p)) S_p`: a
-        `(Q, Q)` product per mode (`Q = L / C` chunks, at most 64);
-    * their effect `2 Re(sum_n CB_n Abar_n^(i+1) H_(q-1), n)` on offset `i` of chunk `q`.
-
-    About `2 C + 8 modes` flops per position and channel, in batched GEMMs over
-    (direction, chunk), with no transposes of the `(length, channels)` data.
+    """[`lineax_seq.chunked_conv`][] with one shared kernel per direction, all directions
+    in one batched pass (`jax.vmap` over directions, `reverse` traced per direction).
 
     **Arguments:**
 
@@ -64,64 +35,21 @@ def chunked_ssm_conv(
         [`lineax_seq.S4DKernel.discretize`][]), shape `(directions, modes)`.
     - `d`: each direction's skip, shape `(directions,)`.
     - `reverse`: per direction, anti-causal instead of causal.
-    - `chunk`: chunk size `C` (default: 128, or more so that there are <= 64 chunks).
+    - `chunk`: chunk size (default: [`lineax_seq.chunked_conv`][]'s).
 
     **Returns:**
 
     Shape `(directions, length, channels)`, in `u`'s dtype.
     """
-    directions, length, channels = u.shape
-    c = _chunk_size(length) if chunk is None else chunk
-    q = -(-length // c)
-    modes = abar.shape[1]
-    u = jnp.pad(u, ((0, 0), (0, q * c - length), (0, 0))).reshape(directions, q, c, channels)
-    log_abar = jnp.log(abar)[:, :, None]  # (z, n, 1)
-    rev = jnp.asarray(reverse)[:, None]  # (z, 1)
+    if len(reverse) != u.shape[0]:
+        raise ValueError(
+            f"reverse must have one entry per direction ({u.shape[0]}), got reverse={reverse!r}"
+        )
 
-    def powers(e):  # Abar^e, e: (z, m) -> (z, n, m)
-        return jnp.exp(log_abar * e[:, None, :].astype(jnp.float32).astype(log_abar.dtype))
+    def one(u, abar, cb, d, rev):
+        return chunked_conv(u, abar[None], cb[None], d[None], reverse=rev, chunk=chunk)
 
-    o = jnp.broadcast_to(jnp.arange(c), (directions, c))
-    # Within chunks: the kernel's first C lags (skip at lag 0), as Toeplitz matrices.
-    k = 2 * jnp.einsum("zn,znl->zl", cb, powers(o)).real + jnp.where(o == 0, d[:, None], 0)
-    lag = o[:, :, None] - o[:, None, :]  # (z, i, j): i - j
-    lag = jnp.where(rev[:, :, None], -lag, lag)
-    t = jnp.where(
-        lag >= 0,
-        jnp.take_along_axis(k, jnp.clip(lag, 0).reshape(directions, -1), 1).reshape(lag.shape),
-        0,
-    ).astype(u.dtype)
-    batched = lambda a: jnp.broadcast_to(a[:, None], (directions, q, *a.shape[1:]))
-    y = jnp.einsum("zqij,zqjc->zqic", batched(t), u)
-    # Chunk states (real and imaginary parts): causal sum_j Abar^(C-1-j) u_j (the state
-    # after the chunk), anti-causal sum_j Abar^j u_j (the state before it, seen from the
-    # right).
-    w_in = powers(jnp.where(rev, o, c - 1 - o))  # (z, n, C)
-    w_in = jnp.concatenate([w_in.real, w_in.imag], axis=1).astype(u.dtype)
-    states = jnp.einsum("zqnj,zqjc->zqnc", batched(w_in), u)  # (z, Q, 2n, channels)
-    states = jax.lax.complex(states[:, :, :modes], states[:, :, modes:])
-    # Carried: H_q = sum over chunks p on q's side (p <= q causal, p >= q anti-causal)
-    # of Abar^(C |q - p|) S_p.
-    chunk_lag = jnp.arange(q)[:, None] - jnp.arange(q)[None, :]  # q - p
-    chunk_lag = jnp.where(rev[:, :, None], -chunk_lag, chunk_lag)  # (z, Q, Q)
-    carry = powers(c * jnp.clip(chunk_lag, 0).reshape(directions, -1))
-    carry = jnp.where(chunk_lag[:, None] >= 0, carry.reshape(directions, modes, q, q), 0)
-    h = jnp.einsum("znqp,zpnc->zqnc", carry, states)
-    # The state entering chunk q: from chunk q - 1 (causal) or q + 1 (anti-causal).
-    zeros = jnp.zeros_like(h[:, :1])
-    h = jnp.stack(
-        [
-            jnp.concatenate([h[i, 1:], zeros[i]]) if r else jnp.concatenate([zeros[i], h[i, :-1]])
-            for i, r in enumerate(reverse)
-        ]
-    )
-    # Its effect on offset i: 2 Re(sum_n CB_n Abar_n^e H_n), e = i + 1 (causal) or
-    # C - i (anti-causal); as [2 Re V, -2 Im V] . [Re H, Im H].
-    v = cb[:, :, None] * powers(jnp.where(rev, c - o, o + 1))  # (z, n, C)
-    w_out = 2 * jnp.concatenate([v.real, -v.imag], axis=1).astype(u.dtype)  # (z, 2n, C)
-    h = jnp.concatenate([h.real, h.imag], axis=2).astype(u.dtype)  # (z, Q, 2n, channels)
-    y = y + jnp.einsum("zqin,zqnc->zqic", batched(jnp.swapaxes(w_out, 1, 2)), h)
-    return y.reshape(directions, q * c, channels)[:, :length]
+    return jax.vmap(one)(u, abar, cb, d, jnp.asarray(reverse))
 
 
 def fft_ssm_conv(
@@ -178,15 +106,13 @@ def ssm_conv(
     if any(ssm.kernel_fn.channels != 1 for ssm in ssms):
         k = jnp.stack([ssm.impulse_response(length) for ssm in ssms]).astype(u.dtype)
         return fft_ssm_conv(u, k, reverse=reverse)
-    if length <= TOEPLITZ_MAX_LENGTH:
-        k = [ssm.impulse_response(length)[0].astype(u.dtype) for ssm in ssms]
-        t = jnp.stack([_toeplitz(ki, r) for ki, r in zip(k, reverse, strict=True)])
-        return jnp.einsum("zts,zsc->ztc", t, u)
     systems = [ssm.kernel_fn.discretize() for ssm in ssms]
     abar = jnp.concatenate([a for a, _ in systems])
     cb = jnp.concatenate([c for _, c in systems])
     d = jnp.concatenate([ssm.d for ssm in ssms]).astype(u.dtype)
-    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse)
+    # Up to TOEPLITZ_MAX_LENGTH: one chunk, i.e. one dense Toeplitz product.
+    chunk = length if length <= TOEPLITZ_MAX_LENGTH else None
+    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse, chunk=chunk)
 
 
 class DirectionalSSM(eqx.Module):

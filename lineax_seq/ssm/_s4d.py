@@ -1,6 +1,7 @@
 """The S4D layer: diagonal SSM convolution + skip, with a recurrent mode."""
 
 from collections.abc import Callable
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -9,12 +10,15 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
+from ._chunked import chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel
 
+_CONVS = ("auto", "fft", "chunked")
+
 
 class S4D(eqx.Module):
-    """S4D layer: a diagonal SSM per feature, run as a long FFT convolution.
+    """S4D layer: a diagonal SSM per feature, run as a long convolution.
 
     `y = act(K * x + D x)`, then optionally a gated linear unit
     `glu(W y + b)` (`W: dim -> 2 dim`), as in the S4/S4D blocks. With the defaults
@@ -25,6 +29,16 @@ class S4D(eqx.Module):
     (as BiGS does). With `bidirectional=True` a second kernel runs backwards in time
     over the strictly-future inputs (see [`lineax_seq.fft_conv`][] for the lag
     convention).
+
+    The convolution is computed exactly either way, by one of two methods (`conv`):
+    `"fft"`, [`lineax_seq.fft_conv`][] with the kernel generated at the input's length;
+    or `"chunked"`, [`lineax_seq.chunked_conv`][], matrix products within chunks and
+    the SSM state carried between them (no FFT, no length-`L` kernel). `"auto"` (the
+    default) picks `"chunked"` for a shared kernel (`channels=1`, where the in-chunk
+    Toeplitz matrix is one GEMM for all features: 1.1-1.5x faster than the FFT on CPU
+    at 1k-16k positions) and `"fft"` for per-channel kernels (there the chunked
+    method's `2 C + 8 modes` flops per position and feature, in small per-channel
+    GEMMs, were 2-2.5x slower than XLA's FFT on CPU at `state_size=64`).
 
     Causal layers also run recurrently, one step at a time, via
     [`lineax_seq.S4D.init_state`][] and [`lineax_seq.S4D.step`][]; this reproduces
@@ -38,6 +52,7 @@ class S4D(eqx.Module):
     dim: int = eqx.field(static=True)
     bidirectional: bool = eqx.field(static=True)
     activation: Callable[[Array], Array] | None = eqx.field(static=True)
+    conv: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -52,6 +67,7 @@ class S4D(eqx.Module):
         dt_max: float = 1e-1,
         activation: Callable[[Array], Array] | None = None,
         glu: bool = False,
+        conv: Literal["auto", "fft", "chunked"] = "auto",
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -65,6 +81,8 @@ class S4D(eqx.Module):
         - `activation`: optional elementwise function applied after the skip, e.g.
             `jax.nn.gelu`.
         - `glu`: add an output linear map `dim -> 2 dim` followed by `jax.nn.glu`.
+        - `conv`: how the convolution is computed: `"fft"`, `"chunked"` or `"auto"`
+            (`"chunked"` if `channels=1`, else `"fft"`); all exact, same parameters.
         - `key`: a `jax.random.key`.
         """
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
@@ -72,6 +90,8 @@ class S4D(eqx.Module):
         channels = dim if channels is None else channels
         if channels not in (1, dim):
             raise ValueError(f"channels must be 1 or dim={dim}, got channels={channels!r}")
+        if conv not in _CONVS:
+            raise ValueError(f"conv must be one of {_CONVS}, got conv={conv!r}")
         k_key, kb_key, d_key, g_key = jr.split(key, 4)
         options = dict(init=init, discretization=discretization, dt_min=dt_min, dt_max=dt_max)
         self.kernel = S4DKernel(state_size, channels, key=k_key, **options)
@@ -83,6 +103,7 @@ class S4D(eqx.Module):
         self.dim = dim
         self.bidirectional = bidirectional
         self.activation = activation
+        self.conv = conv
 
     def _check_features(self, size: int, name: str) -> None:
         if size != self.dim:
@@ -109,14 +130,24 @@ class S4D(eqx.Module):
         The output sequence, of shape `(length, dim)`.
         """
         self._check_features(x.shape[-1], "x")
-        length = x.shape[0]
-        k = self.kernel(length)
-        k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
-        if k.shape[0] == self.dim:
-            # Fold the skip into lag 0: one convolution computes `K * x + D x`.
-            y = fft_conv(x, k.at[:, 0].add(self.skip), k_backward)
+        shared = self.kernel.channels != self.dim
+        method = self.conv if self.conv != "auto" else ("chunked" if shared else "fft")
+        # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
+        skip = None if shared else self.skip
+        if method == "chunked":
+            y = chunked_conv(x, *self.kernel.discretize(), skip)
+            if self.kernel_backward is not None:
+                # Lags -1, -2, ...: the anti-causal convolution of x shifted by one.
+                future = jnp.concatenate([x[1:], jnp.zeros_like(x[:1])])
+                y = y + chunked_conv(future, *self.kernel_backward.discretize(), reverse=True)
         else:
-            y = fft_conv(x, k, k_backward) + self.skip * x
+            length = x.shape[0]
+            k = self.kernel(length)
+            k = k if skip is None else k.at[:, 0].add(skip)
+            k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
+            y = fft_conv(x, k, k_backward)
+        if shared:
+            y = y + self.skip * x
         return self._output(y)
 
     def init_state(self) -> Complex[Array, "dim modes"]:

@@ -1,0 +1,151 @@
+"""Oracle tests for `chunked_conv`, the FFT-free exact SSM convolution, and S4D's `conv`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import lineax_seq as ls
+
+CHANNELS = 4
+CHUNKS = (7, 16, 500, None)  # ragged last chunk, a divisor of 64, > length, default
+
+
+def _direct(u, k, reverse):
+    """O(L^2) direct convolution in float64: causal `sum_{s<=t} k[t-s] u[s]`, or
+    anti-causal `sum_{s>=t} k[s-t] u[s]`."""
+    u = np.asarray(u, np.float64)
+    length = u.shape[0]
+    k = np.broadcast_to(np.asarray(k, np.float64), (u.shape[1], length))
+    lag = np.arange(length)[:, None] - np.arange(length)[None, :]  # t - s
+    lag = -lag if reverse else lag
+    toeplitz = np.where(lag >= 0, k[:, np.clip(lag, 0, None)], 0.0)  # (c, t, s)
+    return np.einsum("cts,sc->tc", toeplitz, u)
+
+
+@pytest.fixture(scope="module")
+def systems():
+    kernels = {kc: ls.S4DKernel(8, kc, init="inv", key=jr.key(kc)) for kc in (1, CHANNELS)}
+    return {kc: (kern, *kern.discretize()) for kc, kern in kernels.items()}
+
+
+@pytest.mark.parametrize("kc", [1, CHANNELS], ids=["shared", "per_channel"])
+@pytest.mark.parametrize("length", [37, 64], ids=["odd", "even"])
+def test_chunked_conv_equals_direct_and_fft(systems, kc, length):
+    kern, abar, cb = systems[kc]
+    u = jr.normal(jr.key(length), (length, CHANNELS))
+    skip = jr.normal(jr.key(5), (kc,))
+
+    @jax.jit
+    def run(u, abar, cb, skip):
+        out = [
+            [ls.chunked_conv(u, abar, cb, skip, reverse=rev, chunk=chunk) for chunk in CHUNKS]
+            for rev in (False, True)
+        ]
+        k = kern(length).at[:, 0].add(skip)
+        fft = {False: ls.fft_conv(u, k), True: ls.fft_conv(u[::-1], k)[::-1]}
+        return out, fft, k
+
+    out, fft, k = run(u, abar, cb, skip)
+    for rev in (False, True):
+        direct = _direct(u, k, rev)
+        scale = np.abs(direct).max()
+        np.testing.assert_allclose(fft[rev], direct, atol=1e-5 * scale)
+        for chunk, y in zip(CHUNKS, out[rev], strict=True):
+            assert y.shape == (length, CHANNELS) and y.dtype == jnp.float32
+            np.testing.assert_allclose(y, direct, atol=1e-5 * scale, err_msg=f"{chunk} {rev}")
+            np.testing.assert_allclose(y, fft[rev], atol=1e-5 * scale)
+
+
+def test_chunked_conv_traced_direction_dtype_and_causality(systems):
+    """`reverse` as a traced boolean (vmap over directions) equals the static calls;
+    a bfloat16 input gives a bfloat16 output; changing the future (past) does not
+    change a causal (anti-causal) output."""
+    _, abar, cb = systems[CHANNELS]
+    u = jr.normal(jr.key(0), (2, 45, CHANNELS))
+
+    @jax.jit
+    def run(u):
+        batched = jax.vmap(lambda u, r: ls.chunked_conv(u, abar, cb, reverse=r, chunk=8))(
+            u, jnp.array([False, True])
+        )
+        static = [ls.chunked_conv(u[i], abar, cb, reverse=bool(i), chunk=8) for i in (0, 1)]
+        half = ls.chunked_conv(u[0].astype(jnp.bfloat16), abar, cb, chunk=8)
+        return batched, static, half
+
+    batched, static, half = run(u)
+    np.testing.assert_allclose(batched[0], static[0], atol=1e-6)
+    np.testing.assert_allclose(batched[1], static[1], atol=1e-6)
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(half.astype(jnp.float32), static[0], rtol=0.05, atol=0.05)
+    changed = u.at[0, 20:].add(1.0).at[1, :20].add(1.0)
+    again = run(changed)[0]
+    np.testing.assert_allclose(again[0, :20], batched[0, :20], atol=1e-6)
+    np.testing.assert_allclose(again[1, 20:], batched[1, 20:], atol=1e-6)
+    assert not np.allclose(again[0, 20:], batched[0, 20:])
+
+
+def test_chunked_conv_grads(getkey):
+    kern = ls.S4DKernel(4, 2, key=getkey())
+    params, static = eqx.partition(kern, eqx.is_array)
+    u = jr.normal(getkey(), (8, 2))
+
+    @jax.jit
+    def f(p, u):
+        abar, cb = eqx.combine(p, static).discretize()
+        y = ls.chunked_conv(u, abar, cb, chunk=3) + ls.chunked_conv(
+            u, abar, cb, reverse=True, chunk=3
+        )
+        return jnp.sum(jnp.sin(y))
+
+    check_grads(f, (params, u), order=1, modes=["rev"], eps=1e-3, atol=2e-2, rtol=2e-2)
+
+
+def test_chunked_conv_bad_inputs(systems):
+    _, abar, cb = systems[CHANNELS]
+    u = jnp.ones((10, CHANNELS))
+    with pytest.raises(ValueError, match="chunk must be a positive integer.*chunk=0"):
+        ls.chunked_conv(u, abar, cb, chunk=0)
+    with pytest.raises((ValueError, TypeError), match="abar"):
+        ls.chunked_conv(jnp.ones((10, 3)), abar, cb)  # 4 systems for 3 channels
+    with pytest.raises((ValueError, TypeError), match="cb"):
+        ls.chunked_conv(u, abar, cb[:, :2])
+    with pytest.raises((ValueError, TypeError), match="skip"):
+        ls.chunked_conv(u, abar, cb, jnp.ones(3))
+    with pytest.raises((ValueError, TypeError), match="u"):
+        ls.chunked_conv(jnp.ones((2, 10, CHANNELS)), abar, cb)
+
+
+# ------------------------------------------------------------------ S4D's conv option
+
+
+def test_s4d_conv_methods_agree(getkey):
+    """`conv="chunked"` and `conv="fft"` give the same layer (per-channel and shared
+    kernels, causal and bidirectional; the shared causal layer's `"auto"` is chunked)."""
+    configs = [
+        dict(),
+        dict(channels=1),
+        dict(bidirectional=True),
+        dict(channels=1, bidirectional=True, init="legs"),
+    ]
+    keys = [getkey() for _ in configs]
+    layers = [
+        [ls.S4D(3, state_size=6, conv=conv, key=k, **c) for conv in ("fft", "chunked", "auto")]
+        for c, k in zip(configs, keys, strict=True)
+    ]
+    x = jr.normal(getkey(), (41, 3))
+
+    @eqx.filter_jit
+    def run(layers, x):
+        return [[m(x) for m in ms] for ms in layers]
+
+    for config, (fft, chunked, auto) in zip(configs, run(layers, x), strict=True):
+        scale = float(jnp.abs(fft).max())
+        np.testing.assert_allclose(chunked, fft, atol=2e-5 * scale, err_msg=str(config))
+        np.testing.assert_allclose(auto, fft, atol=2e-5 * scale, err_msg=str(config))
+    assert layers[0][2].conv == "auto"
+    with pytest.raises((ValueError, TypeError), match="conv"):
+        ls.S4D(3, conv="fast", key=getkey())
