@@ -106,11 +106,22 @@ def _softmax_attention(q, k, v, allowed, bias):
     return jnp.einsum("hqk,khd->qhd", jax.nn.softmax(logits, axis=-1), v)
 
 
+def _dense(layer, a):
+    return a @ layer.weight.T + (0.0 if layer.bias is None else layer.bias)
+
+
 def _block_loop_reference(layer, x):
-    """Each block on its own, keys gathered explicitly, plain softmax attention."""
+    """Each block on its own, keys gathered explicitly, plain softmax attention.
+
+    BRECT: the states are carried through the Python loop one block at a time (read by
+    the block's tokens, then updated from the block's keys/values with the fixed gates).
+    """
     bst = isinstance(layer, ls.BlockStateTransformerLayer)
-    attn = layer.self_attention if bst else layer.attention
+    brect = isinstance(layer, ls.BlockRecurrentTransformerLayer)
+    attn = layer.self_attention if bst or brect else layer.attention
     mha = attn.attention
+    states = layer.initial_state if brect else None
+    split = lambda a: a.reshape(a.shape[0], HEADS, DIM // HEADS)
     h = jax.vmap(layer.attention_norm)(x)
     q = mha.queries(h)
     k, v = mha.keys_values(h)
@@ -129,7 +140,27 @@ def _block_loop_reference(layer, x):
         heads = _softmax_attention(
             q[block], k[lo : (b + 1) * W], v[lo : (b + 1) * W], allowed, bias
         )
-        if not bst:
+        if brect:
+            s = jax.vmap(layer.state_norm)(states) + layer.state_ids
+            sk, sv = (
+                split(_dense(layer.state_attention.key_proj, s)),
+                split(_dense(layer.state_attention.value_proj, s)),
+            )
+            everything = lambda a, b: jnp.ones((a, b), bool)
+            qc = split(_dense(layer.cross_query, h[block]))
+            cross = _softmax_attention(qc, sk, sv, everything(W, len(s)), 0.0)
+            mixed = jnp.concatenate([heads.reshape(W, DIM), cross.reshape(W, DIM)], -1)
+            out = x[block] + _dense(layer.output, mixed)
+            sq = split(_dense(layer.state_attention.query_proj, s))
+            s_self = _softmax_attention(sq, sk, sv, everything(len(s), len(s)), 0.0)
+            sq2 = split(_dense(layer.state_cross_query, s))
+            s_cross = _softmax_attention(sq2, k[block], v[block], everything(len(s), W), 0.0)
+            mixed = jnp.concatenate([s_self.reshape(len(s), DIM), s_cross.reshape(len(s), DIM)], -1)
+            z = jnp.tanh(_dense(layer.state_gate_input, _dense(layer.state_output, mixed)))
+            states = (
+                jax.nn.sigmoid(layer.forget_bias) * states + jax.nn.sigmoid(layer.input_bias) * z
+            )
+        elif not bst:
             out = x[block] + jax.vmap(mha.output_proj)(heads.reshape(W, DIM))
         else:
             if layer.context_kind == "mf":
@@ -148,7 +179,7 @@ def _block_loop_reference(layer, x):
     return jnp.concatenate(outputs)
 
 
-ORACLE_VARIANTS = ["slide", "sh:s4", "mh:unstruct", "mf:s4"]
+ORACLE_VARIANTS = ["slide", "brect", "sh:s4", "mh:unstruct", "mf:s4"]
 
 
 def test_block_parallel_equals_block_loop(zoo, getkey):
