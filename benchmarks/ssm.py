@@ -1,18 +1,29 @@
-"""S4D layer forward: FFT convolution vs sequential recurrence vs parallel scan.
+"""S4D layer forward: FFT vs chunked convolution vs sequential recurrence vs parallel scan.
 
 The issue's shape: dim 256, state size N = 64, batch 8, L = 1k, 4k, 16k, 64k. Timed
 side by side in one process, in interleaved rounds (each competitor once per round,
 after a compiling warm-up), so that load on a shared machine hits all alike; times are
 medians over rounds and ratios medians of the per-round ratios:
 
-- `layer_fft`: the `lineax_seq.S4D` layer (kernel generation + FFT convolution + skip).
+- `layer`: the `lineax_seq.S4D` layer with its default `conv="auto"` (for these
+    per-channel kernels: the FFT path).
+- `layer_fft`: the layer with `conv="fft"` (kernel generation + FFT convolution + skip).
+- `layer_chunked`: the layer with `conv="chunked"` (`lineax_seq.chunked_conv`: Toeplitz
+    products within chunks + the SSM state carried between them; no FFT, no kernel).
+- `layer_shared` / `layer_shared_fft`: a layer with one kernel shared by all features
+    (`channels=1`, as BiGS uses), default (`"auto"` = chunked) and FFT.
 - `bare_fft_conv`: `lineax_seq.fft_conv` alone with a precomputed kernel of the same
-    size: the floor the layer is measured against (target: layer <= 1.3x of it).
+    size: the floor the FFT layer is measured against (target: layer <= 1.3x of it).
 - `kernel`: kernel generation alone (block powers, the layer's method), and
     `kernel_vandermonde`: the naive kernel with one complex `exp` per
     (channel, mode, position), as the PyTorch reference computes it.
 - `sequential_scan`: the recurrent mode, `lax.scan` over `S4D.step` (target: the FFT
     layer >= 30x faster at 16k).
+
+Targets (issue, section 4), each with `met` in the JSON's `targets`: the default layer
+>= 5x faster than the PyTorch reference S4D at 1k, 4k and 16k; the FFT layer >= 30x
+faster than the sequential recurrence at 16k; the FFT layer within 1.3x of the bare FFT
+convolution.
 - `linear_scan`: the same recurrence with `lineax_seq.linear_scan` (associative scan
     over the `(L, dim * N/2)` complex state), one batch element at a time.
 
@@ -50,6 +61,10 @@ import lineax_seq as ls  # noqa: E402
 PYTORCH_REFERENCE_MS = {1024: 235.0, 4096: 998.0, 16384: 3844.0}
 # Competitors timed in 2 rounds only from L = 16k on (seconds per call).
 SLOW = {"sequential_scan", "linear_scan", "kernel_vandermonde"}
+# (name, value key, comparison, threshold) of the issue's targets.
+TARGET_PYTORCH_SPEEDUP = 5.0
+TARGET_SEQUENTIAL_SPEEDUP_16K = 30.0
+TARGET_LAYER_OVER_BARE = 1.3
 
 
 def _vandermonde_kernel(kernel: ls.S4DKernel, length: int) -> jax.Array:
@@ -125,11 +140,27 @@ def main() -> None:
     layer = ls.S4D(dim, state_size=state_size, key=jr.key(0))
     params, static = eqx.partition(layer, eqx.is_array)
 
+    # The same parameters under the other convolution methods (`conv` is static).
+    def make(conv, channels=None):
+        m = ls.S4D(dim, state_size=state_size, channels=channels, conv=conv, key=jr.key(0))
+        return eqx.partition(m, eqx.is_array)
+
+    layers = {
+        "layer": (params, static),
+        "layer_fft": make("fft"),
+        "layer_chunked": make("chunked"),
+        "layer_shared": make("auto", channels=1),
+        "layer_shared_fft": make("fft", channels=1),
+    }
+
     def with_layer(fn):
         return lambda p, x: fn(eqx.combine(p, static), x)
 
+    def run_layer(static_):
+        return lambda p, x: jax.vmap(eqx.combine(p, static_))(x)
+
     competitors = {
-        "layer_fft": lambda p, x: jax.vmap(eqx.combine(p, static))(x),
+        **{name: run_layer(static_) for name, (_, static_) in layers.items()},
         "bare_fft_conv": lambda k, x: jax.vmap(lambda u: ls.fft_conv(u, k))(x),
         "kernel": lambda p, length: eqx.combine(p, static).kernel(length),
         "kernel_vandermonde": lambda p, length: _vandermonde_kernel(
@@ -150,6 +181,8 @@ def main() -> None:
         for name, fn in competitors.items():
             if name == "bare_fft_conv":
                 call_args = (k, x)
+            elif name in layers:
+                call_args = (layers[name][0], x)
             elif name.startswith("kernel"):
                 call_args = (params,)
                 fn = (lambda f, n: lambda p: f(p, n))(fn, length)
@@ -192,21 +225,24 @@ def main() -> None:
             )
         paired = functools.partial(paired_ratio, times)
         ratios = {}
+        for num, den in (("layer_chunked", "layer_fft"), ("layer_shared", "layer_shared_fft")):
+            if num in times and den in times:
+                ratios[f"{num}_over_{den}"] = paired(num, den)
         if "layer_fft" in times:
             if "bare_fft_conv" in times:
                 ratios["layer_over_bare_conv"] = paired("layer_fft", "bare_fft_conv")
             for other in ("sequential_scan", "linear_scan"):
                 if other in times:
                     ratios[f"{other}_over_layer"] = paired(other, "layer_fft")
-            if not args.quick and length in PYTORCH_REFERENCE_MS:
-                row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
-                ratios["pytorch_reference_over_layer"] = (
-                    PYTORCH_REFERENCE_MS[length] / row["ms"]["layer_fft"]
-                )
-                # Against our CPU time: a lower bound on the speed-up on an idle machine.
-                ratios["pytorch_reference_over_layer_cpu"] = (
-                    PYTORCH_REFERENCE_MS[length] / row["cpu_ms"]["layer_fft"]
-                )
+        if "layer" in times and not args.quick and length in PYTORCH_REFERENCE_MS:
+            row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
+            ratios["pytorch_reference_over_layer"] = (
+                PYTORCH_REFERENCE_MS[length] / row["ms"]["layer"]
+            )
+            # Against our CPU time: a lower bound on the speed-up on an idle machine.
+            ratios["pytorch_reference_over_layer_cpu"] = (
+                PYTORCH_REFERENCE_MS[length] / row["cpu_ms"]["layer"]
+            )
         if "kernel" in times and "kernel_vandermonde" in times:
             ratios["vandermonde_over_kernel"] = paired("kernel_vandermonde", "kernel")
             ratios["kernel_share_of_layer"] = paired("kernel", "layer_fft")
@@ -216,6 +252,7 @@ def main() -> None:
         results.append(row)
 
     payload = {
+        "targets": _targets(results),
         "config": {
             "dim": dim,
             "state_size": state_size,
@@ -237,6 +274,36 @@ def main() -> None:
     path = save(name, payload)
     _plot(results, path.with_suffix(".png"), quick=args.quick)
     print(f"wrote {path}")
+
+
+def _targets(results: list[dict]) -> dict:
+    """The issue's targets, each with the measured value and whether it is met."""
+    targets = {}
+    for row in results:
+        ratios, length = row["ratios"], row["length"]
+        if "pytorch_reference_over_layer" in ratios:
+            value = ratios["pytorch_reference_over_layer"]
+            targets[f"layer_vs_pytorch_reference_L{length}"] = {
+                "speedup": value,
+                "speedup_cpu_time": ratios["pytorch_reference_over_layer_cpu"],
+                "required": f">= {TARGET_PYTORCH_SPEEDUP:g}x",
+                "met": value >= TARGET_PYTORCH_SPEEDUP,
+            }
+        if length == 16384 and "sequential_scan_over_layer" in ratios:
+            value = ratios["sequential_scan_over_layer"]
+            targets["fft_layer_vs_sequential_scan_L16384"] = {
+                "speedup": value,
+                "required": f">= {TARGET_SEQUENTIAL_SPEEDUP_16K:g}x",
+                "met": value >= TARGET_SEQUENTIAL_SPEEDUP_16K,
+            }
+        if "layer_over_bare_conv" in ratios:
+            value = ratios["layer_over_bare_conv"]
+            targets[f"fft_layer_over_bare_fft_conv_L{length}"] = {
+                "ratio": value,
+                "required": f"<= {TARGET_LAYER_OVER_BARE:g}",
+                "met": value <= TARGET_LAYER_OVER_BARE,
+            }
+    return targets
 
 
 def _plot(results: list[dict], path: pathlib.Path, *, quick: bool) -> None:

@@ -6,7 +6,8 @@ import jax.random as jr
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ..ssm import HyenaFilter, S4DKernel, fft_conv
+from ..ssm import HyenaFilter, S4DKernel
+from ..ssm._fft_conv import _fft_size
 
 SSMS = ("s4", "unstruct")
 
@@ -17,8 +18,8 @@ class ContextSSM(eqx.Module):
     The input is projected down to `features` (the paper: `dim / 4`, and `dim / 8` for
     Multi-Filter), copied to `streams` streams (1 for SH, `num_heads` for MH, `S` filters
     for MF), and each of the `streams * features` channels is convolved over the whole
-    sequence with its own kernel (`jax.numpy.fft` via [`lineax_seq.fft_conv`][]), plus a
-    per-channel skip `D * u`:
+    sequence with its own kernel by FFT (as [`lineax_seq.fft_conv`][], but the down-projected
+    input is transformed once and shared by all streams), plus a per-channel skip `D * u`:
 
     - `"s4"`: [`lineax_seq.S4DKernel`][] kernels, generated for the actual length, so the
       layer runs at any length and has an exact `O(N)` recurrent step mode.
@@ -94,10 +95,17 @@ class ContextSSM(eqx.Module):
         The SSM outputs, shape `(length, streams, features)`; position `t` depends on
         `x[: t + 1]` only.
         """
+        length = x.shape[0]
         u = x @ self.down.weight.T + self.down.bias
-        u = repeat(u, "l f -> l (s f)", s=self.streams)
-        y = fft_conv(u, self.kernel(x.shape[0])) + self._skip() * u
-        return rearrange(y, "l (s f) -> l s f", s=self.streams)
+        # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
+        # its transform is computed once (not `streams` times).
+        n = _fft_size(2 * length)
+        u_f = jnp.fft.rfft(u, n=n, axis=0)  # (n // 2 + 1, features)
+        k = rearrange(self.kernel(length), "(s f) l -> s f l", s=self.streams)
+        k_f = jnp.moveaxis(jnp.fft.rfft(k, n=n, axis=-1), -1, 0)  # (n // 2 + 1, s, f)
+        y = jnp.fft.irfft(u_f[:, None, :] * k_f, n=n, axis=0)[:length].astype(u.dtype)
+        skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
+        return y + skip * u[:, None, :]
 
     def init_state(self, max_length: int) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens."""
