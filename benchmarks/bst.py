@@ -42,6 +42,39 @@ MELIAD_CPU = {
     "SLIDE": {1024: 0.022, 16384: 0.424},
     "BRECT": {1024: 0.043, 16384: 0.884},
 }
+# What the reference computes, read from google-research/meliad (configs
+# transformer/configs/base_htrans.gin, recurrent/bias_skip.gin, recurrent/states_128.gin;
+# code transformer/memory/transformer_layer.py, transformer_base.py, nn_components.py),
+# next to ours. Written into the JSON so the comparison's shape is on record.
+MELIAD_LAYER = {
+    "source": "google-research/meliad, base_htrans.gin + recurrent/bias_skip.gin + "
+    "recurrent/states_128.gin; transformer/memory/transformer_layer.py, transformer_base.py",
+    "heads_x_head_size": "8 x 128 in base_htrans.gin (attention width 1024 = 2 E); ours "
+    "16 x 32 (width 512 = E, the paper's Fig. 2.5 setting). At 16 x 32 the reference's "
+    "layer has our FLOPs (about 7.0 GFLOP for SLIDE at 1k); at 8 x 128 about 9.7 GFLOP.",
+    "projections": "Q, K, V (+ Q2 for cross-attention in the recurrent layer), no biases; "
+    "keys and queries L2-normalised per head with a learned per-head scale; ours: Q, K, V "
+    "(+ cross Q), no biases, 1/sqrt(d) scaling",
+    "post_attention": "one dense [self ; cross] heads -> E, no bias (ours: SLIDE's "
+    "without bias, BST's and BRECT's [self ; cross] projection with bias)",
+    "ffn": "2 layers, hidden 2048 = 4 E, ReLU, no biases (ours: 4 E, ReLU, with biases)",
+    "layer_norm": "scale only (no mean, no bias); ours: standard LayerNorm",
+    "position": "T5 relative bias, 32 buckets, max distance 128 (same as ours)",
+    "windows": "queries of a window (W) attend to the previous and own window (2 W keys, "
+    "causal sliding mask); the windows are a Python-unrolled loop "
+    "(max_unrolled_windows = -1); token-side projections and FFN run over the whole "
+    "sequence outside the loop (ours: all blocks batched, no loop)",
+    "recurrent": "128 states; gate_type 'bias' (fixed learned gates) and skip_ffn (no FFN "
+    "on the state path); per window the states' own K, V, Q, Q2, self-attention over the "
+    "states, cross-attention to the window's 2 W keys, one dense + gates. Ours: same, "
+    "except the states read the block's own W keys and the candidate passes one more "
+    "E x E projection with tanh (W_z; about 4% of BRECT's FLOPs).",
+    "dtype": "DTYPE = 'bfloat16' in base_htrans.gin ('For training on TPU'); ours float32",
+    "note": "The meliad seconds are the issue's figures, not measured by this script (flax "
+    "and gin are not installed here). 22 ms for SLIDE at 1k would be 318 GFLOP/s at our "
+    "7.0 GFLOP, above this machine's float32 matmul probe (about 305 GFLOP/s quiet), so "
+    "that figure cannot be a float32 run of the same shape here.",
+}
 # ratio name -> (numerator, denominator)
 RATIOS = {
     "BST:SH/SLIDE": ("BST:SH", "SLIDE"),
@@ -179,6 +212,7 @@ def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.
         "ratios": {n: {str(k): r for k, r in d.items()} for n, d in ratios.items()},
         "flop_ratios": {n: {str(k): r for k, r in d.items()} for n, d in flop_ratios.items()},
         "meliad_cpu_seconds": {v: {str(k): t for k, t in d.items()} for v, d in MELIAD_CPU.items()},
+        "meliad_layer": MELIAD_LAYER,
         "targets": targets,
         "gemm_gflops": gemm,
         "gflops_per_s": {
@@ -192,7 +226,13 @@ def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.
 
 
 def _xla_flops(fn, *args) -> float:
-    """FLOPs of `jax.jit(fn)(*args)` from XLA's cost analysis (while loops counted once)."""
+    """FLOPs of `jax.jit(fn)(*args)` from XLA's CPU cost analysis (loops counted once).
+
+    Always the CPU compiler's count (compiled, never run), so that the figures agree
+    across backends: GPU cost analysis counts fusions and FFTs differently.
+    """
+    cpu = jax.devices("cpu")[0]
+    args = jax.device_put(args, cpu)
     cost = jax.jit(fn).lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     return float((cost or {}).get("flops", float("nan")))
