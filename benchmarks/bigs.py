@@ -17,7 +17,10 @@ a BiGS stack (GATED/SSM layers, d 256, inner 768) against a BERT stack of equal
 parameter count (STACK/ATT, d 256, 4 heads, feed-forward 1152, so both layers have
 13 d^2 parameters), batch 8, at L = 128, 512, 1024, 4096, plus ONE BiGS layer at the
 shape of the reference measurements quoted in the issue (jxiw/BiGS Flax layer, batch 8,
-hidden 256, inner 768: 44 / 185 / 349 / 1,475 ms). Competitors are timed in one
+hidden 256, inner 768: 44 / 185 / 349 / 1,475 ms), and the reference layer's algorithm
+itself (`reference_layer`: its seven dense layers, flips and per-channel FFT
+convolutions, in plain JAX, as Flax is not a dependency), so that the 1.3x target is
+also checked within one process on the same machine. Competitors are timed in one
 process in interleaved rounds (each once per round, after a compiling warm-up), so
 load on a shared machine hits all alike: times are medians over rounds, ratios are
 ratios of medians. Peak memory is XLA's plan for one call.
@@ -172,6 +175,82 @@ def flops_table(lengths) -> dict:
     return out
 
 
+# ------------------------------------------------------ the reference layer's algorithm
+
+
+def reference_layer_init(key, dim: int = DIM, inner: int = INNER, modes: int = 64) -> dict:
+    """Parameters of `reference_layer` (shapes as in jxiw/BiGS's Flax layer: dense kernels
+    `(in, out)`, per direction an S4D-ZOH system of `modes` complex modes, `D`, `log_step`)."""
+    keys = jr.split(key, 9)
+    dense = lambda k, i, o: (0.02 * jr.normal(k, (i, o)), jnp.zeros((o,)))
+
+    def ssm(k):
+        return dict(
+            a_re=jnp.full((modes,), -0.5),
+            a_im=jnp.pi * jnp.arange(modes, dtype=jnp.float32),
+            c=jr.normal(k, (modes, 2)) * 0.5**0.5,
+            d=jnp.ones((1,)),
+            log_step=jr.uniform(jr.fold_in(k, 1), (1,), minval=-6.9, maxval=-2.3),
+        )
+
+    return dict(
+        norm=(jnp.ones((dim,)), jnp.zeros((dim,))),
+        v=dense(keys[0], dim, inner),
+        f=dense(keys[1], dim, dim),
+        b=dense(keys[2], dim, dim),
+        u1=dense(keys[3], dim, dim),
+        u2=dense(keys[4], dim, dim),
+        u=dense(keys[5], dim, inner),
+        o=dense(keys[6], inner, dim),
+        forward=ssm(keys[7]),
+        backward=ssm(keys[8]),
+    )
+
+
+def _reference_ssm(p: dict, u):
+    """Per-channel causal FFT convolution with an S4D-ZOH kernel (`modes` complex modes,
+    real part, no factor 2), plus `D u`: the reference's S4D layer, vmapped over channels."""
+    length = u.shape[0]
+    a = jnp.minimum(p["a_re"], -1e-4) + 1j * p["a_im"]
+    c = p["c"][:, 0] + 1j * p["c"][:, 1]
+    step = jnp.exp(p["log_step"])
+    lag = lambda n: jnp.sum(c * (jnp.exp(step * a) - 1) / a * jnp.exp(n * step * a))
+    k = jax.vmap(lag)(jnp.arange(length)).real
+
+    def conv(channel):
+        u_f = jnp.fft.rfft(jnp.pad(channel, (0, length)))
+        k_f = jnp.fft.rfft(jnp.pad(k, (0, length)))
+        return jnp.fft.irfft(u_f * k_f)[:length] + p["d"][0] * channel
+
+    return jax.vmap(conv, in_axes=1, out_axes=1)(u)
+
+
+def reference_layer(p: dict, x):
+    """What the reference Flax BiGS layer (jxiw/BiGS, `FlaxBiGSLayer`, pre-norm) computes,
+    in plain JAX with its structure: seven separate dense layers, explicit `flip`s, two
+    per-channel FFT convolutions, `gelu` = `flax.linen.gelu` (tanh approximation). Timed
+    in the same process as ours, so machine load does not bias the ratio."""
+    dense = lambda w, h: h @ w[0] + w[1]
+    mean = jnp.mean(x, -1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
+    h = (x - mean) * jax.lax.rsqrt(var + 1e-6) * p["norm"][0] + p["norm"][1]
+    gelu = jax.nn.gelu
+    v = gelu(dense(p["v"], h))
+    f = gelu(dense(p["f"], h))
+    b = gelu(dense(p["b"], jnp.flip(h, 0)))
+    y_f = _reference_ssm(p["forward"], f)
+    y_b = _reference_ssm(p["backward"], b)
+    gate = dense(p["u1"], y_f) * jnp.flip(dense(p["u2"], y_b), 0)
+    return x + dense(p["o"], gelu(dense(p["u"], gate)) * v)
+
+
+class _Reference(eqx.Module):
+    params: dict
+
+    def __call__(self, x):
+        return reference_layer(self.params, x)
+
+
 # --------------------------------------------------------------------------- speed
 
 
@@ -230,6 +309,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
     if num_layers > 1:  # the reference figures are for one layer
         modules["bigs_layer"] = make("bigs", 1, keys[2])
         single = "bigs_layer"
+    modules["reference_layer"] = _Reference(reference_layer_init(keys[2]))
     params = {n: ls.count_parameters(m) for n, m in modules.items()}
     print(f"parameters: {params}", flush=True)
     gemm = [_gemm_gflops()]
@@ -240,7 +320,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         ct = jr.normal(jr.key(2), (BATCH, length, DIM))
         calls = {}
         for name, module in modules.items():
-            p, fn = train_fn(module, 1 if name == "bigs_layer" else num_layers)
+            p, fn = train_fn(module, num_layers if name in ("bigs", "bert") else 1)
             memory[name][length] = compiled_memory(fn, p, x, ct).get("peak_bytes", -1)
             jitted = jax.jit(fn)
             jax.block_until_ready(jitted(p, x, ct))  # compile + warm up
@@ -260,7 +340,8 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
             f"BERT {seconds['bert'][length] * 1e3:8.1f} ms  "
             f"BERT/BiGS {seconds['bert'][length] / seconds['bigs'][length]:5.2f}x  |  "
             f"one BiGS layer {seconds[single][length] * 1e3:7.1f} ms "
-            f"(reference {ref} ms)  |  peak MiB BiGS {memory['bigs'][length] / 2**20:.0f} "
+            f"(reference layer here {seconds['reference_layer'][length] * 1e3:7.1f} ms, "
+            f"quoted {ref} ms)  |  peak MiB BiGS {memory['bigs'][length] / 2**20:.0f} "
             f"BERT {memory['bert'][length] / 2**20:.0f}",
             flush=True,
         )
@@ -272,6 +353,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         for k in lengths
         if k in REFERENCE_BIGS_LAYER_MS
     }
+    ref_here_over_ours = {k: seconds["reference_layer"][k] / seconds[single][k] for k in lengths}
     targets = {}
     if 4096 in bert_over_bigs:
         r = bert_over_bigs[4096]
@@ -288,6 +370,10 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         targets[">= 1.3x faster than the reference Flax layer at every length"] = (
             f"{'met' if worst >= 1.3 else 'missed'} (min {worst:.2f}x)"
         )
+    worst = min(ref_here_over_ours.values())
+    targets[">= 1.3x faster than the reference layer's algorithm timed here, every length"] = (
+        f"{'met' if worst >= 1.3 else 'missed'} (min {worst:.2f}x)"
+    )
     for name, verdict in targets.items():
         print(f"target {name}: {verdict}")
     str_keys = lambda d: {str(k): v for k, v in d.items()}
@@ -310,6 +396,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         "reference_bigs_layer_ms": str_keys(REFERENCE_BIGS_LAYER_MS),
         "reference_bert_layer_ms": str_keys(REFERENCE_BERT_LAYER_MS),
         "reference_over_ours_one_layer": str_keys(ref_over_ours),
+        "reference_layer_here_over_ours_one_layer": str_keys(ref_here_over_ours),
         "targets": targets,
         "gemm_gflops_before_after": gemm,
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -347,6 +434,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
         "bigs": f"BiGS ({layers})",
         "bert": f"BERT ({layers}, equal parameters)",
         "bigs_layer": "BiGS, one layer",
+        "reference_layer": "reference layer's algorithm (plain JAX, timed here)",
     }
     for name, label in labels.items():
         if name not in result["seconds"]:

@@ -50,6 +50,33 @@ def _embedding(num: int, dim: int, key: PRNGKeyArray) -> eqx.nn.Embedding:
     return eqx.nn.Embedding(weight=0.02 * jr.truncated_normal(key, -2.0, 2.0, (num, dim)))
 
 
+@eqx.filter_jit
+def _build(
+    layer_cls: type,
+    settings: tuple,
+    vocab_size: int,
+    dim: int,
+    num_layers: int,
+    max_length: int | None,
+    num_token_types: int,
+    final_norm: bool,
+    key: PRNGKeyArray,
+) -> tuple:
+    """Every array of a `BiGS`, as ONE compiled program (op by op, building the stacked
+    layers under `filter_vmap` would compile each primitive separately). Cached on the
+    static arguments, so a second model of the same configuration does not recompile."""
+    tok_key, pos_key, type_key, layer_key = jr.split(key, 4)
+    make = lambda k: layer_cls(dim, key=k, **dict(settings))
+    return (
+        _embedding(vocab_size, dim, tok_key),
+        None if max_length is None else _embedding(max_length, dim, pos_key),
+        _embedding(num_token_types, dim, type_key) if num_token_types else None,
+        eqx.nn.LayerNorm(dim, eps=1e-6),
+        eqx.filter_vmap(make)(jr.split(layer_key, num_layers)),
+        eqx.nn.LayerNorm(dim, eps=1e-6) if final_norm else None,
+    )
+
+
 class BiGS(eqx.Module):
     """Bidirectional encoder: BiGS (GATED/SSM), STACK/SSM, GATED/ATT or BERT (STACK/ATT).
 
@@ -155,16 +182,6 @@ class BiGS(eqx.Module):
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
         _check_positive("inner_dim", inner_dim)
-        tok_key, pos_key, type_key, layer_key = jr.split(key, 4)
-        self.token_embedding = _embedding(vocab_size, dim, tok_key)
-        self.position_embedding = (
-            None if max_length is None else _embedding(max_length, dim, pos_key)
-        )
-        self.token_type_embedding = (
-            _embedding(num_token_types, dim, type_key) if num_token_types else None
-        )
-        self.embedding_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
-        self.dropout = eqx.nn.Dropout(dropout)
         layer_cls = GatedLayer if architecture == "gated" else StackLayer
         settings = dict(
             inner_dim=inner_dim,
@@ -177,9 +194,25 @@ class BiGS(eqx.Module):
             dt_max=dt_max,
             dropout=dropout,
         )
-        make = lambda k: layer_cls(dim, key=k, **settings)
-        self.layers = eqx.filter_vmap(make)(jr.split(layer_key, num_layers))
-        self.final_norm = eqx.nn.LayerNorm(dim, eps=1e-6) if final_norm else None
+        (
+            self.token_embedding,
+            self.position_embedding,
+            self.token_type_embedding,
+            self.embedding_norm,
+            self.layers,
+            self.final_norm,
+        ) = _build(
+            layer_cls,
+            tuple(settings.items()),
+            vocab_size,
+            dim,
+            num_layers,
+            max_length,
+            num_token_types,
+            final_norm,
+            key,
+        )
+        self.dropout = eqx.nn.Dropout(dropout)
         self.vocab_size = vocab_size
         self.dim = dim
         self.num_layers = num_layers

@@ -20,7 +20,8 @@ KERNELS = ("shared", "per_channel")
 def dense(in_features: int, out_features: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
     """`eqx.nn.Linear` with BERT's initialisation: truncated normal (std 0.02), zero bias."""
     weight = 0.02 * jr.truncated_normal(key, -2.0, 2.0, (out_features, in_features))
-    linear = eqx.nn.Linear(in_features, out_features, key=key)
+    # Abstract, so that Linear's own (discarded) initialisation costs no random ops.
+    linear = eqx.filter_eval_shape(eqx.nn.Linear, in_features, out_features, key=key)
     return eqx.tree_at(
         lambda lin: (lin.weight, lin.bias), linear, (weight, jnp.zeros((out_features,)))
     )
