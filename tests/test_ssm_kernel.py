@@ -49,12 +49,24 @@ def _loop_kernel(kernel, length):
     return out
 
 
+@pytest.fixture(scope="module")
+def all_kernels():
+    """Every init x discretisation, evaluated at lengths 1 and 70 in one compile."""
+    kernels = {
+        (init, disc): ls.S4DKernel(8, 3, init=init, discretization=disc, key=jr.key(i))
+        for i, (init, disc) in enumerate((init, disc) for init in INITS for disc in DISCRETIZATIONS)
+    }
+    values = eqx.filter_jit(lambda ks: {name: (k(1), k(70)) for name, k in ks.items()})(kernels)
+    return kernels, values
+
+
 @pytest.mark.parametrize("discretization", DISCRETIZATIONS)
 @pytest.mark.parametrize("init", INITS)
-def test_kernel_equals_loop(init, discretization, getkey):
-    kernel = ls.S4DKernel(8, 3, init=init, discretization=discretization, key=getkey())
-    for length in (1, 70):  # 70 is not a multiple of the block size
-        k = kernel(length)
+def test_kernel_equals_loop(init, discretization, all_kernels):
+    kernels, values = all_kernels
+    kernel = kernels[init, discretization]
+    for length, k in zip((1, 70), values[init, discretization], strict=True):
+        # 70 is not a multiple of the block size
         assert k.shape == (3, length) and k.dtype == jnp.float32
         expected = _loop_kernel(kernel, length)
         np.testing.assert_allclose(k, expected, atol=1e-5 * np.abs(expected).max())
@@ -118,12 +130,16 @@ def test_parameters_real_and_init_statistics(getkey):
 def test_bilinear_approaches_zoh_as_dt_shrinks(getkey):
     key = getkey()
     errors = []
-    for dt in (1e-2, 1e-3, 1e-4):
-        kernels = [
+    kernels = [
+        [
             ls.S4DKernel(8, 2, init="inv", discretization=d, dt_min=dt, dt_max=1.0001 * dt, key=key)
             for d in DISCRETIZATIONS
         ]
-        zoh, bil = (np.asarray(k(64), np.float64) for k in kernels)
+        for dt in (1e-2, 1e-3, 1e-4)
+    ]
+    values = eqx.filter_jit(lambda ks: [[k(64) for k in pair] for pair in ks])(kernels)
+    for zoh, bil in values:
+        zoh, bil = np.asarray(zoh, np.float64), np.asarray(bil, np.float64)
         errors.append(np.abs(zoh - bil).max() / np.abs(zoh).max())
     assert errors[-1] < 1e-3
     assert errors[0] > 10 * errors[-1]
@@ -131,7 +147,8 @@ def test_bilinear_approaches_zoh_as_dt_shrinks(getkey):
 
 def test_length_generalisation_prefix(getkey):
     kernel = ls.S4DKernel(8, 2, key=getkey())
-    np.testing.assert_allclose(kernel(300)[:, :37], kernel(37), rtol=1e-5, atol=1e-6)
+    long, short = eqx.filter_jit(lambda k: (k(300), k(37)))(kernel)
+    np.testing.assert_allclose(long[:, :37], short, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("init", INITS)

@@ -34,8 +34,7 @@ def _unroll(layer, x):
 def test_s4d_convolution_equals_recurrence(options, getkey):
     layer = ls.S4D(3, state_size=6, key=getkey(), **options)
     x = jr.normal(getkey(), (50, 3))
-    conv = eqx.filter_jit(lambda m, x: m(x))(layer, x)
-    rec = eqx.filter_jit(_unroll)(layer, x)
+    conv, rec = eqx.filter_jit(lambda m, x: (m(x), _unroll(m, x)))(layer, x)
     assert conv.shape == rec.shape == (50, 3)
     np.testing.assert_allclose(conv, rec, atol=2e-5 * float(jnp.abs(conv).max()))
 
@@ -72,11 +71,13 @@ def test_s4d_causal(getkey):
 def test_s4d_bidirectional(getkey):
     layer = ls.S4D(3, state_size=4, channels=1, bidirectional=True, key=getkey())
     x = jr.normal(getkey(), (30, 3))
-    k, kb = layer.kernel(30), layer.kernel_backward(30)
-    expected = ls.fft_conv(x, k, kb) + layer.skip * x
-    out_x, out_y = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(
-        layer, jnp.stack([x, x.at[20:].add(1.0)])
-    )
+
+    @eqx.filter_jit
+    def run(m, x):
+        expected = ls.fft_conv(x, m.kernel(30), m.kernel_backward(30)) + m.skip * x
+        return expected, jax.vmap(m)(jnp.stack([x, x.at[20:].add(1.0)]))
+
+    expected, (out_x, out_y) = run(layer, x)
     np.testing.assert_allclose(out_x, expected, atol=1e-5)
     assert not np.allclose(out_x[:20], out_y[:20])  # the future matters
     with pytest.raises(ValueError, match="bidirectional"):
@@ -85,11 +86,12 @@ def test_s4d_bidirectional(getkey):
 
 def test_s4d_any_length_and_vmap(getkey):
     layer = ls.S4D(4, state_size=8, key=getkey())
-    call = eqx.filter_jit(lambda m, x: m(x))
-    for length in (1, 129):
-        assert call(layer, jnp.ones((length, 4))).shape == (length, 4)
-    batched = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(layer, jnp.ones((2, 9, 4)))
-    np.testing.assert_allclose(batched[1], call(layer, jnp.ones((9, 4))), atol=1e-6)
+    x = jr.normal(getkey(), (2, 9, 4))
+    one, long, single, batched = eqx.filter_jit(
+        lambda m, x: (m(x[0, :1]), m(jnp.ones((129, 4))), m(x[1]), jax.vmap(m)(x))
+    )(layer, x)
+    assert one.shape == (1, 4) and long.shape == (129, 4)
+    np.testing.assert_allclose(batched[1], single, atol=1e-6)
 
 
 def test_s4d_grads(getkey):
@@ -126,7 +128,7 @@ def test_s4d_bad_inputs(getkey):
 
 def test_hyena_filter_formula(getkey):
     filt = ls.HyenaFilter(3, order=8, max_length=16, emb_dim=5, depth=2, key=getkey())
-    h = filt(20)
+    h = eqx.filter_jit(lambda f: f(20))(filt)
     assert h.shape == (3, 20)
     # Eq. 2.3.4 by hand: exp(-alpha_c t) * FFN(PositionalEncoding(t)), sine activations.
     t = np.arange(20) / 16
@@ -145,9 +147,8 @@ def test_hyena_filter_formula(getkey):
 
 def test_hyena_filter_extrapolates_beyond_max_length(getkey):
     filt = ls.HyenaFilter(2, max_length=32, key=getkey())
-    call = eqx.filter_jit(lambda f, n: f(n))
-    long = call(filt, 100)
-    np.testing.assert_allclose(long[:, :32], call(filt, 32), atol=1e-6)
+    long, short = eqx.filter_jit(lambda f: (f(100), f(32)))(filt)
+    np.testing.assert_allclose(long[:, :32], short, atol=1e-6)
     assert bool(jnp.all(jnp.isfinite(long)))
 
 
@@ -205,25 +206,31 @@ def test_linear_scan_equals_loop(dense, reverse, getkey):
     a = jr.normal(getkey(), shape) * (0.5 if dense else 0.9)
     b = jr.normal(getkey(), (23, 3))
     initial = jr.normal(getkey(), (3,))
-    scan = jax.jit(ls.linear_scan, static_argnames="reverse")
-    np.testing.assert_allclose(scan(a, b, reverse=reverse), _loop(a, b, reverse), atol=1e-5)
-    np.testing.assert_allclose(
-        scan(a, b, reverse=reverse, initial=initial),
-        _loop(a, b, reverse, initial),
-        atol=1e-5,
-    )
+    plain, started = jax.jit(
+        lambda a, b, initial: (
+            ls.linear_scan(a, b, reverse=reverse),
+            ls.linear_scan(a, b, reverse=reverse, initial=initial),
+        )
+    )(a, b, initial)
+    np.testing.assert_allclose(plain, _loop(a, b, reverse), atol=1e-5)
+    np.testing.assert_allclose(started, _loop(a, b, reverse, initial), atol=1e-5)
 
 
 def test_linear_scan_complex_reproduces_s4d(getkey):
     """The diagonal complex scan of the S4D state gives the layer's output."""
     layer = ls.S4D(2, state_size=4, key=getkey())
     x = jr.normal(getkey(), (30, 2))
-    abar, cb = layer.kernel.discretize()
-    a = jnp.broadcast_to(abar.reshape(-1), (30, abar.size))
-    b = jnp.repeat(x, abar.shape[1], axis=1).astype(abar.dtype)
-    states = jax.jit(ls.linear_scan)(a, b).reshape(30, *abar.shape)
-    y = 2 * jnp.sum((cb * states).real, -1) + layer.skip * x
-    np.testing.assert_allclose(y, eqx.filter_jit(layer)(x), atol=1e-5)
+
+    @eqx.filter_jit
+    def run(layer, x):
+        abar, cb = layer.kernel.discretize()
+        a = jnp.broadcast_to(abar.reshape(-1), (30, abar.size))
+        b = jnp.repeat(x, abar.shape[1], axis=1).astype(abar.dtype)
+        states = ls.linear_scan(a, b).reshape(30, *abar.shape)
+        return 2 * jnp.sum((cb * states).real, -1) + layer.skip * x, layer(x)
+
+    y, out = run(layer, x)
+    np.testing.assert_allclose(y, out, atol=1e-5)
 
 
 def test_linear_scan_grads(getkey):

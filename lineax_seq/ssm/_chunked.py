@@ -11,8 +11,8 @@ from ._scan import linear_scan
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def default_chunk(length: int, kc: int) -> int:
-    """The default chunk size `C` of [`lineax_seq.chunked_conv`][].
+def _default_chunk(length: int, kc: int) -> int:
+    """The default chunk size `C` of `chunked_conv`.
 
     A kernel shared by all channels (`kc = 1`): chunks of 128 positions, more for long
     sequences so that there are at most 64 chunks (the in-chunk Toeplitz matrix is
@@ -78,8 +78,9 @@ def chunked_conv(
     - `skip`: optional `D` of shape `(kc,)`, added at lag 0.
     - `reverse`: anti-causal instead of causal; a Python bool or a scalar boolean array
         (so that directions can be batched with `jax.vmap`).
-    - `chunk`: chunk size `C`, a positive integer (default: `default_chunk(length, kc)`;
-        `C >= length` means one dense Toeplitz product).
+    - `chunk`: chunk size `C`, a positive integer. Default: 128 for a shared system
+        (more for long inputs, so that there are at most 64 chunks), 64 for per-channel
+        ones; `C >= length` means one dense Toeplitz product.
 
     **Returns:**
 
@@ -100,7 +101,7 @@ def chunked_conv(
         raise ValueError(f"skip must have shape ({kc},), got skip.shape={skip.shape}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"chunk must be a positive integer or None, got chunk={chunk!r}")
-    c = default_chunk(length, kc) if chunk is None else min(chunk, length)
+    c = _default_chunk(length, kc) if chunk is None else min(chunk, length)
     q = -(-length // c)
     dtype = u.dtype
     work = jnp.float64 if dtype == jnp.float64 else jnp.float32
