@@ -1,5 +1,6 @@
 """The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
 
+import itertools
 from typing import Literal
 
 import equinox as eqx
@@ -19,12 +20,23 @@ KERNELS = ("shared", "per_channel")
 
 def dense(in_features: int, out_features: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
     """`eqx.nn.Linear` with BERT's initialisation: truncated normal (std 0.02), zero bias."""
-    weight = 0.02 * jr.truncated_normal(key, -2.0, 2.0, (out_features, in_features))
-    # Abstract, so that Linear's own (discarded) initialisation costs no random ops.
-    linear = eqx.filter_eval_shape(eqx.nn.Linear, in_features, out_features, key=key)
-    return eqx.tree_at(
-        lambda lin: (lin.weight, lin.bias), linear, (weight, jnp.zeros((out_features,)))
-    )
+    return denses(in_features, (out_features,), key=key)[0]
+
+
+def denses(
+    in_features: int, out_features: tuple[int, ...], *, key: PRNGKeyArray
+) -> list[eqx.nn.Linear]:
+    """Several [`dense`][] layers reading the same width, drawn by ONE random call (each
+    random op costs compile time when a model is built)."""
+    weight = 0.02 * jr.truncated_normal(key, -2.0, 2.0, (sum(out_features), in_features))
+    linears = []
+    for w in jnp.split(weight, list(itertools.accumulate(out_features))[:-1]):
+        # Abstract, so that Linear's own (discarded) initialisation costs no random ops.
+        linear = eqx.filter_eval_shape(eqx.nn.Linear, in_features, w.shape[0], key=key)
+        linears.append(
+            eqx.tree_at(lambda lin: (lin.weight, lin.bias), linear, (w, jnp.zeros(w.shape[:1])))
+        )
+    return linears
 
 
 def apply_dense(linear: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -160,24 +172,22 @@ class GatedLayer(eqx.Module):
         _check_positive("inner_dim", inner_dim)
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
-        keys = jr.split(key, 9)
+        keys = jr.split(key, 4)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
-        self.v_proj = dense(dim, inner_dim, key=keys[0])
-        self.f_proj = dense(dim, dim, key=keys[1])
-        self.b_proj = dense(dim, dim, key=keys[2])
+        widths = (inner_dim, dim, dim, dim, dim, inner_dim)
+        v, f, b, u1, u2, u = denses(dim, widths, key=keys[0])
+        self.v_proj, self.f_proj, self.b_proj = v, f, b
         if routing == "ssm":
             ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
-            self.forward_routing = ssm.make(dim, reverse=False, key=keys[3])
-            self.backward_routing = ssm.make(dim, reverse=True, key=keys[4])
+            self.forward_routing = ssm.make(dim, reverse=False, key=keys[1])
+            self.backward_routing = ssm.make(dim, reverse=True, key=keys[2])
         else:
             heads = max(1, dim // 64) if num_heads is None else num_heads
             mha = dict(use_bias=True, output_projection=False)
-            self.forward_routing = MultiHeadAttention(dim, heads, key=keys[3], **mha)
-            self.backward_routing = MultiHeadAttention(dim, heads, key=keys[4], **mha)
-        self.u1_proj = dense(dim, dim, key=keys[5])
-        self.u2_proj = dense(dim, dim, key=keys[6])
-        self.u_proj = dense(dim, inner_dim, key=keys[7])
-        self.out_proj = dense(inner_dim, dim, key=keys[8])
+            self.forward_routing = MultiHeadAttention(dim, heads, key=keys[1], **mha)
+            self.backward_routing = MultiHeadAttention(dim, heads, key=keys[2], **mha)
+        self.u1_proj, self.u2_proj, self.u_proj = u1, u2, u
+        self.out_proj = dense(inner_dim, dim, key=keys[3])
         self.dropout = eqx.nn.Dropout(dropout)
         self.dim = dim
         self.inner_dim = inner_dim
@@ -323,30 +333,31 @@ class StackLayer(eqx.Module):
         _check_positive("inner_dim", inner_dim)
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
-        keys = jr.split(key, 8)
+        keys = jr.split(key, 4)
+        # The four d x d projections (SSM blocks' in/out, or attention's q/k/v/o) and W_1.
+        *square, self.mlp_in = denses(dim, (dim,) * 4 + (inner_dim,), key=keys[0])
         if routing == "ssm":
             ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
             self.routing_blocks = tuple(
                 _SSMBlock(
                     eqx.nn.LayerNorm(dim, eps=1e-6),
-                    dense(dim, dim, key=keys[3 * i]),
-                    ssm.make(dim, reverse=bool(i), key=keys[3 * i + 1]),
-                    dense(dim, dim, key=keys[3 * i + 2]),
+                    square[2 * i],
+                    ssm.make(dim, reverse=bool(i), key=keys[1 + i]),
+                    square[2 * i + 1],
                 )
                 for i in range(2)
             )
         else:
             heads = max(1, dim // 64) if num_heads is None else num_heads
-            mha = MultiHeadAttention(dim, heads, use_bias=True, key=keys[0])
+            mha = eqx.filter_eval_shape(MultiHeadAttention, dim, heads, use_bias=True, key=keys[1])
             mha = eqx.tree_at(
                 lambda m: (m.query_proj, m.key_proj, m.value_proj, m.output_proj),
                 mha,
-                tuple(dense(dim, dim, key=k) for k in jr.split(keys[1], 4)),
+                tuple(square),
             )
             self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
         self.mlp_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
-        self.mlp_in = dense(dim, inner_dim, key=keys[6])
-        self.mlp_out = dense(inner_dim, dim, key=keys[7])
+        self.mlp_out = dense(inner_dim, dim, key=keys[3])
         self.dropout = eqx.nn.Dropout(dropout)
         self.dim = dim
         self.inner_dim = inner_dim
