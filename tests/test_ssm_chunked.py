@@ -137,7 +137,7 @@ def test_s4d_conv_methods_agree(getkey):
         [ls.S4D(3, state_size=6, conv=conv, key=k, **c) for conv in ("fft", "chunked", "auto")]
         for c, k in zip(configs, keys, strict=True)
     ]
-    x = jr.normal(getkey(), (41, 3))
+    x = jr.normal(getkey(), (150, 3))  # two chunks (C = 128)
 
     @eqx.filter_jit
     def run(layers, x):
