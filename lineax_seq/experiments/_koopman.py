@@ -645,7 +645,7 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
-    argv += ["--small"] if small else ["--steps", "400", "--num-train", "20"]
+    argv += ["--small"] if small else ["--steps", "1500"]
     args = parser.parse_args(argv)
     if small:
         _apply_small(args)
