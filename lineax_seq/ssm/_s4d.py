@@ -38,7 +38,7 @@ class S4D(eqx.Module):
     Toeplitz matrix is one GEMM for all features: 1.1-1.5x faster than the FFT on CPU
     at 1k-16k positions) and `"fft"` for per-channel kernels (there the chunked
     method's `2 C + 8 modes` flops per position and feature, in small per-channel
-    GEMMs, were 2-2.5x slower than XLA's FFT on CPU at `state_size=64`).
+    GEMMs, were 1.4-2.7x slower than XLA's FFT on CPU at `state_size=64`).
 
     Causal layers also run recurrently, one step at a time, via
     [`lineax_seq.S4D.init_state`][] and [`lineax_seq.S4D.step`][]; this reproduces
