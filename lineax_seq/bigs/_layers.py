@@ -1,7 +1,7 @@
 """The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
 
 import itertools
-from typing import Literal
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
@@ -93,7 +93,123 @@ class _SSMSettings(eqx.Module):
         )
 
 
-class GatedLayer(eqx.Module):
+class _Layer(eqx.Module):
+    """What [`lineax_seq.GatedLayer`][] and [`lineax_seq.StackLayer`][] share: the
+    constructor's arguments and checks, `kernels` and `__call__`. A subclass sets its
+    blocks in `_build` and computes its residual update in `_apply`."""
+
+    dropout: eqx.nn.Dropout
+    dim: int = eqx.field(static=True)
+    inner_dim: int = eqx.field(static=True)
+    routing: str = eqx.field(static=True)
+    _inner_factor: ClassVar[int]
+    _default_routing: ClassVar[str]
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        inner_dim: int | None = None,
+        routing: Literal["ssm", "attention"] | None = None,
+        num_heads: int | None = None,
+        state_size: int = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        dropout: float = 0.0,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: model width `d`.
+        - `inner_dim`: GATED: width of `V` and `U` (default `3 * dim`); STACK:
+            feed-forward width (default `4 * dim`).
+        - `routing`: `"ssm"` or `"attention"` (default: `"ssm"` for GATED, `"attention"`
+            for STACK, i.e. BiGS and BERT).
+        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`).
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
+        - `dropout`: dropout rate on each residual branch.
+        - `key`: a `jax.random.key`.
+        """
+        _check_positive("dim", dim)
+        inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
+        _check_positive("inner_dim", inner_dim)
+        routing = self._default_routing if routing is None else routing
+        _check("routing", routing, ROUTINGS)
+        _check("kernel", kernel, KERNELS)
+        heads = max(1, dim // 64) if num_heads is None else num_heads
+        ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
+        self._build(dim, inner_dim, routing, heads, ssm, key)
+        self.dropout = eqx.nn.Dropout(dropout)
+        self.dim = dim
+        self.inner_dim = inner_dim
+        self.routing = routing
+
+    def _build(
+        self,
+        dim: int,
+        inner_dim: int,
+        routing: str,
+        heads: int,
+        ssm: _SSMSettings,
+        key: PRNGKeyArray,
+    ) -> None:
+        raise NotImplementedError
+
+    def _ssms(self) -> tuple[DirectionalSSM, DirectionalSSM]:
+        raise NotImplementedError
+
+    def _apply(
+        self,
+        x: Float[Array, "length dim"],
+        mask: Bool[Array, " length"] | None,
+        key: PRNGKeyArray | None,
+        inference: bool,
+    ) -> Float[Array, "length dim"]:
+        raise NotImplementedError
+
+    def kernels(
+        self, length: int
+    ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
+        """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
+
+        `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
+        the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
+        """
+        if self.routing != "ssm":
+            raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
+        forward, backward = self._ssms()
+        return forward.kernel(length), backward.kernel(length)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        x: Float[Array, "length dim"],
+        mask: Bool[Array, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "length dim"]:
+        """Apply the layer.
+
+        **Arguments:**
+
+        - `x`: input `X_i`, shape `(length, dim)`.
+        - `mask`: optional, `True` at real tokens (padding is trailing).
+        - `key`: dropout key (needed if `dropout > 0` and not `inference`).
+        - `inference`: disable dropout.
+
+        **Returns:**
+
+        `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
+        """
+        out = self._apply(x, mask, key, inference)
+        return out if mask is None else jnp.where(mask[:, None], out, 0)
+
+
+class GatedLayer(_Layer):
     """The GATED layer; with `routing="ssm"` this is the BiGS layer.
 
     Pre-LayerNorm, with `sigma` = GELU, `Flip` reversing the sequence and `inner` =
@@ -136,97 +252,29 @@ class GatedLayer(eqx.Module):
     u2_proj: eqx.nn.Linear
     u_proj: eqx.nn.Linear
     out_proj: eqx.nn.Linear
-    dropout: eqx.nn.Dropout
-    dim: int = eqx.field(static=True)
-    inner_dim: int = eqx.field(static=True)
-    routing: str = eqx.field(static=True)
+    _inner_factor: ClassVar[int] = 3
+    _default_routing: ClassVar[str] = "ssm"
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        inner_dim: int | None = None,
-        routing: Literal["ssm", "attention"] = "ssm",
-        num_heads: int | None = None,
-        state_size: int = 64,
-        kernel: Literal["shared", "per_channel"] = "shared",
-        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
-        dropout: float = 0.0,
-        key: PRNGKeyArray,
-    ):
-        """**Arguments:**
-
-        - `dim`: model width `d`.
-        - `inner_dim`: width of `V` and `U` (default `3 * dim`).
-        - `routing`: `"ssm"` (BiGS) or `"attention"`.
-        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`).
-        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
-            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
-        - `dropout`: dropout rate on `O` before the residual sum.
-        - `key`: a `jax.random.key`.
-        """
-        _check_positive("dim", dim)
-        inner_dim = 3 * dim if inner_dim is None else inner_dim
-        _check_positive("inner_dim", inner_dim)
-        _check("routing", routing, ROUTINGS)
-        _check("kernel", kernel, KERNELS)
+    def _build(self, dim, inner_dim, routing, heads, ssm, key):
         keys = jr.split(key, 4)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         widths = (inner_dim, dim, dim, dim, dim, inner_dim)
         v, f, b, u1, u2, u = denses(dim, widths, key=keys[0])
         self.v_proj, self.f_proj, self.b_proj = v, f, b
         if routing == "ssm":
-            ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
             self.forward_routing = ssm.make(dim, reverse=False, key=keys[1])
             self.backward_routing = ssm.make(dim, reverse=True, key=keys[2])
         else:
-            heads = max(1, dim // 64) if num_heads is None else num_heads
             mha = dict(use_bias=True, output_projection=False)
             self.forward_routing = MultiHeadAttention(dim, heads, key=keys[1], **mha)
             self.backward_routing = MultiHeadAttention(dim, heads, key=keys[2], **mha)
         self.u1_proj, self.u2_proj, self.u_proj = u1, u2, u
         self.out_proj = dense(inner_dim, dim, key=keys[3])
-        self.dropout = eqx.nn.Dropout(dropout)
-        self.dim = dim
-        self.inner_dim = inner_dim
-        self.routing = routing
 
-    def kernels(
-        self, length: int
-    ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
-        """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
+    def _ssms(self):
+        return self.forward_routing, self.backward_routing
 
-        `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
-        the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
-        """
-        if self.routing != "ssm":
-            raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
-        return self.forward_routing.kernel(length), self.backward_routing.kernel(length)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        x: Float[Array, "length dim"],
-        mask: Bool[Array, " length"] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-        inference: bool = False,
-    ) -> Float[Array, "length dim"]:
-        """Apply the layer.
-
-        **Arguments:**
-
-        - `x`: input `X_i`, shape `(length, dim)`.
-        - `mask`: optional, `True` at real tokens (padding is trailing).
-        - `key`: dropout key (needed if `dropout > 0` and not `inference`).
-        - `inference`: disable dropout.
-
-        **Returns:**
-
-        `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
-        """
+    def _apply(self, x, mask, key, inference):
         h = apply_norm(self.norm, x)
         # W_v, W_f, W_b read the same X: one matrix product. B is computed unflipped
         # (sigma and W_b act per position); the backward routing reads it anti-causally.
@@ -246,8 +294,7 @@ class GatedLayer(eqx.Module):
         u2 = apply_dense(self.u2_proj, y_b)
         u = gelu(apply_dense(self.u_proj, u1 * u2))
         o = apply_dense(self.out_proj, u * v)
-        out = x + self.dropout(o, key=key, inference=inference)
-        return out if mask is None else jnp.where(mask[:, None], out, 0)
+        return x + self.dropout(o, key=key, inference=inference)
 
 
 class _SSMBlock(eqx.Module):
@@ -273,7 +320,7 @@ class _AttentionBlock(eqx.Module):
         return self.attention(apply_norm(self.norm, x), mask=_key_mask(mask))
 
 
-class StackLayer(eqx.Module):
+class StackLayer(_Layer):
     """The STACK layer: a pre-LN transformer block; `routing="attention"` is BERT.
 
     ```
@@ -297,47 +344,14 @@ class StackLayer(eqx.Module):
     mlp_norm: eqx.nn.LayerNorm
     mlp_in: eqx.nn.Linear
     mlp_out: eqx.nn.Linear
-    dropout: eqx.nn.Dropout
-    dim: int = eqx.field(static=True)
-    inner_dim: int = eqx.field(static=True)
-    routing: str = eqx.field(static=True)
+    _inner_factor: ClassVar[int] = 4
+    _default_routing: ClassVar[str] = "attention"
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        inner_dim: int | None = None,
-        routing: Literal["ssm", "attention"] = "attention",
-        num_heads: int | None = None,
-        state_size: int = 64,
-        kernel: Literal["shared", "per_channel"] = "shared",
-        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
-        dropout: float = 0.0,
-        key: PRNGKeyArray,
-    ):
-        """**Arguments:**
-
-        - `dim`: model width `d`.
-        - `inner_dim`: feed-forward width (default `4 * dim`).
-        - `routing`: `"attention"` (BERT) or `"ssm"`.
-        - `num_heads`: attention heads (default `max(1, dim // 64)`).
-        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
-            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
-        - `dropout`: dropout rate on each residual branch.
-        - `key`: a `jax.random.key`.
-        """
-        _check_positive("dim", dim)
-        inner_dim = 4 * dim if inner_dim is None else inner_dim
-        _check_positive("inner_dim", inner_dim)
-        _check("routing", routing, ROUTINGS)
-        _check("kernel", kernel, KERNELS)
+    def _build(self, dim, inner_dim, routing, heads, ssm, key):
         keys = jr.split(key, 4)
         # The four d x d projections (SSM blocks' in/out, or attention's q/k/v/o) and W_1.
         *square, self.mlp_in = denses(dim, (dim,) * 4 + (inner_dim,), key=keys[0])
         if routing == "ssm":
-            ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
             self.routing_blocks = tuple(
                 _SSMBlock(
                     eqx.nn.LayerNorm(dim, eps=1e-6),
@@ -348,7 +362,6 @@ class StackLayer(eqx.Module):
                 for i in range(2)
             )
         else:
-            heads = max(1, dim // 64) if num_heads is None else num_heads
             mha = eqx.filter_eval_shape(MultiHeadAttention, dim, heads, use_bias=True, key=keys[1])
             mha = eqx.tree_at(
                 lambda m: (m.query_proj, m.key_proj, m.value_proj, m.output_proj),
@@ -358,49 +371,15 @@ class StackLayer(eqx.Module):
             self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
         self.mlp_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         self.mlp_out = dense(inner_dim, dim, key=keys[3])
-        self.dropout = eqx.nn.Dropout(dropout)
-        self.dim = dim
-        self.inner_dim = inner_dim
-        self.routing = routing
 
-    def kernels(
-        self, length: int
-    ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
-        """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
+    def _ssms(self):
+        forward, backward = self.routing_blocks
+        return forward.ssm, backward.ssm
 
-        `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
-        the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
-        """
-        if self.routing != "ssm":
-            raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
-        fwd, bwd = self.routing_blocks
-        return fwd.ssm.kernel(length), bwd.ssm.kernel(length)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        x: Float[Array, "length dim"],
-        mask: Bool[Array, " length"] | None = None,
-        *,
-        key: PRNGKeyArray | None = None,
-        inference: bool = False,
-    ) -> Float[Array, "length dim"]:
-        """Apply the layer.
-
-        **Arguments:**
-
-        - `x`: input, shape `(length, dim)`.
-        - `mask`: optional, `True` at real tokens (padding is trailing).
-        - `key`: dropout key (needed if `dropout > 0` and not `inference`).
-        - `inference`: disable dropout.
-
-        **Returns:**
-
-        Shape `(length, dim)`; zero at padded positions if `mask` is given.
-        """
+    def _apply(self, x, mask, key, inference):
         keys = _dropout_keys(key, len(self.routing_blocks) + 1)
         for block, k in zip(self.routing_blocks, keys, strict=False):
             x = x + self.dropout(block(x, mask), key=k, inference=inference)
         h = gelu(apply_dense(self.mlp_in, apply_norm(self.mlp_norm, x)))
         x = x + self.dropout(apply_dense(self.mlp_out, h), key=keys[-1], inference=inference)
-        return x if mask is None else jnp.where(mask[:, None], x, 0)
+        return x
