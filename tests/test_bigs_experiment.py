@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from lineax_seq.experiments import _bigs
+from lineax_seq.experiments import _bigs, _bigs_ablation, _bigs_kernels, _bigs_train
 
 TEXTS = [
     "def alpha(x):\n    return x + 1\n" * 6,
@@ -21,7 +21,7 @@ TEXTS = [
 
 
 def test_continuation_rows_positive_is_true_continuation():
-    rows = _bigs.continuation_rows(TEXTS, num_rows=40, chars=20, seed=3)
+    rows = _bigs_ablation.continuation_rows(TEXTS, num_rows=40, chars=20, seed=3)
     assert len(rows) == 40
     assert [label for _, _, label in rows].count(1) == 20
     docs = [t for t in TEXTS if len(t) >= 40]
@@ -37,28 +37,28 @@ def test_continuation_rows_positive_is_true_continuation():
 
 
 def test_continuation_rows_deterministic_and_seeded():
-    a = _bigs.continuation_rows(TEXTS, num_rows=10, chars=10, seed=0)
-    b = _bigs.continuation_rows(TEXTS, num_rows=10, chars=10, seed=0)
-    c = _bigs.continuation_rows(TEXTS, num_rows=10, chars=10, seed=1)
+    a = _bigs_ablation.continuation_rows(TEXTS, num_rows=10, chars=10, seed=0)
+    b = _bigs_ablation.continuation_rows(TEXTS, num_rows=10, chars=10, seed=0)
+    c = _bigs_ablation.continuation_rows(TEXTS, num_rows=10, chars=10, seed=1)
     assert a == b
     assert a != c
 
 
 def test_continuation_rows_bad_input():
     with pytest.raises(ValueError, match="chars"):
-        _bigs.continuation_rows(TEXTS, num_rows=2, chars=0)
+        _bigs_ablation.continuation_rows(TEXTS, num_rows=2, chars=0)
     with pytest.raises(ValueError, match="at least 2 documents"):
-        _bigs.continuation_rows(TEXTS, num_rows=2, chars=1000)
+        _bigs_ablation.continuation_rows(TEXTS, num_rows=2, chars=1000)
 
 
 def test_write_rows_csv_roundtrip(tmp_path):
     rows = [("a,b\nc", 1), ('say "hi"', 0)]
-    path = _bigs.write_rows(rows, tmp_path / "sub" / "task.csv")
+    path = _bigs_ablation.write_rows(rows, tmp_path / "sub" / "task.csv")
     with path.open(newline="") as f:
         read = list(csv.DictReader(f))
     assert [(r["text"], int(r["label"])) for r in read] == rows
     pairs = [("a", "b", 1), ("c", "d", 0)]
-    path = _bigs.write_rows(pairs, tmp_path / "pairs.csv")
+    path = _bigs_ablation.write_rows(pairs, tmp_path / "pairs.csv")
     with path.open(newline="") as f:
         read = list(csv.DictReader(f))
     assert [(r["text"], r["text_pair"], int(r["label"])) for r in read] == pairs
@@ -69,14 +69,14 @@ def test_write_rows_csv_roundtrip(tmp_path):
 
 def test_unigram_baseline_matches_entropy():
     train = np.array([0, 0, 0, 1, 1, 2])
-    loss, acc = _bigs.unigram_baseline(train, train, vocab_size=4)
+    loss, acc = _bigs_ablation.unigram_baseline(train, train, vocab_size=4)
     counts = np.array([4.0, 3.0, 2.0, 1.0])  # add-one smoothed
     p = counts / counts.sum()
     expected = -(3 * np.log(p[0]) + 2 * np.log(p[1]) + np.log(p[2])) / 6
     assert loss == pytest.approx(expected)
     assert acc == pytest.approx(0.5)
     with pytest.raises(ValueError, match="targets"):
-        _bigs.unigram_baseline(train, np.array([], int), vocab_size=4)
+        _bigs_ablation.unigram_baseline(train, np.array([], int), vocab_size=4)
 
 
 # ----------------------------------------------------------------- kernels (Figure 3)
@@ -86,7 +86,7 @@ def test_kernel_image_layout_and_scaling():
     length, layers, r = 16, 3, 4
     fwd = np.arange(layers * length, dtype=float).reshape(layers, length) + 1
     bwd = -10 * fwd
-    image = _bigs.kernel_image(fwd, bwd, radius=r)
+    image = _bigs_kernels.kernel_image(fwd, bwd, radius=r)
     assert image.shape == (2 * layers, 2 * r + 1)
     for i in range(layers):
         f_row, b_row = image[2 * i], image[2 * i + 1]
@@ -100,20 +100,21 @@ def test_kernel_image_layout_and_scaling():
     # Per-channel kernels are averaged in absolute value.
     stacked = np.stack([fwd, -fwd], axis=1)
     np.testing.assert_allclose(
-        _bigs.kernel_image(stacked, stacked, radius=r), _bigs.kernel_image(fwd, fwd, radius=r)
+        _bigs_kernels.kernel_image(stacked, stacked, radius=r),
+        _bigs_kernels.kernel_image(fwd, fwd, radius=r),
     )
 
 
 def test_kernel_image_bad_input():
     with pytest.raises(ValueError, match="too short"):
-        _bigs.kernel_image(np.ones((2, 5)), np.ones((2, 5)), radius=10)
+        _bigs_kernels.kernel_image(np.ones((2, 5)), np.ones((2, 5)), radius=10)
     with pytest.raises(ValueError, match="must both have shape"):
-        _bigs.kernel_image(np.ones((2, 20)), np.ones((3, 20)))
+        _bigs_kernels.kernel_image(np.ones((2, 20)), np.ones((3, 20)))
 
 
 def test_plot_kernels_and_ablation_files(tmp_path):
     k = np.random.default_rng(0).normal(size=(2, 32))
-    png = _bigs.plot_kernels({"a": (k, k), "b": (k[:1], k[:1])}, tmp_path / "k.png")
+    png = _bigs_kernels.plot_kernels({"a": (k, k), "b": (k[:1], k[:1])}, tmp_path / "k.png")
     assert png.stat().st_size > 0
     results = [
         {
@@ -124,19 +125,19 @@ def test_plot_kernels_and_ablation_files(tmp_path):
             "mlm_loss": 3.0 - i / 10,
             "mlm_accuracy": 0.3,
             "finetune_accuracy": 0.6,
-            "mlm_curve": _bigs.smooth_curve([5.0, 4.0, 3.0], points=2),
+            "mlm_curve": _bigs_ablation.smooth_curve([5.0, 4.0, 3.0], points=2),
         }
         for i, name in enumerate(["x", "y"])
     ]
-    assert _bigs.plot_ablation(results, tmp_path / "a.png").stat().st_size > 0
-    table = _bigs.ablation_table(results)
+    assert _bigs_ablation.plot_ablation(results, tmp_path / "a.png").stat().st_size > 0
+    table = _bigs_ablation.ablation_table(results)
     assert table.count("\n") == 3 and "| x | 1,000 (500) | 4,096 | 3.000" in table
     json.dumps(results)
 
 
 def test_smooth_curve():
-    assert _bigs.smooth_curve([]) == []
-    assert _bigs.smooth_curve([1.0, 3.0, 5.0, 7.0], points=2) == [[2.0, 2.0], [4.0, 6.0]]
+    assert _bigs_ablation.smooth_curve([]) == []
+    assert _bigs_ablation.smooth_curve([1.0, 3.0, 5.0, 7.0], points=2) == [[2.0, 2.0], [4.0, 6.0]]
 
 
 # ----------------------------------------------------------------- CLI
@@ -182,7 +183,7 @@ import lineax_seq as ls  # noqa: E402
 def tiny_mlm():
     # One compiled program instead of op-by-op construction (much faster to build).
     build = lambda k: ls.BiGS(20, 8, 2, inner_dim=12, state_size=4, dropout=0.0, key=k)
-    return _bigs.MaskedLM(eqx.filter_jit(build)(jr.key(0)), key=jr.key(1))
+    return _bigs_train.MaskedLM(eqx.filter_jit(build)(jr.key(0)), key=jr.key(1))
 
 
 def test_mlm_loss_matches_direct_computation(tiny_mlm):
@@ -194,7 +195,7 @@ def test_mlm_loss_matches_direct_computation(tiny_mlm):
     labels[0, [1, 4]] = [9, 11]
     labels[1, [0, 2, 5]] = [8, 12, 19]
     batch = {"tokens": tokens, "padding_mask": mask, "labels": labels}
-    loss_fn = eqx.filter_jit(_bigs.mlm_loss)
+    loss_fn = eqx.filter_jit(_bigs_train.mlm_loss)
     loss, aux = loss_fn(tiny_mlm, batch, jr.key(0), max_masked=4, inference=True)
 
     # Reference: full-vocabulary logits at every position, then pick the labelled ones.
@@ -214,23 +215,30 @@ def test_mlm_loss_matches_direct_computation(tiny_mlm):
 
 
 def test_max_predictions_covers_masking():
-    assert _bigs.max_predictions(128, 0.15) >= 19 + 3 * 4
-    assert _bigs.max_predictions(4, 0.5) <= 4
+    assert _bigs_train.max_predictions(128, 0.15) >= 19 + 3 * 4
+    assert _bigs_train.max_predictions(4, 0.5) <= 4
 
 
 def test_optimizer_groups_ssm_parameters(tiny_mlm):
-    paths = _bigs.ssm_parameter_paths(tiny_mlm)
+    groups = _bigs_train.ssm_groups(tiny_mlm, lr=0.1, ssm_lr=0.01)
+    assert groups["ssm"].learning_rate == 0.01 and groups["ssm"].weight_decay == 0.0
+    labels = jax.tree_util.tree_flatten_with_path(ls.param_labels(tiny_mlm, groups))[0]
+    ssm = [jax.tree_util.keystr(p) for p, label in labels if label == "ssm"]
+    # Exactly the arrays of the S4D kernels (A, B, C, dt of each direction) are grouped.
     kernels = [
         x
         for x in jax.tree.leaves(tiny_mlm, is_leaf=lambda x: isinstance(x, ls.S4DKernel))
         if isinstance(x, ls.S4DKernel)
     ]
-    assert len(paths) == sum(
+    assert len(ssm) == sum(
         len(jax.tree.leaves(eqx.filter(k, eqx.is_inexact_array))) for k in kernels
     )
-    assert paths and all("kernel_fn" in p for p in paths)
+    assert ssm and all("kernel_fn" in p for p in ssm)
+    assert _bigs_train.ssm_groups({"w": jnp.ones(2)}, lr=0.1, ssm_lr=0.01) == {}
     # Zero gradients: decoupled weight decay moves ordinary weights but not SSM ones.
-    opt = _bigs.make_optimizer(tiny_mlm, lr=0.1, steps=10, warmup=0.0, weight_decay=0.5, ssm_lr=0.1)
+    opt = _bigs_train.make_optimizer(
+        tiny_mlm, lr=0.1, steps=10, warmup=0.0, weight_decay=0.5, ssm_lr=0.1
+    )
     params = eqx.filter(tiny_mlm, eqx.is_inexact_array)
 
     @eqx.filter_jit
@@ -250,7 +258,9 @@ def test_optimizer_is_adamw_098_1e6_with_warmup_cosine():
     # A model without SSM kernels: one group, so the chain must equal plain optax.adamw
     # with the paper's betas/eps and a warmup + cosine schedule (no clipping).
     params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5])}
-    opt = _bigs.make_optimizer(params, lr=0.1, steps=100, warmup=0.1, weight_decay=0.01, ssm_lr=0.0)
+    opt = _bigs_train.make_optimizer(
+        params, lr=0.1, steps=100, warmup=0.1, weight_decay=0.01, ssm_lr=0.0
+    )
     schedule = opt.learning_rate_schedule
     cosine = lambda t: 0.05 * (1 + np.cos(np.pi * (t - 10) / 90))
     for step, expected in [(0, 0.0), (5, 0.05), (10, 0.1), (55, cosine(55)), (100, 0.0)]:
@@ -282,12 +292,12 @@ def test_optimizer_is_adamw_098_1e6_with_warmup_cosine():
 def test_matched_inner_dim_matches_parameters():
     base = dict(vocab_size=50, dim=16, num_layers=2)
     abstract = eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0)))
-    target = _bigs.parameter_counts(abstract)["params_non_embedding"]
-    for arch, routing in _bigs.VARIANTS:
+    target = _bigs_train.parameter_counts(abstract)["params_non_embedding"]
+    for arch, routing in _bigs_ablation.VARIANTS:
         config = dict(base, architecture=arch, routing=routing)
-        inner = _bigs.matched_inner_dim(config, target)
+        inner = _bigs_train.matched_inner_dim(config, target)
         built = eqx.filter_eval_shape(ls.BiGS, **config, inner_dim=inner, key=jr.key(0))
-        got = _bigs.parameter_counts(built)
+        got = _bigs_train.parameter_counts(built)
         assert abs(got["params_non_embedding"] - target) <= 0.02 * target, (arch, routing)
 
 
@@ -297,15 +307,15 @@ def test_classification_loss_regression_and_classes(tiny_mlm):
         "padding_mask": np.ones((3, 6), bool),
         "label": np.array([0, 2, 1], np.int32),
     }
-    clf = _bigs.Classifier(tiny_mlm.encoder, 3, key=jr.key(2))
-    loss_fn = eqx.filter_jit(_bigs.classification_loss)
+    clf = _bigs_train.Classifier(tiny_mlm.encoder, 3, key=jr.key(2))
+    loss_fn = eqx.filter_jit(_bigs_train.classification_loss)
     loss, aux = loss_fn(clf, batch, jr.key(0), inference=True)
     logits = eqx.filter_jit(jax.vmap(lambda t, m: clf(t, m, inference=True)))(
         batch["tokens"], batch["padding_mask"]
     )
     expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
-    reg = _bigs.Classifier(tiny_mlm.encoder, 1, key=jr.key(2))
+    reg = _bigs_train.Classifier(tiny_mlm.encoder, 1, key=jr.key(2))
     batch["label"] = np.array([0.5, -1.0, 2.0], np.float32)
     loss, aux = loss_fn(reg, batch, jr.key(0), inference=True)
     out = eqx.filter_jit(jax.vmap(lambda t, m: reg(t, m, inference=True)))(
@@ -349,9 +359,9 @@ def test_pretrain_writes_run(pretrained):
     for name in ("config.json", "metrics.jsonl", "kernels.png", "final", "checkpoints"):
         assert (out / name).exists(), name
     # Trained on standard-library sources, i.e. real Python code.
-    train, held = _bigs.load_corpus(None, 12)
+    train, held = _bigs_train.load_corpus(None, 12)
     assert len(train) == 12 and held and all("def " in t or "import" in t for t in train[:3])
-    model, tok, config = _bigs.load_pretrained(out)
+    model, tok, config = _bigs_train.load_pretrained(out)
     assert config["pretrain"]["corpus"] is None
     assert config["model"]["dim"] == 16 and tok.vocab_size == model.encoder.vocab_size
     # The same weights run at a longer length (kernels are generated for it).
@@ -372,19 +382,22 @@ def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["init_from"] == str(out) and config["pretrain"]["length"] == 64
     assert config["pretrain"]["corpus"] == str(corpus_dir) and np.isfinite(metrics["loss"])
-    start = _bigs.load_pretrained(out)[0].encoder.token_embedding.weight
-    continued = _bigs.load_pretrained(tmp_path)[0].encoder.token_embedding.weight
+    start = _bigs_train.load_pretrained(out)[0].encoder.token_embedding.weight
+    continued = _bigs_train.load_pretrained(tmp_path)[0].encoder.token_embedding.weight
     # It started from the checkpoint (3 small Adam steps away), not from a fresh init.
     assert 0 < float(jnp.max(jnp.abs(continued - start))) < 0.01
 
 
 def test_finetune_file_and_kernels(pretrained, tmp_path):
     out, _, _ = pretrained
-    rows = [(f"x{'y' * (i % 5)}", i % 2) for i in range(40)]
-    train = _bigs.write_rows(rows, tmp_path / "train.csv")
+    # 10 classes and the same settings as the ListOps test below: one compiled step.
+    rows = [(f"x{'y' * (i % 5)}", i % 10) for i in range(40)]
+    train = _bigs_ablation.write_rows(rows, tmp_path / "train.csv")
+    held = tmp_path / "held.jsonl"  # CSV for training, JSONL for evaluation
+    held.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows[:8]))
     args = _parse(
-        ["finetune", "--checkpoint", str(out), "--train", str(train), "--steps", "2",
-         "--batch-size", "4", "--length", "16", "--out", str(tmp_path / "ft")]
+        ["finetune", "--checkpoint", str(out), "--train", str(train), "--eval", str(held),
+         "--steps", "2", "--batch-size", "4", "--length", "16", "--out", str(tmp_path / "ft")]
     )  # fmt: skip
     metrics = _bigs.finetune(args)
     assert 0.0 <= metrics["accuracy"] <= 1.0
@@ -394,27 +407,32 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     )
     assert png.stat().st_size > 0
     with pytest.raises(ValueError, match="--regression"):
-        bad = _bigs.write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
+        bad = _bigs_ablation.write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(bad)]))
     with pytest.raises(ValueError, match="not a `bigs pretrain` output"):
-        _bigs.load_pretrained(tmp_path)
+        _bigs_train.load_pretrained(tmp_path)
 
 
-def test_finetune_jsonl_regression_and_listops(pretrained, tmp_path):
-    out, _, _ = pretrained
+def test_read_rows_regression_and_pairs(tmp_path):
+    # Regression (`--regression`): real labels, one output; the loss is tested above.
     path = tmp_path / "reg.jsonl"
-    rows = [{"text": "x" * (1 + i % 7), "label": 0.5 * (i % 7)} for i in range(24)]
+    rows = [{"text": "a" * (1 + i), "text_pair": "b", "label": 0.25 * i} for i in range(6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = ["--checkpoint", str(out), "--steps", "2", "--batch-size", "4", "--length", "16"]
-    metrics = _bigs.finetune(
-        _parse(["finetune", *common, "--train", str(path), "--regression", "--out",
-                str(tmp_path / "reg")])
-    )  # fmt: skip
-    assert set(metrics) >= {"loss", "mae"} and np.isfinite(metrics["mae"])
-    metrics = _bigs.finetune(
-        _parse(["finetune", *common, "--task", "listops", "--listops-examples", "40",
-                "--out", str(tmp_path / "listops")])
-    )  # fmt: skip
+    records, outputs = _bigs_train.read_rows(path, regression=True)
+    assert outputs == 1 and [records[i]["label"] for i in range(6)] == [r["label"] for r in rows]
+    assert records[2]["text_pair"] == "b"
+    csv_path = _bigs_ablation.write_rows([("x", 3), ("y", 0)], tmp_path / "cls.csv")
+    records, outputs = _bigs_train.read_rows(csv_path, regression=False)
+    assert outputs == 4 and records[0]["label"] == 3
+
+
+def test_finetune_listops(pretrained, tmp_path):
+    out, _, _ = pretrained
+    args = [
+        "finetune", "--checkpoint", str(out), "--task", "listops", "--listops-examples", "40",
+        "--steps", "2", "--batch-size", "4", "--length", "16", "--out", str(tmp_path),
+    ]  # fmt: skip
+    metrics = _bigs.finetune(_parse(args))
     assert 0.0 <= metrics["accuracy"] <= 1.0
-    result = json.loads((tmp_path / "listops" / "result.json").read_text())
+    result = json.loads((tmp_path / "result.json").read_text())
     assert result["task"] == "listops" and result["checkpoint"] == str(out)

@@ -1,0 +1,563 @@
+"""Masked-LM pretraining and fine-tuning of BiGS-family encoders: the models with their
+heads, the losses, the paper's optimiser, the data (over `lineax_seq.data`) and the
+training runs that `bigs pretrain`, `bigs finetune`, the ablation and the demo share."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+import lineax_seq as ls
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+FINAL_DIR = "final"
+
+
+# ---------------------------------------------------------------------------------------
+# Models and losses
+# ---------------------------------------------------------------------------------------
+
+
+def build_encoder(key: PRNGKeyArray, **config: Any) -> ls.BiGS:
+    """`ls.BiGS(**config, key=key)`, built as one compiled program (op-by-op
+    construction of the stacked layers compiles dozens of small XLA programs)."""
+    return eqx.filter_jit(lambda k: ls.BiGS(**config, key=k))(key)
+
+
+class MaskedLM(eqx.Module):
+    """A BiGS-family encoder with the masked-LM head (decoder tied to the embedding)."""
+
+    encoder: ls.BiGS
+    head: ls.MaskedLMHead
+
+    def __init__(self, encoder: ls.BiGS, *, key: PRNGKeyArray):
+        self.encoder = encoder
+        self.head = ls.MaskedLMHead(encoder.dim, encoder.vocab_size, key=key)
+
+    def __call__(
+        self,
+        tokens: Int[Array, " length"],
+        mask: Bool[Array, " length"],
+        positions: Int[Array, " n"],
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "n vocab"]:
+        """Vocabulary logits at `positions` only (the masked ones): the tied decoder is
+        the largest matrix product, so it is applied to the predicted tokens alone."""
+        h = self.encoder(tokens, mask, key=key, inference=inference)
+        return self.head(h[positions], self.encoder.token_embedding.weight)
+
+
+class Classifier(eqx.Module):
+    """A BiGS-family encoder with a sequence classification/regression head."""
+
+    encoder: ls.BiGS
+    head: ls.SequenceClassificationHead
+
+    def __init__(self, encoder: ls.BiGS, num_outputs: int, *, key: PRNGKeyArray):
+        self.encoder = encoder
+        self.head = ls.SequenceClassificationHead(
+            encoder.dim, num_outputs, dropout=encoder.dropout_rate, key=key
+        )
+
+    def __call__(
+        self,
+        tokens: Int[Array, " length"],
+        mask: Bool[Array, " length"],
+        *,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, " outputs"]:
+        """Logits (or the regression value) of one sequence."""
+        k1, k2 = (None, None) if key is None else jr.split(key)
+        h = self.encoder(tokens, mask, key=k1, inference=inference)
+        return self.head(h, mask, key=k2, inference=inference)
+
+
+def max_predictions(length: int, mask_rate: float) -> int:
+    """Masked positions scored per sequence: the mean `rate * length` plus six standard
+    deviations of the binomial count (more than that is astronomically rare and the
+    surplus would simply not be scored)."""
+    mean = mask_rate * length
+    return min(length, math.ceil(mean + 6 * math.sqrt(mean * (1 - mask_rate)) + 1))
+
+
+def mlm_loss(
+    model: MaskedLM,
+    batch: dict[str, Any],
+    key: PRNGKeyArray,
+    *,
+    max_masked: int,
+    inference: bool = False,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Mean cross-entropy over the masked tokens of a batch, and their accuracy.
+
+    **Arguments:**
+
+    - `model`: a `MaskedLM`.
+    - `batch`: as [`lineax_seq.mlm_dataset`][] makes it: `tokens` (batch, length) ids
+        with the masking applied, `padding_mask` (batch, length) `True` at real tokens,
+        `labels` (batch, length) the original id at masked positions, negative
+        (`lineax_seq.IGNORE_INDEX`) elsewhere.
+    - `key`: dropout key.
+    - `max_masked`: predictions scored per sequence (see `max_predictions`).
+    - `inference`: disable dropout.
+
+    **Returns:**
+
+    `(loss, {"accuracy": ...})`, averaged over all masked tokens of the batch.
+    """
+    tokens, mask, targets = batch["tokens"], batch["padding_mask"], batch["labels"]
+
+    def one(tokens, mask, targets, key):
+        is_target = targets >= 0
+        (positions,) = jnp.nonzero(is_target, size=max_masked, fill_value=0)
+        valid = jnp.arange(max_masked) < jnp.sum(is_target)
+        logits = model(tokens, mask, positions, key=key, inference=inference)
+        labels = jnp.where(valid, targets[positions], 0)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        hit = valid & (jnp.argmax(logits, axis=-1) == labels)
+        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(hit), jnp.sum(valid)
+
+    keys = jr.split(key, tokens.shape[0])
+    nll, hits, count = jax.vmap(one)(tokens, mask, targets, keys)
+    count = jnp.maximum(jnp.sum(count), 1).astype(jnp.float32)
+    loss = jnp.sum(nll) / count
+    return loss, {"accuracy": jnp.sum(hits).astype(jnp.float32) / count}
+
+
+def classification_loss(
+    model: Classifier,
+    batch: dict[str, Any],
+    key: PRNGKeyArray,
+    *,
+    inference: bool = False,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Cross-entropy and accuracy (integer `label`) or squared error (float `label`,
+    regression with one output) of a batch of `tokens`/`padding_mask`/`label`, as
+    [`lineax_seq.classification_dataset`][] makes it."""
+    keys = jr.split(key, batch["tokens"].shape[0])
+    call = lambda t, m, k: model(t, m, key=k, inference=inference)
+    out = jax.vmap(call)(batch["tokens"], batch["padding_mask"], keys)
+    labels = batch["label"]
+    if jnp.issubdtype(labels.dtype, jnp.floating):
+        err = out[:, 0] - labels
+        return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out, labels))
+    accuracy = jnp.mean((jnp.argmax(out, axis=-1) == labels).astype(jnp.float32))
+    return loss, {"accuracy": accuracy}
+
+
+def _classification_eval_loss(
+    model: Classifier, batch: dict[str, Any], key: PRNGKeyArray
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    return classification_loss(model, batch, key, inference=True)
+
+
+@functools.cache
+def _mlm_losses(max_masked: int) -> tuple[Any, Any]:
+    """`(train, eval)` MLM loss functions; cached (one pair per `max_masked`) so that
+    `ls.train`'s compiled steps are reused by runs of the same shapes in one process."""
+    train = lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked)
+    return train, lambda m, b, k: mlm_loss(m, b, k, max_masked=max_masked, inference=True)
+
+
+def ssm_groups(model: PyTree, *, lr: float, ssm_lr: float) -> dict[str, ls.ParamGroup]:
+    """The SSM parameter group of `make_optimizer`: every array of the model's S4D
+    kernels (A, B, C, dt) at its own learning rate (`ssm_lr`, capped at `lr` so it never
+    outruns the warmup peak; `lr` if `ssm_lr <= 0`) and without weight decay, as S4
+    trains them. Empty for a model without SSM kernels (attention routing)."""
+    is_kernel = lambda x: isinstance(x, ls.S4DKernel)
+    if not any(is_kernel(x) for x in jax.tree.leaves(model, is_leaf=is_kernel)):
+        return {}
+    rate = min(ssm_lr, lr) if ssm_lr > 0 else lr
+    return {"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=rate, weight_decay=0.0)}
+
+
+def make_optimizer(
+    model: PyTree,
+    *,
+    lr: float,
+    steps: int,
+    warmup: float,
+    weight_decay: float,
+    ssm_lr: float,
+    schedule: str = "cosine",
+) -> optax.GradientTransformation:
+    """The paper's pretraining optimiser (Table 7): AdamW with beta1 0.9, beta2 0.98,
+    eps 1e-6, no gradient clipping, linear warmup over a fraction `warmup` of `steps`
+    then `schedule` decay to 0; SSM kernel parameters in their own group (see
+    `ssm_groups`)."""
+    groups = ssm_groups(model, lr=lr, ssm_lr=ssm_lr)
+    return _optimizer(lr, steps, warmup, weight_decay, schedule, tuple(groups.items()))
+
+
+@functools.cache
+def _optimizer(
+    lr: float,
+    steps: int,
+    warmup: float,
+    weight_decay: float,
+    schedule: str,
+    groups: tuple[tuple[str, ls.ParamGroup], ...],
+) -> optax.GradientTransformation:
+    # Cached: `ls.train`'s compiled step is keyed on the optimiser object, so runs with
+    # the same settings (and model structure) in one process compile once.
+    warmup_steps = min(max(int(round(warmup * steps)), 0), max(steps - 1, 0))
+    return ls.make_optimizer(
+        lr,
+        schedule=schedule,
+        warmup_steps=warmup_steps,
+        total_steps=max(steps, warmup_steps + 1),
+        weight_decay=weight_decay,
+        b1=0.9,
+        b2=0.98,
+        eps=1e-6,
+        clip_norm=None,
+        groups=dict(groups),
+    )
+
+
+def parameter_counts(model: PyTree) -> dict[str, int]:
+    """Total parameters and those outside the token/position/type embeddings (also of
+    abstract models from `eqx.filter_eval_shape`)."""
+    encoder = model.encoder if hasattr(model, "encoder") else model
+    embeddings = (
+        encoder.token_embedding,
+        encoder.position_embedding,
+        encoder.token_type_embedding,
+    )
+    total = ls.count_parameters(model)
+    return {"params": total, "params_non_embedding": total - ls.count_parameters(embeddings)}
+
+
+def matched_inner_dim(config: dict[str, Any], target: int) -> int:
+    """The `inner_dim` giving the encoder `config` closest to `target` non-embedding
+    parameters (the count is affine in `inner_dim`; measured, not assumed)."""
+
+    def count(inner: int) -> int:
+        enc = eqx.filter_eval_shape(
+            lambda: ls.BiGS(**{**config, "inner_dim": inner}, key=jr.key(0))
+        )
+        return parameter_counts(enc)["params_non_embedding"]
+
+    base = config["dim"]
+    c1, c2 = count(base), count(2 * base)
+    slope = (c2 - c1) / base
+    return max(8, int(round(base + (target - c1) / slope)))
+
+
+# ---------------------------------------------------------------------------------------
+# Data (over lineax_seq.data)
+# ---------------------------------------------------------------------------------------
+
+
+def _subsample(dataset: Any, max_files: int | None) -> list[str]:
+    """At most `max_files` documents, evenly spaced over the (id-sorted) corpus, so a
+    small run still sees every part of it rather than its alphabetical start."""
+    n = len(dataset)
+    if max_files is None or max_files >= n:
+        return [dataset[i] for i in range(n)]
+    return [dataset[int(i)] for i in np.linspace(0, n - 1, max_files)]
+
+
+def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[list[str], list[str]]:
+    """`(train, held-out)` documents of a corpus (default: the stdlib `.py` sources),
+    split by [`lineax_seq.text_corpus`][]'s stable hash; `max_files` caps the train
+    documents (and a twentieth of it the held-out ones)."""
+    train = _subsample(ls.text_corpus(corpus, split="train"), max_files)
+    valid = ls.text_corpus(corpus, split="valid")
+    return train, _subsample(valid, None if max_files is None else max(10, max_files // 10))
+
+
+def make_tokenizer(texts: Sequence[str], kind: str, vocab_size: int) -> ls.Tokenizer:
+    """A byte-level tokenizer, or BPE trained on `texts` with `vocab_size` tokens."""
+    if kind == "byte":
+        return ls.ByteTokenizer()
+    if kind == "bpe":
+        return ls.BPETokenizer.train(texts, vocab_size=vocab_size)
+    raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {kind!r}")
+
+
+def save_tokenizer(tok: ls.Tokenizer, run_dir: pathlib.Path) -> str:
+    if isinstance(tok, ls.BPETokenizer):
+        tok.save(run_dir / TOKENIZER_FILE)
+        return "bpe"
+    return "byte"
+
+
+def load_tokenizer(run_dir: pathlib.Path, kind: str) -> ls.Tokenizer:
+    return ls.BPETokenizer.load(run_dir / TOKENIZER_FILE) if kind == "bpe" else ls.ByteTokenizer()
+
+
+def mlm_data(
+    texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    batch_size: int,
+    mask_rate: float,
+    seed: int,
+    train: bool,
+) -> Any:
+    """Masked-LM batches: shuffled with dynamic masking, forever (`train`), or one
+    ordered pass with fixed masking (held-out data: the same batches for every model)."""
+    if train:
+        return ls.mlm_dataset(
+            texts, tok, length=length, batch_size=batch_size, mask_prob=mask_rate, seed=seed
+        )
+    return ls.mlm_dataset(
+        texts,
+        tok,
+        length=length,
+        batch_size=batch_size,
+        mask_prob=mask_rate,
+        masking="fixed",
+        seed=seed,
+        shuffle=False,
+        num_epochs=1,
+    )
+
+
+def rows_dataset(rows: Sequence[tuple]) -> Any:
+    """`(text, label)` or `(text, text_pair, label)` rows as a grain dataset of records."""
+    import grain
+
+    def record(row: tuple) -> dict[str, Any]:
+        if len(row) == 3:
+            return {"text": row[0], "text_pair": row[1], "label": row[2]}
+        return {"text": row[0], "label": row[1]}
+
+    return grain.MapDataset.source([record(r) for r in rows])
+
+
+def classification_data(
+    records: Any, tok: ls.Tokenizer, *, length: int, batch_size: int, seed: int, train: bool
+) -> Any:
+    if train:
+        return ls.classification_dataset(
+            records, tok, length=length, batch_size=batch_size, seed=seed
+        )
+    return ls.classification_dataset(
+        records,
+        tok,
+        length=length,
+        batch_size=batch_size,
+        shuffle=False,
+        num_epochs=1,
+        drop_remainder=False,
+    )
+
+
+def read_rows(path: pathlib.Path, *, regression: bool) -> tuple[Any, int]:
+    """A (text, label) CSV/JSONL file (optional `text_pair` column) as records, via
+    [`lineax_seq.read_classification`][], and the number of outputs (classes, or 1 for
+    regression)."""
+    path = pathlib.Path(path)
+    with path.open(newline="", encoding="utf-8") as f:
+        if path.suffix == ".jsonl":
+            first = next((json.loads(line) for line in f if line.strip()), {})
+            fields = first if isinstance(first, dict) else {}
+        else:
+            fields = next(csv.reader(f), [])
+    pair = "text_pair" if "text_pair" in fields else None
+    records = ls.read_classification(path, num_classes=None, pair_field=pair)
+    if regression:
+        return records, 1
+    labels = [records[i]["label"] for i in range(len(records))]
+    if not _is_integer_labels(labels):
+        raise ValueError(f"{path}: labels are not integers; pass --regression for real values")
+    num_classes = max(2, int(max(labels)) + 1)
+    return ls.read_classification(path, num_classes=num_classes, pair_field=pair), num_classes
+
+
+def split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
+    """Deterministic split of a record dataset: every `1 / fraction`-th record held out."""
+    import grain
+
+    every = max(2, round(1 / fraction))
+    items = [records[i] for i in range(len(records))]
+    train = [r for i, r in enumerate(items) if i % every != every - 1]
+    held = [r for i, r in enumerate(items) if i % every == every - 1]
+    return grain.MapDataset.source(train), grain.MapDataset.source(held)
+
+
+def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> Any:
+    """ListOps expressions short enough to fit `length` tokens of `tok` (the pretrained
+    model's tokenizer, not ListOps' own: the fine-tuned model keeps its vocabulary)."""
+    sample = ls.listops(64, seed=seed, min_length=8, max_length=64)
+    texts = [sample[i]["text"] for i in range(len(sample))]
+    per_symbol = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
+    max_symbols = max(8, int((length - 2) / per_symbol))
+    return ls.listops(num, seed=seed, min_length=max(4, max_symbols // 4), max_length=max_symbols)
+
+
+# ---------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------
+
+
+def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, ls.Tokenizer, dict[str, Any]]:
+    """Load a finished `bigs pretrain` run: the MLM model, its tokenizer and config."""
+    run_dir = pathlib.Path(run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{run_dir} is not a `bigs pretrain` output (no {CONFIG_FILE})")
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    template = eqx.filter_eval_shape(
+        lambda: MaskedLM(ls.BiGS(**config["model"], key=jr.key(0)), key=jr.key(1))
+    )
+    model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
+    return model, load_tokenizer(run_dir, config["tokenizer"]), config
+
+
+def print_metrics(prefix: str, metrics: dict[str, float]) -> None:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    print(f"{prefix}: {shown}", flush=True)
+
+
+def last_metrics(history: list[dict], split: str) -> dict[str, float]:
+    records = [r for r in history if r.get("split") == split]
+    if not records:
+        return {}
+    return {k: v for k, v in records[-1].items() if k not in ("step", "split")}
+
+
+def pretrain_mlm(
+    model: MaskedLM,
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    steps: int,
+    batch_size: int,
+    length: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.01,
+    schedule: str = "cosine",
+    mask_rate: float = 0.15,
+    eval_batches: int = 8,
+    eval_every: int = 0,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`)
+    on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task).
+
+    Evaluates on the first `eval_batches` batches of `eval_texts` (fixed masks, no
+    shuffling: the same batches for every model) at the end and every `eval_every`.
+    """
+    loss, eval_loss = _mlm_losses(max_predictions(length, mask_rate))
+    common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate)
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule=schedule,
+    )
+    return ls.train(
+        model,
+        optimizer,
+        loss,
+        mlm_data(train_texts, tok, seed=seed, train=True, **common),
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=mlm_data(eval_texts, tok, seed=seed, train=False, **common),
+        eval_fn=eval_loss,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        unit="tokens",
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def finetune_classifier(
+    model: Classifier,
+    train_records: Any,
+    eval_records: Any,
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    ssm_lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    warmup: float = 0.1,
+    schedule: str = "linear",
+    eval_every: int = 0,
+    seed: int = 0,
+    out_dir: pathlib.Path | None = None,
+    progress: bool = True,
+) -> ls.TrainResult:
+    """Fine-tune a classifier or regressor (Table 8's recipe by default: AdamW, 10% warmup,
+    linear decay) on records `{"text"[, "text_pair"], "label"}` and evaluate on all of
+    `eval_records` at the end (and every `eval_every` steps)."""
+    if len(train_records) < batch_size:
+        raise ValueError(
+            f"the training set has {len(train_records)} examples, fewer than "
+            f"batch_size={batch_size}"
+        )
+    common = dict(length=length, batch_size=batch_size, seed=seed)
+    optimizer = make_optimizer(
+        model,
+        lr=lr,
+        steps=steps,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        ssm_lr=ssm_lr,
+        schedule=schedule,
+    )
+    return ls.train(
+        model,
+        optimizer,
+        classification_loss,
+        classification_data(train_records, tok, train=True, **common),
+        steps=steps,
+        key=jr.key(seed),
+        eval_data=classification_data(eval_records, tok, train=False, **common),
+        eval_fn=_classification_eval_loss,
+        eval_every=eval_every,
+        log_every=max(1, min(25, steps // 20)),
+        out_dir=out_dir,
+        progress=progress,
+        plot=out_dir is not None,
+    )
+
+
+def _is_integer_labels(labels: Sequence[float]) -> bool:
+    return all(float(x).is_integer() for x in labels) and not any(math.isnan(x) for x in labels)
+
+
+def save_json(payload: dict[str, Any], path: pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
