@@ -1,12 +1,13 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ..ssm import HyenaFilter, S4DKernel
+from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._fft_conv import _fft_size
 
 SSMS = ("s4", "unstruct")
@@ -106,6 +107,55 @@ class ContextSSM(eqx.Module):
         y = jnp.fft.irfft(u_f[:, None, :] * k_f, n=n, axis=0)[:length].astype(u.dtype)
         skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
         return y + skip * u[:, None, :]
+
+    def block_ends(
+        self, x: Float[Array, "length dim"], window: int
+    ) -> Float[Array, "blocks streams features"]:
+        """The outputs at the last position of every block of `window` positions only,
+        equal to `self(x)[window - 1 :: window]`.
+
+        For `"s4"` they follow from the SSM states at the block ends, without the
+        full-length convolution: each block's state `sum_j Abar^(W-1-j) u_j` (a
+        `(modes, W)` product per channel), the states carried over blocks
+        ([`lineax_seq.linear_scan`][]), then `2 Re(CB . state) + D u`. About `4 modes`
+        flops per position and channel instead of an FFT. `"unstruct"` filters have no
+        state: there it is the full convolution, sliced.
+
+        **Arguments:**
+
+        - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+        - `window`: the block size `W`.
+
+        **Returns:**
+
+        Shape `(length // window, streams, features)`.
+        """
+        length = x.shape[0]
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, got window={window!r}")
+        if length % window:
+            raise ValueError(f"length={length} must be a multiple of window={window}")
+        if self.ssm != "s4":
+            return self(x)[window - 1 :: window]
+        blocks = length // window
+        u = x @ self.down.weight.T + self.down.bias  # (L, features)
+        abar, cb = self.kernel.discretize()  # (streams * features, modes)
+        log_abar = rearrange(jnp.log(abar), "(s f) n -> s f n", s=self.streams)
+        exponent = (window - 1 - jnp.arange(window)).astype(jnp.float32)
+        w = jnp.exp(log_abar[..., None] * exponent.astype(log_abar.dtype))  # (s, f, n, W)
+        u_blocks = rearrange(u, "(b j) f -> f b j", j=window)
+        modes = w.shape[2]
+        w = jnp.concatenate([w.real, w.imag], axis=2)  # (s, f, 2n, W): one real product
+        w = rearrange(w, "s f n j -> f (s n) j")
+        states = jnp.einsum("fkj,fbj->bfk", w, u_blocks)  # batched over features
+        states = rearrange(states, "b f (s n) -> b s f n", s=self.streams)
+        states = jax.lax.complex(states[..., :modes], states[..., modes:])
+        carry = jnp.broadcast_to(jnp.exp(window * log_abar).reshape(-1), (blocks, states[0].size))
+        states = linear_scan(carry, states.reshape(blocks, -1)).reshape(states.shape)
+        cb = rearrange(cb, "(s f) n -> s f n", s=self.streams)
+        y = 2 * jnp.sum((cb * states).real, axis=-1)  # (blocks, s, f)
+        skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
+        return (y + skip * u[window - 1 :: window, None, :]).astype(x.dtype)
 
     def init_state(self, max_length: int) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens."""
