@@ -391,6 +391,25 @@ def test_per_layer_parameter_count(architecture, routing, per_d2):
     assert abs(count / d**2 - per_d2) < 0.1
 
 
+def test_layer_defaults_and_initialisation():
+    """GATED defaults to SSM routing and inner 3d (BiGS), STACK to attention and 4d (BERT);
+    dense weights have BERT's initialisation (truncated normal, std 0.02, so |w| <= 0.04;
+    zero biases), distinct matrices even when drawn together."""
+    g = eqx.filter_eval_shape(lambda: ls.GatedLayer(8, key=jr.key(0)))
+    s = eqx.filter_eval_shape(lambda: ls.StackLayer(8, key=jr.key(0)))
+    assert (g.routing, g.inner_dim, s.routing, s.inner_dim) == ("ssm", 24, "attention", 32)
+    assert isinstance(g.forward_routing, ls.DirectionalSSM)
+    assert isinstance(s.routing_blocks[0].attention, ls.MultiHeadAttention)
+    layer = eqx.filter_jit(lambda k: ls.StackLayer(64, key=k))(jr.key(1, impl="unsafe_rbg"))
+    mha = layer.routing_blocks[0].attention
+    projections = (mha.query_proj, mha.key_proj, mha.value_proj, mha.output_proj)
+    for lin in (*projections, layer.mlp_in, layer.mlp_out):
+        w = np.asarray(lin.weight)
+        assert np.abs(w).max() <= 0.04 + 1e-6 and 0.015 < w.std() < 0.02
+        assert np.all(np.asarray(lin.bias) == 0)
+    assert not np.allclose(mha.query_proj.weight, mha.key_proj.weight)
+
+
 def test_named_config_sizes():
     sizes = {
         name: _count(lambda n=name: ls.BiGS.from_config(n, key=jr.key(0)))
