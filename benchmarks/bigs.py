@@ -8,9 +8,10 @@ L = 128, 512, 1024, 4096. Nothing is executed and no parameter is allocated: the
 models are abstract (`eqx.filter_eval_shape`). XLA counts the body of a while loop
 once, and the encoders run their layers with `lax.scan`, so the total is the model's
 count plus `num_layers - 1` times one layer's (verified against an unrolled model in
-`_check_loop_counting`). Also reported: the forward pass alone, and BiGS with the
-FFT convolution at every length (at L <= 256 the shared kernel is applied as a dense
-Toeplitz product, which costs more FLOPs but runs faster).
+`_check_loop_counting`). Also reported: the forward pass alone. The SSM convolutions
+are exact Toeplitz products in chunks with the state carried between chunks (one chunk,
+i.e. a dense Toeplitz product, up to 256 tokens): matrix products, which cost more
+FLOPs than an FFT at short lengths but run faster.
 
 **Speed** (`benchmarks/results/bigs.json` + `.png`): forward+backward time of
 a BiGS stack (GATED/SSM layers, d 256, inner 768) against a BERT stack of equal
@@ -46,7 +47,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _common import compiled_memory, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
-from lineax_seq.bigs import _ssm  # noqa: E402
 
 LENGTHS = (128, 512, 1024, 4096)
 # Paper, Table 6: "FLOPs, batch size 1, forward and backward passes".
@@ -142,7 +142,6 @@ def flops_table(lengths) -> dict:
         "parameters": {n: ls.count_parameters(m) for n, m in models.items()},
         "forward_backward": {n: {} for n in models},
         "forward": {n: {} for n in models},
-        "bigs-large_chunked_forward_backward": {},
         "paper_table6": {n: {str(k): v for k, v in d.items()} for n, d in PAPER_FLOPS.items()},
     }
     for length in lengths:
@@ -158,15 +157,6 @@ def flops_table(lengths) -> dict:
                 f"paper {paper:9.2e}  ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-        if length <= _ssm.TOEPLITZ_MAX_LENGTH:
-            saved = _ssm.TOEPLITZ_MAX_LENGTH
-            _ssm.TOEPLITZ_MAX_LENGTH = 0  # read at trace time
-            try:
-                chunked = encoder_flops(models["bigs-large"], length)
-            finally:
-                _ssm.TOEPLITZ_MAX_LENGTH = saved
-            out["bigs-large_chunked_forward_backward"][str(length)] = chunked
-            print(f"L={length:5d} bigs-large, chunked SSM path: fwd+bwd {chunked:9.2e}")
     out["bert/bigs_forward_backward"] = {
         k: out["forward_backward"]["bert-large"][k] / out["forward_backward"]["bigs-large"][k]
         for k in out["forward_backward"]["bigs-large"]
