@@ -106,17 +106,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         train_texts,
         eval_texts,
         tok,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        length=args.length,
-        lr=args.lr,
-        ssm_lr=args.ssm_lr,
-        weight_decay=args.weight_decay,
-        warmup=args.warmup,
-        schedule=args.schedule,
+        **_optim_options(args),
         mask_rate=args.mask_rate,
-        eval_every=args.eval_every,
-        seed=args.seed,
         out_dir=out,
         checkpoint_every=max(1, args.steps // 4),
         resume=args.resume,
@@ -159,21 +150,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     result = finetune_classifier(
-        model,
-        train_records,
-        eval_records,
-        tok,
-        length=args.length,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        ssm_lr=args.ssm_lr,
-        weight_decay=args.weight_decay,
-        warmup=args.warmup,
-        schedule=args.schedule,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        out_dir=args.out,
+        model, train_records, eval_records, tok, **_optim_options(args), out_dir=args.out
     )
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
@@ -256,6 +233,12 @@ def _optim_arguments(
     g.add_argument("--schedule", choices=("cosine", "linear"), default=schedule)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: end)")
+
+
+def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `_optim_arguments` values, as `pretrain_mlm`/`finetune_classifier` take them."""
+    names = ("steps", "batch_size", "length", "lr", "ssm_lr", "weight_decay", "warmup")
+    return {k: getattr(args, k) for k in (*names, "schedule", "eval_every", "seed")}
 
 
 def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> None:

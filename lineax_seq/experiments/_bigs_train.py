@@ -468,33 +468,24 @@ def pretrain_mlm(
     """
     loss, eval_loss = _mlm_losses(max_predictions(length, mask_rate))
     common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate)
-    optimizer = make_optimizer(
+    return _train(
         model,
-        lr=lr,
-        steps=steps,
-        warmup=warmup,
-        weight_decay=weight_decay,
-        ssm_lr=ssm_lr,
-        schedule=schedule,
-    )
-    return ls.train(
-        model,
-        optimizer,
         loss,
+        eval_loss,
         mlm_data(train_texts, tok, seed=seed, train=True, **common),
+        mlm_data(eval_texts, tok, seed=seed, train=False, **common),
         steps=steps,
-        key=jr.key(seed),
-        eval_data=mlm_data(eval_texts, tok, seed=seed, train=False, **common),
-        eval_fn=eval_loss,
+        optimizer=dict(
+            lr=lr, warmup=warmup, weight_decay=weight_decay, ssm_lr=ssm_lr, schedule=schedule
+        ),
+        seed=seed,
+        out_dir=out_dir,
+        progress=progress,
         eval_every=eval_every,
         eval_batches=eval_batches,
-        log_every=max(1, min(25, steps // 20)),
-        out_dir=out_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
         unit="tokens",
-        progress=progress,
-        plot=out_dir is not None,
     )
 
 
@@ -526,29 +517,53 @@ def finetune_classifier(
             f"batch_size={batch_size}"
         )
     common = dict(length=length, batch_size=batch_size, seed=seed)
-    optimizer = make_optimizer(
+    return _train(
         model,
-        lr=lr,
+        classification_loss,
+        _classification_eval_loss,
+        classification_data(train_records, tok, train=True, **common),
+        classification_data(eval_records, tok, train=False, **common),
         steps=steps,
-        warmup=warmup,
-        weight_decay=weight_decay,
-        ssm_lr=ssm_lr,
-        schedule=schedule,
+        optimizer=dict(
+            lr=lr, warmup=warmup, weight_decay=weight_decay, ssm_lr=ssm_lr, schedule=schedule
+        ),
+        seed=seed,
+        out_dir=out_dir,
+        progress=progress,
+        eval_every=eval_every,
     )
+
+
+def _train(
+    model: eqx.Module,
+    loss: Any,
+    eval_loss: Any,
+    data: Any,
+    eval_data: Any,
+    *,
+    steps: int,
+    optimizer: dict[str, Any],
+    seed: int,
+    out_dir: pathlib.Path | None,
+    progress: bool,
+    **options: Any,
+) -> ls.TrainResult:
+    """`ls.train` with `make_optimizer(model, steps=steps, **optimizer)`, ~20 log points
+    and curves saved when there is an `out_dir`; `options` go to `ls.train`."""
     return ls.train(
         model,
-        optimizer,
-        classification_loss,
-        classification_data(train_records, tok, train=True, **common),
+        make_optimizer(model, steps=steps, **optimizer),
+        loss,
+        data,
         steps=steps,
         key=jr.key(seed),
-        eval_data=classification_data(eval_records, tok, train=False, **common),
-        eval_fn=_classification_eval_loss,
-        eval_every=eval_every,
+        eval_data=eval_data,
+        eval_fn=eval_loss,
         log_every=max(1, min(25, steps // 20)),
         out_dir=out_dir,
         progress=progress,
         plot=out_dir is not None,
+        **options,
     )
 
 
