@@ -300,7 +300,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ablation",
         help="the Table 1 ablation at small scale",
         description="GATED/SSM, STACK/SSM, GATED/ATT, STACK/ATT at matched parameters and "
-        "tokens: held-out MLM loss and a fine-tuning accuracy.",
+        "tokens: held-out MLM loss and a fine-tuning accuracy. The defaults (d=64, 4 layers, "
+        "L=128, 500 MLM + 300 ListOps steps per variant) take about 30 min on 2 CPU cores.",
     )
     _corpus_arguments(abl, tokenizer="byte")
     _size_arguments(abl.add_argument_group("model"), layers=4, dim=64)
@@ -315,7 +316,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune-steps", type=int, default=300)
     g.add_argument("--finetune-lr", type=float, default=1e-3)
     g.add_argument("--finetune-examples", type=int, default=4000, help="training rows")
-    abl.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
+    abl.add_argument(
+        "--quick", action="store_true", help="a smoke run: tiny sizes (overrides the size options)"
+    )
     _path(abl, "--out", "where bigs_ablation.* and bigs_kernels.png go", default=RESULTS_DIR)
 
     ker = sub.add_parser(
