@@ -301,17 +301,3 @@ def test_bad_input(sh_lm, key):
         build(LM, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,))
     with pytest.raises(ValueError, match="window"):
         build(ls.SlidingWindowLayer, DIM, HEADS, 0)
-
-
-@pytest.mark.parametrize("window", [3, 4])
-def test_mf_block_end_states_equal_full_convolution(window, getkey):
-    """MF's S4 path reads block-end outputs from block-end states: equals conv rows W-1::W."""
-    from lineax_seq.bst._layers import _block_end_outputs
-
-    ssm = ls.ContextSSM(DIM, 2, 3, ssm="s4", state_size=6, key=getkey())
-    x = jr.normal(getkey(), (8 * window, DIM))
-    got, want = eqx.filter_jit(
-        lambda m, x: (_block_end_outputs(m, x, window), m(x)[window - 1 :: window])
-    )(ssm, x)
-    assert got.shape == (8, 3, 2)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -283,50 +283,6 @@ class _MultiFilterContext(eqx.Module):
         return cache, None
 
 
-def _block_end_outputs(
-    ssm: ContextSSM, x: Float[Array, "length dim"], window: int
-) -> Float[Array, "blocks streams features"]:
-    """The S4 sublayer's outputs at the last position of every block, from block-end states.
-
-    MF reads only these `length / window` rows, so the full convolution is not needed:
-    with `x_t = Abar x_{t-1} + u_t` and `y_t = 2 Re(CB . x_t) + D u_t`, the state at the
-    end of block `b` is `Abar^W x_{end of b-1} + sum_j Abar^{W-1-j} u_{bW+j}`. The block
-    sums are real matrix products against the Vandermonde powers `Abar^{W-1-j}`, the
-    carry over blocks is an associative scan. `O(length * channels * modes)`.
-    """
-    abar, cb = ssm.kernel.discretize()  # (channels, modes), channel = stream * f + feature
-    split = lambda a: rearrange(a, "(s f) m -> f s m", s=ssm.streams)
-    abar, cb = split(abar), split(cb)
-    u = _dense(ssm.down, x)
-    blocks = rearrange(u, "(n w) f -> f n w", w=window)
-    # Abar^(W-1-j) for j < W by repeated doubling, [1, A] -> [1, A, A^2, A^3] -> ..., in
-    # real arithmetic: every power is a product of at most log2(W) squares. (XLA's CPU
-    # complex exp / sin / cos / multiply are not vectorised; these real products are.)
-    times = lambda a, b: (a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
-    base = (abar.real, abar.imag)
-    power = (jnp.ones_like(base[0])[None], jnp.zeros_like(base[1])[None])
-    while power[0].shape[0] < window:
-        power = tuple(map(jnp.concatenate, zip(power, times(power, base), strict=True)))
-        base = times(base, base)
-    last = times(tuple(p[window - 1] for p in power), (abar.real, abar.imag))
-    decay = jax.lax.complex(*last)  # Abar^W: the carry from one block end to the next
-    power = [rearrange(p[:window][::-1], "w f s m -> f w (s m)") for p in power]
-    # One real batched product (over features) per part: (n, w) @ (w, streams * modes).
-    inflow = lambda part: jnp.einsum("fnw,fwc->fnc", blocks, part)
-    z = rearrange(
-        jax.lax.complex(inflow(power[0]), inflow(power[1])),
-        "f n (s m) -> n f s m",
-        s=ssm.streams,
-    )
-    decay = jnp.broadcast_to(decay, z.shape)
-    combine = lambda a, b: (a[0] * b[0], b[0] * a[1] + b[1])
-    _, states = jax.lax.associative_scan(combine, (decay, z))  # (n, f, s, m)
-    y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
-    skip = rearrange(ssm.skip, "(s f) -> f s", s=ssm.streams)
-    y = y + skip * u[window - 1 :: window, :, None]
-    return rearrange(y, "n f s -> n s f")
-
-
 # --------------------------------------------------------------------------- BST
 
 
@@ -444,12 +400,10 @@ class BlockStateTransformerLayer(eqx.Module):
         _check_input(x, self.window, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x)
         self_heads = self.self_attention.heads(h)
-        if self.context_kind != "mf":
-            y = self.ssm(h)
-        elif self.ssm.ssm == "s4":
-            y = _block_end_outputs(self.ssm, h, self.window)
+        if self.context_kind == "mf":  # MF reads the block-end outputs only
+            y = self.ssm.block_ends(h, self.window)
         else:
-            y = self.ssm(h)[self.window - 1 :: self.window]
+            y = self.ssm(h)
         k, v = self.context.keys_values(y, self.window)
         q = rearrange(
             _dense(self.cross_query, h), "(n w) (h d) -> n w h d", w=self.window, h=self.num_heads

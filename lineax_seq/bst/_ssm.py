@@ -115,11 +115,13 @@ class ContextSSM(eqx.Module):
         equal to `self(x)[window - 1 :: window]`.
 
         For `"s4"` they follow from the SSM states at the block ends, without the
-        full-length convolution: each block's state `sum_j Abar^(W-1-j) u_j` (a
-        `(modes, W)` product per channel), the states carried over blocks
-        ([`lineax_seq.linear_scan`][]), then `2 Re(CB . state) + D u`. About `4 modes`
-        flops per position and channel instead of an FFT. `"unstruct"` filters have no
-        state: there it is the full convolution, sliced.
+        full-length convolution: with `s_t = Abar s_{t-1} + u_t` and
+        `y_t = 2 Re(CB . s_t) + D u_t`, the state at the end of block `b` is
+        `Abar^W s_(end of b-1) + sum_j Abar^(W-1-j) u_(bW+j)`. The block sums are real
+        matrix products against the powers `Abar^(W-1-j)`; the carry over blocks is
+        [`lineax_seq.linear_scan`][]. About `4 modes` flops per position and channel
+        instead of an FFT. `"unstruct"` filters have no state: there it is the full
+        convolution, sliced.
 
         **Arguments:**
 
@@ -137,25 +139,30 @@ class ContextSSM(eqx.Module):
             raise ValueError(f"length={length} must be a multiple of window={window}")
         if self.ssm != "s4":
             return self(x)[window - 1 :: window]
-        blocks = length // window
-        u = x @ self.down.weight.T + self.down.bias  # (L, features)
-        abar, cb = self.kernel.discretize()  # (streams * features, modes)
-        log_abar = rearrange(jnp.log(abar), "(s f) n -> s f n", s=self.streams)
-        exponent = (window - 1 - jnp.arange(window)).astype(jnp.float32)
-        w = jnp.exp(log_abar[..., None] * exponent.astype(log_abar.dtype))  # (s, f, n, W)
-        u_blocks = rearrange(u, "(b j) f -> f b j", j=window)
-        modes = w.shape[2]
-        w = jnp.concatenate([w.real, w.imag], axis=2)  # (s, f, 2n, W): one real product
-        w = rearrange(w, "s f n j -> f (s n) j")
-        states = jnp.einsum("fkj,fbj->bfk", w, u_blocks)  # batched over features
-        states = rearrange(states, "b f (s n) -> b s f n", s=self.streams)
-        states = jax.lax.complex(states[..., :modes], states[..., modes:])
-        carry = jnp.broadcast_to(jnp.exp(window * log_abar).reshape(-1), (blocks, states[0].size))
-        states = linear_scan(carry, states.reshape(blocks, -1)).reshape(states.shape)
-        cb = rearrange(cb, "(s f) n -> s f n", s=self.streams)
-        y = 2 * jnp.sum((cb * states).real, axis=-1)  # (blocks, s, f)
-        skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
-        return (y + skip * u[window - 1 :: window, None, :]).astype(x.dtype)
+        abar, cb = self.kernel.discretize()  # (channels, modes), channel = stream * f + feature
+        split = lambda a: rearrange(a, "(s f) m -> f s m", s=self.streams)
+        abar, cb = split(abar), split(cb)
+        u = x @ self.down.weight.T + self.down.bias  # (length, features)
+        blocks = rearrange(u, "(n w) f -> f n w", w=window)
+        # Abar^(W-1-j), j < W, by repeated doubling [1, A] -> [1, A, A^2, A^3] -> ... in
+        # real arithmetic: XLA's CPU complex exp and multiply are not vectorised.
+        times = lambda a, b: (a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
+        base = (abar.real, abar.imag)
+        power = (jnp.ones_like(base[0])[None], jnp.zeros_like(base[1])[None])
+        while power[0].shape[0] < window:
+            power = tuple(map(jnp.concatenate, zip(power, times(power, base), strict=True)))
+            base = times(base, base)
+        decay = jax.lax.complex(*times(tuple(p[window - 1] for p in power), (abar.real, abar.imag)))
+        power = [rearrange(p[:window][::-1], "w f s m -> f w (s m)") for p in power]
+        # One real batched product (over features) per part: (n, W) @ (W, streams * modes).
+        inflow = lambda part: jnp.einsum("fnw,fwc->fnc", blocks, part)
+        states = rearrange(jax.lax.complex(inflow(power[0]), inflow(power[1])), "f n c -> n (f c)")
+        decay = jnp.broadcast_to(decay.reshape(-1), states.shape)  # Abar^W between block ends
+        states = linear_scan(decay, states).reshape(-1, *cb.shape)  # (n, f, s, m)
+        y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
+        skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
+        y = y + skip * u[window - 1 :: window, :, None]
+        return rearrange(y, "n f s -> n s f").astype(x.dtype)
 
     def init_state(self, max_length: int) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens."""
