@@ -4,38 +4,64 @@ import argparse
 import json
 
 import jax.random as jr
+import numpy as np
 import pytest
 
+import lineax_seq as ls
 from lineax_seq.__main__ import main
 from lineax_seq.experiments import _bst
 
 
-def _payload(ppl_l: float, ppl_16l: float) -> dict:
-    results = {
-        name: {
-            "parameters": 1000,
-            "train_seconds": 1.0,
-            "perplexity": {"512": ppl_l, "1024": ppl_l, "16384": ppl_16l},
-        }
-        for name in ("SLIDE", "BST:SH:S4")
-    }
-    results["SLIDE"]["perplexity"] = {"512": 5.0, "1024": 5.0, "16384": 5.0}
+def _payload(bst_ppl: list[float], bst_ppl_16l: float) -> dict:
+    """Two models over len(bst_ppl) seeds; SLIDE at 5.0 everywhere."""
+
+    def result(at_l: list[float], at_16l: float) -> dict:
+        runs = [
+            {"seed": seed, "perplexity": {"512": p, "1024": p, "16384": at_16l}}
+            for seed, p in enumerate(at_l)
+        ]
+        return _bst._aggregate(1000, 64, runs) | {"train_seconds": 1.0}
+
+    seeds = list(range(len(bst_ppl)))
     return {
-        "config": {"train_length": 1024, "window": 128},
+        "config": {"train_length": 1024, "window": 128, "seeds": seeds},
         "eval_lengths": [512, 1024, 16384],
-        "results": results,
+        "results": {
+            "SLIDE": result([5.0] * len(seeds), 5.0),
+            "BST:SH:S4": result(bst_ppl, bst_ppl_16l),
+        },
     }
 
 
 def test_summary_goals():
-    good = _bst.summarise(_payload(4.0, 4.1))
+    good = _bst.summarise(_payload([4.0], 4.1))
     assert "BST:SH:S4 beats SLIDE at L" in good["lines"][0]
     assert "is within 5%" in good["lines"][1]
-    bad = _bst.summarise(_payload(6.0, 7.0))
+    bad = _bst.summarise(_payload([6.0], 7.0))
     assert "does NOT beat" in bad["lines"][0]
     assert "NOT within" in bad["lines"][1]
-    rows = _bst.table(_payload(4.0, 4.1)).splitlines()
-    assert len(rows) == 4 and "ppl @ 1024 (L)" in rows[0]
+    rows = _bst.table(_payload([4.0], 4.1)).splitlines()
+    assert len(rows) == 4 and "ppl @ 1024 (L)" in rows[0] and "±" not in rows[3]
+
+
+def test_summary_over_seeds_is_the_mean_and_paired():
+    # seeds: 4.0 (better than SLIDE's 5.0), 5.5 (worse), 4.5 (better): mean 4.667
+    payload = _payload([4.0, 5.5, 4.5], 4.7)
+    summary = _bst.summarise(payload)
+    np.testing.assert_allclose(summary["BST:SH:S4 vs SLIDE at L"], 1 - 14 / 15)
+    np.testing.assert_allclose(summary["BST:SH:S4 vs SLIDE at L, per seed"], [0.2, -0.1, 0.1])
+    assert "better in 2 of 3" in summary["lines"][0]
+    bst = payload["results"]["BST:SH:S4"]
+    np.testing.assert_allclose(bst["perplexity_std"]["1024"], np.std([4.0, 5.5, 4.5]))
+    assert "4.667 ± 0.62" in _bst.table(payload).splitlines()[3]
+
+
+def test_diverged_seed_is_left_out_of_the_mean():
+    runs = [{"seed": 0, "perplexity": {"1024": 4.0}}, {"seed": 1, "error": "nan at step 3"}]
+    entry = _bst._aggregate(1000, 64, runs)
+    assert entry["perplexity"] == {"1024": 4.0} and len(entry["runs"]) == 2
+    failed = _bst._aggregate(1000, 64, runs[1:])
+    assert "perplexity" not in failed and "nan at step 3" in failed["error"]
 
 
 def test_flags_override_small_defaults():
@@ -45,6 +71,9 @@ def test_flags_override_small_defaults():
     assert (cfg.steps, cfg.learning_rate, cfg.dim) == (3, 0.01, _bst.small_config().dim)
     cfg = _bst.config_from_args(parser.parse_args(["--models", "SLIDE", "--bst-layers", "0", "2"]))
     assert (cfg.models, cfg.bst_layers, cfg.steps) == (("SLIDE",), (0, 2), _bst.Config().steps)
+    assert cfg.seeds == _bst.Config().seeds and _bst.small_config().seeds == (0,)
+    cfg = _bst.config_from_args(parser.parse_args(["--small", "--seeds", "3", "4"]))
+    assert cfg.seeds == (3, 4)
 
 
 def test_bad_model_name():
@@ -69,3 +98,37 @@ def test_cli_tiny_run(tmp_path):
     assert max(sizes) / min(sizes) < 1.05, "parameter counts should be matched"
     assert (tmp_path / "bst_lm.png").stat().st_size > 0
     assert (tmp_path / "bst_lm.md").read_text().startswith("| model")
+
+
+def test_heldout_windows_spread_over_the_valid_split(tmp_path):
+    # 400 numbered documents of one window each: the held-out windows must come from the
+    # first, the middle and the last validation documents, not the first three.
+    for i in range(400):
+        (tmp_path / f"doc{i:03d}.txt").write_text(f"{i:03d}|" * 75)
+    cfg = _bst.dataclasses.replace(
+        _bst.small_config(), train_length=64, eval_multipliers=(1.0, 4.0), eval_tokens=3 * 256
+    )
+    _, heldout, tokenizer = _bst.load_data(str(tmp_path), cfg)
+    valid = [int(doc[:3]) for doc in ls.text_corpus(str(tmp_path), split="valid")]
+    assert heldout.shape == (3, 257) and len(valid) > 6
+    picked = [valid.index(int(tokenizer.decode(row[1:4].tolist()))) for row in heldout]
+    assert picked[0] == 0 and picked[2] == len(valid) - 1
+    assert abs(picked[1] - (len(valid) - 1) / 2) <= 0.5
+
+
+def test_evaluate_equals_per_sequence_mean():
+    cfg = _bst.small_config()
+    model = _bst.build_lm("BST:SH:S4", 50, cfg, mlp_dim=64, key=jr.key(1))
+    tokens = jr.randint(jr.key(2), (2, 4 * cfg.train_length + 1), 0, 50)
+    length = cfg.train_length
+    expected = np.mean(
+        [
+            float(_bst.sequence_loss(model, row[s : s + length], row[s + 1 : s + length + 1]))
+            for row in tokens
+            for s in range(0, tokens.shape[1] - 1, length)
+        ]
+    )
+    heldout = np.asarray(tokens)
+    np.testing.assert_allclose(_bst.evaluate(model, heldout, length), expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="must divide"):
+        _bst.evaluate(model, heldout, 3 * length)

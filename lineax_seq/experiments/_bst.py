@@ -5,8 +5,11 @@ models on a code corpus (default: the Python standard library's `.py` sources, b
 tokens) at one training length `L` with window `W`, matched in parameter count and
 steps, then measures held-out perplexity at `L/2, L, 4L, 16L` on the *same* held-out
 tokens, cut into sequences of each length: the paper's length-generalisation study.
+Every model is trained once per seed (initialisation and batch order); the table
+reports the mean and standard deviation over seeds, and BST-vs-SLIDE is also compared
+seed by seed (the same batches for both).
 
-    python -m lineax_seq bst                          # the committed run (2-core CPU, ~35 min)
+    python -m lineax_seq bst                          # the committed run (2-core CPU, ~30 min)
     python -m lineax_seq bst --steps 50 --models SLIDE BST:SH:S4
     python -m lineax_seq bst --corpus path/to/texts   # any text corpus (file or directory)
 
@@ -55,9 +58,9 @@ class Config:
     warmup_steps: int = 30
     weight_decay: float = 0.01
     eval_multipliers: tuple[float, ...] = (0.5, 1.0, 4.0, 16.0)
-    eval_tokens: int = 32768
+    eval_tokens: int = 131072
     match_parameters: bool = True
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)
 
     def eval_lengths(self) -> list[int]:
         return [int(self.train_length * m) for m in self.eval_multipliers]
@@ -142,14 +145,15 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
 # data
 
 
-def load_data(corpus: str | None, cfg: Config):
+def load_data(corpus: str | None, cfg: Config, *, seed: int = 0):
     """Training batches, held-out windows and the tokenizer (byte-level).
 
-    - Training: shuffled `(batch_size, L)` causal-LM windows from the `"train"` split
-      ([`lineax_seq.lm_dataset`][]), the same order for every model.
-    - Held out: the first windows of `max(eval_lengths) + 1` tokens tiling the documents
-      of the `"valid"` split, `cfg.eval_tokens` tokens in all (at least one window);
-      every evaluation length cuts these same windows into shorter sequences.
+    - Training: `(batch_size, L)` causal-LM windows from the `"train"` split
+      ([`lineax_seq.lm_dataset`][]) shuffled by `seed`, the same order for every model.
+    - Held out: `cfg.eval_tokens // max(eval_lengths)` windows (at least one) of
+      `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
+      documents of the `"valid"` split, so they come from many files, not the first
+      few; every evaluation length cuts these same windows into shorter sequences.
     """
     import lineax_seq as ls
 
@@ -159,13 +163,14 @@ def load_data(corpus: str | None, cfg: Config):
         tokenizer,
         length=cfg.train_length,
         batch_size=cfg.batch_size,
-        seed=cfg.seed,
+        seed=seed,
     )
     longest = max(cfg.eval_lengths())
     windows = ls.lm_windows(ls.text_corpus(corpus, split="valid"), tokenizer, length=longest)
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
+    picks = np.unique(np.linspace(0, len(windows) - 1, count).round().astype(int))
     heldout = np.stack(
-        [np.concatenate([windows[i]["inputs"], windows[i]["targets"][-1:]]) for i in range(count)]
+        [np.concatenate([windows[i]["inputs"], windows[i]["targets"][-1:]]) for i in picks]
     )
     return train, heldout, tokenizer
 
@@ -193,7 +198,7 @@ def _report(step: int, model, record: dict) -> None:
         print(f"    step {step:4d} loss {record['loss']:.3f}", flush=True)
 
 
-def train(model, batches, cfg: Config, *, name: str = ""):
+def train(model, batches, cfg: Config, *, name: str = "", seed: int = 0):
     """`cfg.steps` AdamW steps (warmup + cosine decay, clipping) with the library's loop.
 
     Returns the trained model, the training losses and their steps: one record per
@@ -216,7 +221,7 @@ def train(model, batches, cfg: Config, *, name: str = ""):
         lambda model, batch, key: (batch_loss(model, batch), None),
         batches,
         steps=cfg.steps,
-        key=jr.key(cfg.seed),
+        key=jr.key(seed),
         log_every=LOG_EVERY,
         unit="tokens",
         progress=sys.stderr.isatty(),
@@ -236,66 +241,100 @@ def evaluate(model, heldout: np.ndarray, length: int) -> float:
     n = heldout.shape[1] - 1
     if n % length:
         raise ValueError(f"evaluation length {length} must divide the held-out window {n}")
-    loss = eqx.filter_jit(sequence_loss)
+    loss = eqx.filter_jit(batch_loss)  # one call per window: all its sequences at once
     total = 0.0
     for window in heldout:
-        for start in range(0, n, length):
-            inputs = jnp.asarray(window[start : start + length])
-            targets = jnp.asarray(window[start + 1 : start + length + 1])
-            total += float(loss(model, inputs, targets))
-    return total / (heldout.shape[0] * (n // length))
+        batch = {
+            "inputs": jnp.asarray(window[:-1].reshape(-1, length)),
+            "targets": jnp.asarray(window[1:].reshape(-1, length)),
+        }
+        total += float(loss(model, batch))
+    return total / heldout.shape[0]
 
 
 # --------------------------------------------------------------------------------------
 # the experiment
 
 
+def _train_and_evaluate(name: str, model, train_data, heldout, cfg: Config, seed: int) -> dict:
+    """One seed of one model: train, then held-out perplexity at every length."""
+    start = time.perf_counter()
+    try:
+        model, losses, loss_steps = train(model, train_data, cfg, name=name, seed=seed)
+    except FloatingPointError as e:  # record the divergence, keep the other runs
+        print(f"  {name} (seed {seed}) diverged: {e}", flush=True)
+        return {"seed": seed, "error": str(e)}
+    train_seconds = time.perf_counter() - start
+    ppl = {}
+    for length in cfg.eval_lengths():
+        ppl[str(length)] = math.exp(evaluate(model, heldout, length))
+        print(f"  {name} eval L={length:6d}: perplexity {ppl[str(length)]:.3f}", flush=True)
+    return {
+        "seed": seed,
+        "train_seconds": train_seconds,
+        "eval_seconds": time.perf_counter() - start - train_seconds,
+        "final_train_loss": float(np.mean(losses[-4:])),
+        "train_loss": losses,
+        "train_loss_steps": loss_steps,
+        "perplexity": ppl,
+    }
+
+
+def _aggregate(params: int, mlp_dim: int, runs: list[dict]) -> dict:
+    """A model's entry: its runs, and the mean (and std) over the seeds that trained."""
+    out: dict[str, Any] = {"parameters": params, "mlp_dim": mlp_dim, "runs": runs}
+    done = [r for r in runs if "perplexity" in r]
+    if not done:
+        out["error"] = "; ".join(r["error"] for r in runs)
+        return out
+    lengths = done[0]["perplexity"]
+    ppl = {n: [r["perplexity"][n] for r in done] for n in lengths}
+    out["perplexity"] = {n: float(np.mean(v)) for n, v in ppl.items()}
+    out["perplexity_std"] = {n: float(np.std(v)) for n, v in ppl.items()}
+    for field in ("train_seconds", "eval_seconds", "final_train_loss", "train_loss"):
+        if all(field in r for r in done):
+            out[field] = np.mean([r[field] for r in done], axis=0).tolist()
+    if "train_loss" in out:
+        out["train_loss_steps"] = done[0]["train_loss_steps"]
+    return out
+
+
 def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
-    """Train and evaluate every model of `cfg`; write JSON, plot and table under `out`."""
-    train_data, heldout, tokenizer = load_data(corpus, cfg)
+    """Train and evaluate every model of `cfg` for every seed; write JSON, plot and table."""
+    if not cfg.seeds:
+        raise ValueError("seeds must name at least one seed, got seeds=()")
+    _, heldout, tokenizer = load_data(corpus, cfg)
     vocab_size = tokenizer.vocab_size
     print(
         f"corpus: train batches of {cfg.batch_size} x {cfg.train_length} tokens; held out "
-        f"{heldout.shape[0]} x {heldout.shape[1] - 1} tokens; vocab {vocab_size}",
+        f"{heldout.shape[0]} x {heldout.shape[1] - 1} tokens; vocab {vocab_size}; "
+        f"seeds {list(cfg.seeds)}",
         flush=True,
     )
     mlp_dims = matched_mlp_dims(vocab_size, cfg)
-    lengths = cfg.eval_lengths()
-    results: dict[str, Any] = {}
-    for i, name in enumerate(cfg.models):
-        key = jr.fold_in(jr.key(cfg.seed), i)
-        model = build_lm(name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=key)
-        params = count_parameters(model)
-        print(f"{name}: {params / 1e6:.3f}M parameters (MLP {mlp_dims[name]})", flush=True)
-        start = time.perf_counter()
-        try:
-            model, losses, loss_steps = train(model, train_data, cfg, name=name)
-        except FloatingPointError as e:  # record the divergence, keep the other models
-            print(f"  {name} diverged: {e}", flush=True)
-            results[name] = {"parameters": params, "mlp_dim": mlp_dims[name], "error": str(e)}
-            continue
-        train_seconds = time.perf_counter() - start
-        ppl = {}
-        for length in lengths:
-            nll = evaluate(model, heldout, length)
-            ppl[length] = math.exp(nll)
-            print(f"  {name} eval L={length:6d}: perplexity {ppl[length]:.3f}", flush=True)
-        results[name] = {
-            "parameters": params,
-            "mlp_dim": mlp_dims[name],
-            "train_seconds": train_seconds,
-            "eval_seconds": time.perf_counter() - start - train_seconds,
-            "final_train_loss": float(np.mean(losses[-4:])),
-            "train_loss": losses,
-            "train_loss_steps": loss_steps,
-            "perplexity": {str(k): v for k, v in ppl.items()},
-        }
+    runs: dict[str, list[dict]] = {name: [] for name in cfg.models}
+    params = {}
+    for seed in cfg.seeds:
+        train_data = load_data(corpus, cfg, seed=seed)[0]
+        for i, name in enumerate(cfg.models):
+            model = build_lm(
+                name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=jr.fold_in(jr.key(seed), i)
+            )
+            params[name] = count_parameters(model)
+            print(
+                f"{name} (seed {seed}): {params[name] / 1e6:.3f}M parameters "
+                f"(MLP {mlp_dims[name]})",
+                flush=True,
+            )
+            runs[name].append(_train_and_evaluate(name, model, train_data, heldout, cfg, seed))
+    results = {name: _aggregate(params[name], mlp_dims[name], runs[name]) for name in cfg.models}
     payload = {
         "config": dataclasses.asdict(cfg),
         "corpus": corpus or "python stdlib (.py sources)",
         "vocab_size": vocab_size,
         "backend": jax.default_backend(),
-        "eval_lengths": lengths,
+        "heldout_tokens": int(heldout.shape[0] * (heldout.shape[1] - 1)),
+        "eval_lengths": cfg.eval_lengths(),
         "results": results,
     }
     payload["summary"] = summarise(payload)
@@ -310,24 +349,40 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     return payload
 
 
+def _paired_gains(bst: dict, slide: dict, length: str) -> list[float]:
+    """Per seed both models trained: `1 - ppl(BST) / ppl(SLIDE)` at `length`."""
+
+    def by_seed(result: dict) -> dict[int, float]:
+        return {r["seed"]: r["perplexity"][length] for r in result["runs"] if "perplexity" in r}
+
+    a, b = by_seed(bst), by_seed(slide)
+    return [1 - a[seed] / b[seed] for seed in a if seed in b]
+
+
 def summarise(payload: dict) -> dict:
-    """The issue's two goals, checked on the measured perplexities."""
+    """The issue's two goals, checked on the measured perplexities (means over seeds;
+    the BST-vs-SLIDE comparison also seed by seed)."""
     lengths = payload["eval_lengths"]
     results = {n: r for n, r in payload["results"].items() if "perplexity" in r}
-    train_length = payload["config"]["train_length"]
-    at_l = {n: r["perplexity"][str(train_length)] for n, r in results.items()}
+    at = str(payload["config"]["train_length"])
     lines, out = [], {}
-    if "SLIDE" in at_l:
-        for name in (n for n in at_l if n.startswith("BST")):
-            gain = 1 - at_l[name] / at_l["SLIDE"]
+    if "SLIDE" in results:
+        slide = results["SLIDE"]
+        for name in (n for n in results if n.startswith("BST")):
+            gain = 1 - results[name]["perplexity"][at] / slide["perplexity"][at]
+            paired = _paired_gains(results[name], slide, at)
             out[f"{name} vs SLIDE at L"] = gain
+            out[f"{name} vs SLIDE at L, per seed"] = paired
+            wins = sum(g > 0 for g in paired)
+            per_seed = " / ".join(f"{100 * g:+.1f}%" for g in paired)
             lines.append(
                 f"{name} {'beats' if gain > 0 else 'does NOT beat'} SLIDE at L: "
-                f"{at_l[name]:.3f} vs {at_l['SLIDE']:.3f} ({100 * gain:+.1f}%)"
+                f"{results[name]['perplexity'][at]:.3f} vs {slide['perplexity'][at]:.3f} "
+                f"({100 * gain:+.1f}%; per seed {per_seed}: better in {wins} of {len(paired)})"
             )
     longest = str(max(lengths))
     for name, r in results.items():
-        drift = r["perplexity"][longest] / r["perplexity"][str(train_length)] - 1
+        drift = r["perplexity"][longest] / r["perplexity"][at] - 1
         out[f"{name} ppl(16L)/ppl(L) - 1"] = drift
         if name == "BST:SH:S4":
             verdict = "within" if abs(drift) <= 0.05 else "NOT within"
@@ -340,9 +395,9 @@ def summarise(payload: dict) -> dict:
 
 
 def table(payload: dict) -> str:
-    """Markdown table: parameters, perplexity at every length, drift, final training loss
-    (nats, mean of the last 4 logged records, on batches the model had not seen before
-    its update), train time."""
+    """Markdown table: parameters, perplexity at every length (mean ± std over seeds),
+    drift, final training loss (nats, mean of the last 4 logged records, on batches the
+    model had not seen before its update), train time (mean per seed)."""
     lengths = payload["eval_lengths"]
     train_length = payload["config"]["train_length"]
     head = ["model", "params"] + [
@@ -350,12 +405,15 @@ def table(payload: dict) -> str:
     ]
     head += [f"{max(lengths)} / L", "train loss (last 20 steps)", "train s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    multi = len(payload["config"].get("seeds", ())) > 1
     for name, r in payload["results"].items():
         if "perplexity" not in r:
             rows.append(f"| {name} | {r['parameters'] / 1e6:.2f}M | diverged |")
             continue
-        ppl = r["perplexity"]
-        cells = [name, f"{r['parameters'] / 1e6:.2f}M"] + [f"{ppl[str(n)]:.3f}" for n in lengths]
+        ppl, std = r["perplexity"], r.get("perplexity_std", {})
+        cells = [name, f"{r['parameters'] / 1e6:.2f}M"]
+        for n in lengths:
+            cells.append(f"{ppl[str(n)]:.3f}" + (f" ± {std[str(n)]:.2f}" if multi else ""))
         cells += [f"{ppl[str(max(lengths))] / ppl[str(train_length)]:.3f}"]
         cells += [f"{r['final_train_loss']:.3f}" if "final_train_loss" in r else "-"]
         cells += [f"{r['train_seconds']:.0f}"]
@@ -376,7 +434,15 @@ def plot(payload: dict, path: pathlib.Path) -> None:
     for name, r in payload["results"].items():
         if "perplexity" not in r:
             continue
-        ax_l.plot(lengths, [r["perplexity"][str(n)] for n in lengths], "o-", label=name)
+        std = r.get("perplexity_std", {})
+        ax_l.errorbar(
+            lengths,
+            [r["perplexity"][str(n)] for n in lengths],
+            yerr=[std.get(str(n), 0.0) for n in lengths],
+            fmt="o-",
+            capsize=3,
+            label=name,
+        )
         ax_t.plot(r["train_loss_steps"], np.exp(r["train_loss"]), label=name)
     ax_l.axvline(train_length, color="grey", ls=":", label="training length")
     ax_l.set_xscale("log", base=2)
@@ -385,7 +451,7 @@ def plot(payload: dict, path: pathlib.Path) -> None:
     ax_l.set_title("length generalisation")
     ax_t.set_yscale("log")
     ax_t.set_xlabel("step")
-    ax_t.set_ylabel(f"training perplexity ({LOG_EVERY}-step mean)")
+    ax_t.set_ylabel(f"training perplexity ({LOG_EVERY}-step mean, mean over seeds)")
     ax_t.set_title(f"training at L = {train_length}, W = {payload['config']['window']}")
     for ax in (ax_l, ax_t):
         ax.grid(True, which="both", alpha=0.3)
@@ -416,7 +482,7 @@ _FLAGS = {
     "warmup_steps": "warmup_steps",
     "eval_multipliers": "eval_multipliers",
     "eval_tokens": "eval_tokens",
-    "seed": "seed",
+    "seeds": "seeds",
 }
 
 
@@ -440,7 +506,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--warmup-steps", type=int)
     flag("--eval-multipliers", type=float, nargs="+")
     flag("--eval-tokens", type=int)
-    flag("--seed", type=int)
+    flag("--seeds", type=int, nargs="+")
     parser.add_argument("--no-match", action="store_true", help="do not match parameter counts")
     parser.add_argument(
         "--out",
@@ -457,7 +523,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """The run's Config: defaults (tiny ones with `--small`), then the flags given."""
     cfg = small_config() if args.small else Config()
     given = {f: getattr(args, n) for n, f in _FLAGS.items() if getattr(args, n) is not None}
-    for field in ("models", "bst_layers", "eval_multipliers"):
+    for field in ("models", "bst_layers", "eval_multipliers", "seeds"):
         if field in given:
             given[field] = tuple(given[field])
     return dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
@@ -486,6 +552,7 @@ def small_config(cfg: Config | None = None) -> Config:
         warmup_steps=5,
         eval_multipliers=(1.0, 4.0),
         eval_tokens=1024,
+        seeds=(0,),
     )
 
 
@@ -502,6 +569,7 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
         warmup_steps=10,
         eval_multipliers=(1.0, 4.0),
         eval_tokens=8192,
+        seeds=(0,),
     )
     if small:
         cfg = dataclasses.replace(small_config(cfg), models=cfg.models)
