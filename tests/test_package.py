@@ -2,8 +2,10 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 import lineax_seq
+from lineax_seq.__main__ import main
 
 
 def test_host_devices_available():
@@ -26,3 +28,16 @@ def test_cli_help():
         [sys.executable, "-m", "lineax_seq", "--help"], capture_output=True, text=True, check=True
     )
     assert "demo" in out.stdout
+
+
+@pytest.mark.slow
+def test_demo_runs_twice_into_the_same_directory(tmp_path):
+    # The second run must replace the first one's outputs, not refuse to start (the BiGS
+    # section trains with a metrics file in its directory).
+    argv = ["demo", "--small", "--only", "bigs", "--out", str(tmp_path)]
+    (tmp_path / "bigs").mkdir()
+    (tmp_path / "bigs" / "stale.txt").write_text("from an earlier run")
+    for _ in range(2):
+        assert main(argv) == 0
+        assert (tmp_path / "bigs" / "metrics.jsonl").exists()
+    assert not (tmp_path / "bigs" / "stale.txt").exists()

@@ -7,6 +7,7 @@ trains for real, prints its figures against a trivial baseline and saves plots.
 import argparse
 import importlib
 import pathlib
+import shutil
 import time
 
 # (name, module): run in this order.
@@ -23,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=pathlib.Path,
         default=pathlib.Path("outputs/demo"),
-        help="directory for plots and metrics (default: outputs/demo)",
+        help="directory for plots and metrics, one subdirectory per section, replaced on "
+        "every run (default: outputs/demo)",
     )
     parser.add_argument(
         "--only",
@@ -43,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n=== demo: {name} ===", flush=True)
         start = time.perf_counter()
         module = importlib.import_module(module_name)
-        module.demo(args.out / name, small=args.small)
+        section_dir = args.out / name
+        shutil.rmtree(section_dir, ignore_errors=True)  # each demo run starts afresh
+        section_dir.mkdir()
+        module.demo(section_dir, small=args.small)
         print(f"=== {name} done in {time.perf_counter() - start:.0f} s ===", flush=True)
     print(f"\nplots and metrics saved under {args.out}/")
     return 0
