@@ -12,15 +12,25 @@ from lineax_seq.__main__ import main
 from lineax_seq.experiments import _bst
 
 
+def _run(seed: int, perplexity: dict[str, float]) -> dict:
+    """One seed's record, as `_train_and_evaluate` writes it."""
+    return {
+        "seed": seed,
+        "train_seconds": 1.0,
+        "eval_seconds": 0.5,
+        "final_train_loss": 2.0,
+        "train_loss": [3.0, 2.0],
+        "train_loss_steps": [5, 10],
+        "perplexity": perplexity,
+    }
+
+
 def _payload(bst_ppl: list[float], bst_ppl_16l: float) -> dict:
     """Two models over len(bst_ppl) seeds; SLIDE at 5.0 everywhere."""
 
     def result(at_l: list[float], at_16l: float) -> dict:
-        runs = [
-            {"seed": seed, "perplexity": {"512": p, "1024": p, "16384": at_16l}}
-            for seed, p in enumerate(at_l)
-        ]
-        return _bst._aggregate(1000, 64, runs) | {"train_seconds": 1.0}
+        runs = [_run(seed, {"512": p, "1024": p, "16384": at_16l}) for seed, p in enumerate(at_l)]
+        return _bst._aggregate(1000, 64, runs)
 
     seeds = list(range(len(bst_ppl)))
     return {
@@ -57,7 +67,7 @@ def test_summary_over_seeds_is_the_mean_and_paired():
 
 
 def test_diverged_seed_is_left_out_of_the_mean():
-    runs = [{"seed": 0, "perplexity": {"1024": 4.0}}, {"seed": 1, "error": "nan at step 3"}]
+    runs = [_run(0, {"1024": 4.0}), {"seed": 1, "error": "nan at step 3"}]
     entry = _bst._aggregate(1000, 64, runs)
     assert entry["perplexity"] == {"1024": 4.0} and len(entry["runs"]) == 2
     failed = _bst._aggregate(1000, 64, runs[1:])
@@ -108,7 +118,8 @@ def test_heldout_windows_spread_over_the_valid_split(tmp_path):
     cfg = _bst.dataclasses.replace(
         _bst.small_config(), train_length=64, eval_multipliers=(1.0, 4.0), eval_tokens=3 * 256
     )
-    _, heldout, tokenizer = _bst.load_data(str(tmp_path), cfg)
+    tokenizer = ls.ByteTokenizer()
+    heldout = _bst.heldout_windows(str(tmp_path), tokenizer, cfg)
     valid = [int(doc[:3]) for doc in ls.text_corpus(str(tmp_path), split="valid")]
     assert heldout.shape == (3, 257) and len(valid) > 6
     picked = [valid.index(int(tokenizer.decode(row[1:4].tolist()))) for row in heldout]

@@ -145,34 +145,34 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
 # data
 
 
-def load_data(corpus: str | None, cfg: Config, *, seed: int = 0):
-    """Training batches, held-out windows and the tokenizer (byte-level).
-
-    - Training: `(batch_size, L)` causal-LM windows from the `"train"` split
-      ([`lineax_seq.lm_dataset`][]) shuffled by `seed`, the same order for every model.
-    - Held out: `cfg.eval_tokens // max(eval_lengths)` windows (at least one) of
-      `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
-      documents of the `"valid"` split, so they come from many files, not the first
-      few; every evaluation length cuts these same windows into shorter sequences.
-    """
+def train_batches(corpus: str | None, tokenizer, cfg: Config, *, seed: int):
+    """`(batch_size, L)` causal-LM windows from the `"train"` split
+    ([`lineax_seq.lm_dataset`][]), shuffled by `seed`: the same order for every model."""
     import lineax_seq as ls
 
-    tokenizer = ls.ByteTokenizer()
-    train = ls.lm_dataset(
+    return ls.lm_dataset(
         ls.text_corpus(corpus, split="train"),
         tokenizer,
         length=cfg.train_length,
         batch_size=cfg.batch_size,
         seed=seed,
     )
+
+
+def heldout_windows(corpus: str | None, tokenizer, cfg: Config) -> np.ndarray:
+    """`cfg.eval_tokens // max(eval_lengths)` windows (at least one) of
+    `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
+    documents of the `"valid"` split, so they come from many files, not the first few;
+    every evaluation length cuts these same windows into shorter sequences."""
+    import lineax_seq as ls
+
     longest = max(cfg.eval_lengths())
     windows = ls.lm_windows(ls.text_corpus(corpus, split="valid"), tokenizer, length=longest)
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
     picks = np.unique(np.linspace(0, len(windows) - 1, count).round().astype(int))
-    heldout = np.stack(
+    return np.stack(
         [np.concatenate([windows[i]["inputs"], windows[i]["targets"][-1:]]) for i in picks]
     )
-    return train, heldout, tokenizer
 
 
 # --------------------------------------------------------------------------------------
@@ -292,10 +292,8 @@ def _aggregate(params: int, mlp_dim: int, runs: list[dict]) -> dict:
     out["perplexity"] = {n: float(np.mean(v)) for n, v in ppl.items()}
     out["perplexity_std"] = {n: float(np.std(v)) for n, v in ppl.items()}
     for field in ("train_seconds", "eval_seconds", "final_train_loss", "train_loss"):
-        if all(field in r for r in done):
-            out[field] = np.mean([r[field] for r in done], axis=0).tolist()
-    if "train_loss" in out:
-        out["train_loss_steps"] = done[0]["train_loss_steps"]
+        out[field] = np.mean([r[field] for r in done], axis=0).tolist()
+    out["train_loss_steps"] = done[0]["train_loss_steps"]
     return out
 
 
@@ -303,7 +301,10 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     """Train and evaluate every model of `cfg` for every seed; write JSON, plot and table."""
     if not cfg.seeds:
         raise ValueError("seeds must name at least one seed, got seeds=()")
-    _, heldout, tokenizer = load_data(corpus, cfg)
+    import lineax_seq as ls
+
+    tokenizer = ls.ByteTokenizer()
+    heldout = heldout_windows(corpus, tokenizer, cfg)
     vocab_size = tokenizer.vocab_size
     print(
         f"corpus: train batches of {cfg.batch_size} x {cfg.train_length} tokens; held out "
@@ -315,7 +316,7 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in cfg.models}
     params = {}
     for seed in cfg.seeds:
-        train_data = load_data(corpus, cfg, seed=seed)[0]
+        train_data = train_batches(corpus, tokenizer, cfg, seed=seed)
         for i, name in enumerate(cfg.models):
             model = build_lm(
                 name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=jr.fold_in(jr.key(seed), i)
