@@ -269,6 +269,20 @@ def test_variants_and_layer_placement(key):
         assert {type(layer) for layer in lm.layers} == expected
 
 
+def test_ssm_step_size_range_reaches_the_kernels(key):
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(1,), state_size=4,
+        dt_min=0.01, dt_max=0.02, key=key,
+    )  # fmt: skip
+    dt = np.exp(np.asarray(lm.layers[1].ssm.kernel.log_dt))
+    assert dt.shape == (DIM // 4,)
+    assert (dt >= 0.01 * (1 - 1e-6)).all() and (dt <= 0.02 * (1 + 1e-6)).all()
+    with pytest.raises(ValueError, match="dt_min=0.1, dt_max=0.01"):
+        ls.BlockStateTransformerLM(
+            VOCAB, DIM, 2, num_heads=HEADS, window=W, dt_min=0.1, dt_max=0.01, key=key
+        )
+
+
 def test_bad_input(sh_lm, key):
     lm = sh_lm
     with pytest.raises(ValueError, match="multiple of `window`=4"):

@@ -329,6 +329,8 @@ class BlockStateTransformerLayer(eqx.Module):
         context: str = "sh",
         ssm: str = "s4",
         state_size: int = 16,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
         ssm_features: int | None = None,
         num_filters: int = 32,
         mlp_dim: int | None = None,
@@ -343,6 +345,8 @@ class BlockStateTransformerLayer(eqx.Module):
         - `context`: `"sh"`, `"mh"` or `"mf"` (see above).
         - `ssm`: `"s4"` (S4D kernels) or `"unstruct"` (Hyena filters).
         - `state_size`: S4D state size `N` (the paper's speed setting: 16).
+        - `dt_min`, `dt_max`: initial S4D step-size range (`ssm="s4"`; see
+          [`lineax_seq.ContextSSM`][]).
         - `ssm_features`: width of the SSM after the down projection (default `dim // 4`,
           and `dim // 8` for `"mf"`).
         - `num_filters`: `S`, the number of MF context states (paper: 32).
@@ -370,6 +374,8 @@ class BlockStateTransformerLayer(eqx.Module):
             streams,
             ssm=ssm,
             state_size=state_size,
+            dt_min=dt_min,
+            dt_max=dt_max,
             max_length=max_length,
             key=ks,
         )

@@ -122,6 +122,8 @@ class BlockStateTransformerLM(eqx.Module):
         context: str = "sh",
         ssm: str = "s4",
         state_size: int = 16,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
         ssm_features: int | None = None,
         num_filters: int = 32,
         recurrent_layers: Sequence[int] = (),
@@ -141,8 +143,8 @@ class BlockStateTransformerLM(eqx.Module):
         - `mlp_dim`: MLP hidden size (default `4 * dim`).
         - `bst_layers`: indices of the BST layers; `None` means the paper's `(1, 7, 9)`
           of 12 rescaled to `num_layers`; `()` gives SLIDE.
-        - `context`, `ssm`, `state_size`, `ssm_features`, `num_filters`: of the BST
-          layers (see [`lineax_seq.BlockStateTransformerLayer`][]).
+        - `context`, `ssm`, `state_size`, `dt_min`, `dt_max`, `ssm_features`,
+          `num_filters`: of the BST layers (see [`lineax_seq.BlockStateTransformerLayer`][]).
         - `recurrent_layers`: indices of BRECT:FIXED:SKIP layers.
         - `num_states`: recurrent states of BRECT layers (default `window`).
         - `max_length`: training length; required for `ssm="unstruct"`.
@@ -183,6 +185,8 @@ class BlockStateTransformerLM(eqx.Module):
                     context=context,
                     ssm=ssm,
                     state_size=state_size,
+                    dt_min=dt_min,
+                    dt_max=dt_max,
                     ssm_features=ssm_features,
                     num_filters=num_filters,
                     mlp_dim=mlp_dim,

@@ -47,6 +47,8 @@ class ContextSSM(eqx.Module):
         *,
         ssm: str = "s4",
         state_size: int = 16,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
         max_length: int | None = None,
         key: PRNGKeyArray,
     ):
@@ -57,6 +59,11 @@ class ContextSSM(eqx.Module):
         - `streams`: number of output streams (SH 1, MH heads, MF filters).
         - `ssm`: `"s4"` or `"unstruct"`.
         - `state_size`: S4D state size `N` (`"s4"` only).
+        - `dt_min`, `dt_max`: range of the S4D kernels' log-uniform initial step size
+          (`"s4"` only). The slowest mode's time constant is about `2 / dt_min` steps;
+          for a model that must run longer than it was trained, keep it within the
+          training length (e.g. `dt_min = 4 / train_length`), so that every mode
+          settles during training.
         - `max_length`: the training length that Hyena positions are normalised by
           (required for `"unstruct"`).
         - `key`: PRNG key.
@@ -72,7 +79,7 @@ class ContextSSM(eqx.Module):
         channels = streams * features
         self.down = eqx.nn.Linear(dim, features, key=kd)
         if ssm == "s4":
-            self.kernel = S4DKernel(state_size, channels, key=kk)
+            self.kernel = S4DKernel(state_size, channels, dt_min=dt_min, dt_max=dt_max, key=kk)
             self.skip = jnp.ones((channels,))
         else:
             if max_length is None:
