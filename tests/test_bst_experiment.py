@@ -86,6 +86,20 @@ def test_flags_override_small_defaults():
     assert cfg.seeds == (3, 4)
 
 
+def test_s4_step_sizes_follow_the_training_length():
+    """The slowest S4D mode's time constant 2 / dt_min is half the training length."""
+    cfg = _bst.small_config()  # train_length 256
+    assert cfg.dt_min is None and cfg.ssm_dt_min() == 4 / 256
+    assert _bst.Config(train_length=32).ssm_dt_min() == 0.05  # capped at dt_max / 2
+    parser = argparse.ArgumentParser()
+    _bst.add_arguments(parser)
+    assert _bst.config_from_args(parser.parse_args(["--dt-min", "0.002"])).ssm_dt_min() == 0.002
+    lm = _bst.build_lm("BST:SH:S4", 256, cfg, mlp_dim=64, key=jr.key(0))
+    (kernel,) = [layer.ssm.kernel for layer in lm.layers if hasattr(layer, "ssm")]
+    dt = np.exp(np.asarray(kernel.log_dt))
+    assert dt.min() >= (4 / 256) * (1 - 1e-6) and dt.max() <= cfg.dt_max * (1 + 1e-6)
+
+
 def test_bad_model_name():
     with pytest.raises(ValueError, match="model must be one of"):
         _bst.build_lm("BST:XX:S4", 256, _bst.small_config(), mlp_dim=64, key=jr.key(0))
@@ -100,6 +114,7 @@ def test_cli_tiny_run(tmp_path):
     payload = json.loads((tmp_path / "bst_lm.json").read_text())
     assert set(payload["results"]) == {"SLIDE", "BST:SH:S4"}
     assert payload["config"]["steps"] == 7  # the explicit flag wins over --small's 20
+    assert payload["config"]["dt_min"] == 4 / 256  # the value used, not None
     for r in payload["results"].values():
         # one record per LOG_EVERY = 5 steps, plus the final partial window (steps 6-7)
         assert r["train_loss_steps"] == [5, 7] and len(r["train_loss"]) == 2
