@@ -1,5 +1,6 @@
 """The `koopman` experiment runner: a tiny CLI run, period selection, table, bad options."""
 
+import argparse
 import json
 import math
 import re
@@ -47,6 +48,22 @@ def test_cli_tiny_run(tmp_path, capsys):
     for name in payload["systems"]["duffing"]["figures"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| duffing |" in (tmp_path / "koopman_table.md").read_text()
+    floor = payload["systems"]["duffing"]["floor"]
+    assert floor["eps"] == kx.FLOOR_EPS and set(floor["horizons"]) == {"20", "50"}
+    assert 0 < floor["horizons"]["20"] < floor["horizons"]["50"] < math.inf
+
+    # The recorded command reproduces the run's options.
+    command = payload["command"].split()
+    assert command[:4] == ["python", "-m", "lineax_seq", "koopman"]
+    parser = argparse.ArgumentParser()
+    kx.add_arguments(parser)
+    again = vars(parser.parse_args(command[4:]))
+    for name, value in payload["config"].items():
+        if name not in ("command", "out", "small"):
+            want = tuple(value) if isinstance(value, list) else value
+            if name == "variants":
+                want = tuple(kx.VARIANT_NAMES[v] for v in value)
+            assert again[name] == want, name
 
 
 def test_best_period_selection():
@@ -83,6 +100,20 @@ def test_evaluate_maps_standardised_predictions_back(key):
         np.testing.assert_allclose(curves[name], err, rtol=1e-5)
 
 
+def test_sensitivity_floor():
+    # Unperturbed, the exact dynamics reproduce the test trajectories: floor 0. Perturbed by
+    # delta, the first step (dt = 0.01, flow map ~ identity) is off by about delta.
+    system = ls.get_system("lotka_volterra")
+    test_xs = np.asarray(ls.sample_trajectories(system, jr.key(0), 8, 30)[0])
+    std = np.array([0.5, 2.0])
+    zero = kx.sensitivity_floor(system, test_xs, std=std, eps=0.0, key=jr.key(1))
+    assert zero.shape == (30,) and np.all(zero == 0)
+    floor = kx.sensitivity_floor(system, test_xs, std=std, eps=1e-2, key=jr.key(1))
+    delta = 1e-2 * std * np.asarray(jr.normal(jr.key(1), test_xs[:, 0].shape))
+    assert floor[0] == pytest.approx(np.mean(delta**2), rel=0.05)
+    assert np.all(floor > 0)
+
+
 def test_format_table_ours_beside_paper():
     cell = {"none": 2.0, "periodic": 0.5, "every_step": 1.0, "best_k": 25, "all_k": {}}
     res = {
@@ -91,13 +122,16 @@ def test_format_table_ours_beside_paper():
             "MLP baseline": {"horizons": {"100": {"mlp": 3.0}, "1000": {"mlp": math.inf}}},
         }
     }
-    table = kx.format_table({"duffing": res, "parabolic": res})
+    floored = dict(res, floor={"eps": 1e-3, "horizons": {"100": 0.25, "1000": 7.0}})
+    table = kx.format_table({"duffing": floored, "parabolic": res})
     rows = [line for line in table.splitlines() if line.startswith("| duffing")]
     assert rows[0].split(" | ")[1:3] == ["2 / 0.1152", "0.5 / 0.0112"]
-    assert rows[0].endswith("| 3 / 0.405 |")
+    assert rows[0].endswith("| 3 / 0.405 | 0.25 |")  # the MLP, then the floor
     assert rows[0].count("- / ") == 6  # variants not run
     assert rows[1].split(" | ")[1] == "x / 20.54"  # exploded
-    assert rows[1].endswith("| x / 22.45 |")
+    assert rows[1].endswith("| x / 22.45 | 7 |")
+    parabolic = next(line for line in table.splitlines() if line.startswith("| parabolic"))
+    assert parabolic.endswith("| 3 / 0.2674 | - |")  # no floor recorded
     # the paper has no 1000-step parabolic row, so neither does the table
     assert sum(line.startswith("| parabolic") for line in table.splitlines()) == 1
 

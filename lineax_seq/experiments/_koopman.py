@@ -46,6 +46,8 @@ LABELS = {
     ("mlp", "mlp"): "MLP dyn / MLP dec",
 }
 BASELINE = "MLP baseline"
+# Relative size of the initial-state error behind `sensitivity_floor` (0.1% of the spread).
+FLOOR_EPS = 1e-3
 # Table 1.1 (MSE x100 except Lorenz): per variant (no reencoding, periodic), then the MLP.
 # None marks the paper's "exploded" entries; the parabolic attractor has no 1000-step row.
 PAPER = {
@@ -255,6 +257,29 @@ def best_period(curves: dict, horizon: int, periods=PERIODS) -> tuple[float, int
     return scores[best], best
 
 
+def sensitivity_floor(
+    system, test_xs: np.ndarray, *, std: np.ndarray, eps: float = FLOOR_EPS, key
+) -> np.ndarray:
+    """How fast the system itself amplifies a small error in the initial state.
+
+    The exact dynamics are restarted from the test initial conditions perturbed by
+    `eps * std * N(0, 1)` per coordinate (`std`: the training data's spread) and compared
+    with the exact test trajectories. Any model whose encoder / decoder round trip is
+    off by `eps` of the data's spread makes at least this error (it makes that error
+    again at every reencoding), so the curve is a floor under the achievable MSE.
+
+    **Returns:**
+
+    The per-step squared error `(steps,)`, mean over initial conditions and coordinates,
+    in the system's units.
+    """
+    x0s = test_xs[:, 0] + eps * std * np.asarray(jr.normal(key, test_xs[:, 0].shape))
+    steps = test_xs.shape[1] - 1
+    simulate = jax.jit(jax.vmap(lambda x: ls.simulate(system, x, steps)))
+    moved = np.asarray(simulate(jnp.asarray(x0s, jnp.float32)))
+    return np.mean((moved[:, 1:] - test_xs[:, 1:]) ** 2, axis=(0, 2))
+
+
 def _standardiser(train_xs: np.ndarray, normalize: bool):
     if not normalize:
         return 0.0, 1.0
@@ -279,6 +304,14 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     mean, std = _standardiser(train_xs, args.normalize)
     scale = scale_of(system_name)
     results = {"system": system_name, "scale": scale, "variants": {}}
+    spread = _standardiser(train_xs, True)[1]
+    floor = sensitivity_floor(system, test_xs, std=spread, key=jr.fold_in(data_key, 1))
+    results["floor"] = {
+        "eps": FLOOR_EPS,
+        "horizons": {str(h): scale * mse_at(floor, h) for h in horizons},
+    }
+    parts = "; ".join(f"@{h}: {_fmt(v)}" for h, v in results["floor"]["horizons"].items())
+    print(f"  [{system_name}] exact dynamics, initial states off by {FLOOR_EPS:g} std: {parts}")
     kept = {}
     for kind, mkey in zip((*variants, "baseline"), model_keys, strict=True):
         init_key, train_key = jr.split(mkey)
@@ -388,9 +421,10 @@ def _row(res: dict, horizon: int) -> list:
 
 
 def format_table(all_results: dict) -> str:
-    """Table 1.1 layout: per variant (no reencoding, periodic), then the MLP; `ours / paper`."""
+    """Table 1.1 layout: per variant (no reencoding, periodic), then the MLP; `ours / paper`;
+    last, the system's own `sensitivity_floor` (ours only)."""
     cols = [f"{LABELS[v]} ({tag})" for v in VARIANTS for tag in ("none", "periodic")]
-    cols.append("MLP")
+    cols += ["MLP", f"floor: exact dynamics, x0 off by {FLOOR_EPS:g} std"]
     horizons = sorted({int(h) for r in all_results.values() for h in _horizons(r)})
     lines = []
     for h in horizons:
@@ -411,6 +445,7 @@ def format_table(all_results: dict) -> str:
                 f"{_fmt(o)} / {'x' if p is None and h in PAPER else _fmt(p)}"
                 for o, p in zip(ours, paper, strict=True)
             ]
+            cells.append(_fmt(res.get("floor", {}).get("horizons", {}).get(str(h))))
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -596,6 +631,9 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
         "units": "MSE x100 (Lorenz x1), over the first H predicted steps, 100 fresh ICs",
         "paper": {str(h): PAPER[h] for h in HORIZONS},
         "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
+        "floor": f"per system: the MSE of the exact dynamics restarted from the test initial "
+        f"conditions perturbed by {FLOOR_EPS:g} x the training data's std per coordinate "
+        "(same units): what an encoder/decoder round trip that accurate costs at least",
         "systems": systems,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -611,8 +649,27 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
 
 
 def _command_line(args) -> list[str]:
+    """The options that reproduce `args`: the system(s), steps, batch and seed, and every
+    other option that differs from its default."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
     words = ["koopman", "--all" if args.all else f"--system {args.system}"]
     words += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--seed {args.seed}"]
+    for name, value in vars(args).items():
+        if name in ("command", "all", "system", "steps", "batch_size", "seed", "out", "small"):
+            continue
+        if name not in defaults or value == defaults[name]:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        elif name == "variants":
+            words.append(f"{flag} " + ",".join(f"{dyn}/{dec}" for dyn, dec in value))
+        elif isinstance(value, tuple):
+            words.append(f"{flag} " + ",".join(map(str, value)))
+        else:
+            words.append(f"{flag} {value}")
     return words
 
 
