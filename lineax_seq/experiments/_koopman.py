@@ -264,9 +264,10 @@ def sensitivity_floor(
 
     The exact dynamics are restarted from the test initial conditions perturbed by
     `eps * std * N(0, 1)` per coordinate (`std`: the training data's spread) and compared
-    with the exact test trajectories. Any model whose encoder / decoder round trip is
-    off by `eps` of the data's spread makes at least this error (it makes that error
-    again at every reencoding), so the curve is a floor under the achievable MSE.
+    with the exact test trajectories: the error that a random state error of `eps` of
+    the data's spread costs a model that is otherwise exact. An encoder / decoder round
+    trip that accurate adds such an error at every reencoding, so a model cannot expect
+    to do much better than this curve.
 
     **Returns:**
 
@@ -633,7 +634,7 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
         "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
         "floor": f"per system: the MSE of the exact dynamics restarted from the test initial "
         f"conditions perturbed by {FLOOR_EPS:g} x the training data's std per coordinate "
-        "(same units): what an encoder/decoder round trip that accurate costs at least",
+        "(same units): what a random state error that small costs an otherwise exact model",
         "systems": systems,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
