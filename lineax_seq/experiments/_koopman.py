@@ -274,10 +274,11 @@ def sensitivity_floor(
     The per-step squared error `(steps,)`, mean over initial conditions and coordinates,
     in the system's units.
     """
-    x0s = test_xs[:, 0] + eps * std * np.asarray(jr.normal(key, test_xs[:, 0].shape))
+    noise = eps * std * np.asarray(jr.normal(key, test_xs[:, 0].shape))
+    x0s = (test_xs[:, 0] + noise).astype(test_xs.dtype)
     steps = test_xs.shape[1] - 1
     simulate = jax.jit(jax.vmap(lambda x: ls.simulate(system, x, steps)))
-    moved = np.asarray(simulate(jnp.asarray(x0s, jnp.float32)))
+    moved = np.asarray(simulate(jnp.asarray(x0s)))
     return np.mean((moved[:, 1:] - test_xs[:, 1:]) ** 2, axis=(0, 2))
 
 
