@@ -32,6 +32,7 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/ssm.py
+	$(PY) benchmarks/ssm_torch.py
 	$(PY) benchmarks/data.py
 	$(PY) benchmarks/koopman.py
 	$(PY) benchmarks/bst.py

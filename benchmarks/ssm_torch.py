@@ -1,0 +1,130 @@
+"""S4D layer forward vs the PyTorch reference S4D, side by side in one process.
+
+The issue's shape (batch 8, dim 256, N = 64, L = 1k, 4k, 16k). The competitor restates
+the reference layer's forward (state-spaces/s4, `models/s4/s4d.py`): the kernel from one
+complex `exp` per (channel, mode, position), FFT convolution, D skip, GELU, then a 1x1
+convolution to 2 x dim and a GLU. Ours is `lineax_seq.S4D` both as the bare linear layer
+(the `layer` of `benchmarks/ssm.py`) and with `activation=jax.nn.gelu, glu=True`, which
+does the reference's work. Interleaved rounds after a warm-up; median times and the
+median of the per-round ratios.
+
+Needs PyTorch (`pip install torch==2.13.0`, the CPU build), which the library does not
+depend on; without it the script says so and skips. `benchmarks/ssm.py` compares with
+the issue's figures for the reference instead.
+
+    python benchmarks/ssm_torch.py
+"""
+
+import math
+import pathlib
+import statistics
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.random as jr
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import save  # noqa: E402
+
+import lineax_seq as ls  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None
+
+BATCH, DIM, STATE = 8, 256, 64
+LENGTHS = (1024, 4096, 16384)
+ROUNDS = 5
+
+
+def reference_layer(dim: int, state_size: int):
+    """The reference S4D forward in PyTorch (its default initialisation)."""
+    nn = torch.nn
+    generator = torch.Generator().manual_seed(0)
+
+    class S4DReference(nn.Module):
+        def __init__(self):
+            super().__init__()
+            log_dt = torch.rand(dim, generator=generator)
+            self.log_dt = log_dt * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
+            self.C = torch.randn(dim, state_size // 2, dtype=torch.cfloat, generator=generator)
+            self.log_A_real = torch.log(0.5 * torch.ones(dim, state_size // 2))
+            self.A_imag = math.pi * torch.arange(state_size // 2).repeat(dim, 1).float()
+            self.D = torch.randn(dim, generator=generator)
+            self.output = nn.Sequential(nn.Conv1d(dim, 2 * dim, 1), nn.GLU(dim=-2))
+
+        def kernel(self, length):
+            dt = torch.exp(self.log_dt)
+            a = -torch.exp(self.log_A_real) + 1j * self.A_imag
+            dt_a = a * dt.unsqueeze(-1)
+            c = self.C * (torch.exp(dt_a) - 1.0) / a
+            powers = torch.exp(dt_a.unsqueeze(-1) * torch.arange(length))
+            return 2 * torch.einsum("hn,hnl->hl", c, powers).real
+
+        def forward(self, u):  # (batch, dim, length)
+            length = u.shape[-1]
+            k_f = torch.fft.rfft(self.kernel(length), n=2 * length)
+            y = torch.fft.irfft(torch.fft.rfft(u, n=2 * length) * k_f, n=2 * length)
+            y = y[..., :length] + u * self.D.unsqueeze(-1)
+            return self.output(nn.functional.gelu(y))
+
+    return S4DReference().eval()
+
+
+def main() -> int:
+    if torch is None:
+        print("skipped: PyTorch is not installed (pip install torch==2.13.0)")
+        return 0
+    reference = reference_layer(DIM, STATE)
+    linear = ls.S4D(DIM, state_size=STATE, key=jr.key(0))
+    full = ls.S4D(DIM, state_size=STATE, activation=jax.nn.gelu, glu=True, key=jr.key(0))
+    forward = eqx.filter_jit(lambda layer, x: jax.vmap(layer)(x))
+    rows = []
+    for length in LENGTHS:
+        x = jr.normal(jr.key(1), (BATCH, length, DIM))
+        u = torch.randn(BATCH, DIM, length)
+
+        def run_reference(u=u):
+            with torch.no_grad():
+                reference(u)
+
+        calls = {
+            "layer": lambda x=x: forward(linear, x).block_until_ready(),
+            "layer_gelu_glu": lambda x=x: forward(full, x).block_until_ready(),
+            "pytorch_reference": run_reference,
+        }
+        for call in calls.values():
+            call()
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(ROUNDS):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+        ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+        ratios = {
+            f"pytorch_reference_over_{name}": statistics.median(
+                r / o for r, o in zip(times["pytorch_reference"], times[name], strict=True)
+            )
+            for name in ("layer", "layer_gelu_glu")
+        }
+        rows.append({"length": length, "ms": ms, "ratios": ratios})
+        print(f"L={length:6d} {ms} {ratios}", flush=True)
+    path = save(
+        "ssm_torch",
+        {
+            "config": {"batch": BATCH, "dim": DIM, "state_size": STATE, "rounds": ROUNDS},
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "results": rows,
+        },
+    )
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
