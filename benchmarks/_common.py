@@ -29,6 +29,37 @@ def median_time(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def interleaved_times(
+    calls: dict, *, rounds: int, slow_rounds: int = 0, slow: frozenset[str] = frozenset()
+) -> tuple[dict, dict]:
+    """Wall and process-CPU seconds per call of each competitor, over interleaved rounds.
+
+    Each call is warmed up (compiled) first; competitors named in `slow` take part in
+    the first `slow_rounds` rounds only. The CPU time of this process (all threads) is
+    what the call would take on an otherwise idle machine if it ran on one core at a
+    time, so it bounds the unloaded wall time from above for CPU-bound work: on a
+    shared, loaded machine it is the fairer figure to compare with outside timings.
+    """
+    for call in calls.values():
+        jax.block_until_ready(call())
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name, call in calls.items():
+            if name in slow and r >= slow_rounds:
+                continue
+            start, start_cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(call())
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+def paired_ratio(times: dict, num: str, den: str) -> float:
+    """Median over rounds of `times[num][r] / times[den][r]`."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
+
+
 def compiled_memory(fn: Callable, *args: Any) -> dict[str, int]:
     """Bytes XLA plans for `jax.jit(fn)(*args)`: arguments, outputs and temporaries.
 

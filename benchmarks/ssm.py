@@ -44,7 +44,6 @@ import os
 import pathlib
 import statistics
 import sys
-import time
 
 import equinox as eqx
 import jax
@@ -52,7 +51,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import compiled_memory, save  # noqa: E402
+from _common import compiled_memory, interleaved_times, paired_ratio, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -92,37 +91,6 @@ def _linear_scan(layer: ls.S4D, x: jax.Array) -> jax.Array:
     b = jnp.repeat(x, modes, axis=1).astype(abar.dtype)
     states = ls.linear_scan(a, b).reshape(length, layer.dim, modes)
     return 2 * jnp.sum((cb * states).real, -1) + layer.skip * x
-
-
-def interleaved_times(
-    calls: dict, *, rounds: int, slow_rounds: int, slow: set[str]
-) -> tuple[dict, dict]:
-    """Wall and process-CPU seconds per call of each competitor, over interleaved rounds.
-
-    Each call is warmed up (compiled) first; competitors named in `slow` take part in
-    the first `slow_rounds` rounds only. The CPU time of this process (all threads) is
-    what the call would take on an otherwise idle machine if it ran on one core at a
-    time, so it bounds the unloaded wall time from above for CPU-bound work: on a
-    shared, loaded machine it is the fairer figure to compare with outside timings.
-    """
-    for call in calls.values():
-        jax.block_until_ready(call())
-    wall: dict[str, list[float]] = {name: [] for name in calls}
-    cpu: dict[str, list[float]] = {name: [] for name in calls}
-    for r in range(rounds):
-        for name, call in calls.items():
-            if name in slow and r >= slow_rounds:
-                continue
-            start, start_cpu = time.perf_counter(), time.process_time()
-            jax.block_until_ready(call())
-            wall[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-    return wall, cpu
-
-
-def paired_ratio(times: dict, num: str, den: str) -> float:
-    """Median over rounds of `times[num][r] / times[den][r]`."""
-    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
 
 
 def main() -> None:

@@ -19,14 +19,13 @@ import math
 import pathlib
 import statistics
 import sys
-import time
 
 import equinox as eqx
 import jax
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import save  # noqa: E402
+from _common import interleaved_times, paired_ratio, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -92,23 +91,14 @@ def main() -> int:
                 reference(u)
 
         calls = {
-            "layer": lambda x=x: forward(linear, x).block_until_ready(),
-            "layer_gelu_glu": lambda x=x: forward(full, x).block_until_ready(),
+            "layer": lambda x=x: forward(linear, x),
+            "layer_gelu_glu": lambda x=x: forward(full, x),
             "pytorch_reference": run_reference,
         }
-        for call in calls.values():
-            call()
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(ROUNDS):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+        times, _ = interleaved_times(calls, rounds=ROUNDS)
         ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
         ratios = {
-            f"pytorch_reference_over_{name}": statistics.median(
-                r / o for r, o in zip(times["pytorch_reference"], times[name], strict=True)
-            )
+            f"pytorch_reference_over_{name}": paired_ratio(times, "pytorch_reference", name)
             for name in ("layer", "layer_gelu_glu")
         }
         rows.append({"length": length, "ms": ms, "ratios": ratios})
