@@ -90,9 +90,9 @@ def test_multi_head_attention_gradients(getkey):
     jax.test_util.check_grads(lambda x: mha(jnp.asarray(x), mask=mask), (x,), order=1, modes="rev")
 
 
-@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("window", [1, 3, 4])
 def test_sliding_window_attention_matches_dense_reference(getkey, window):
-    length, heads, d = 16, 2, 3
+    length, heads, d = 12, 2, 3
     q, k, v = (jr.normal(getkey(), (length, heads, d)) for _ in range(3))
     rpb = ls.RelativePositionBias(heads, key=getkey())
 
@@ -107,6 +107,24 @@ def test_sliding_window_attention_matches_dense_reference(getkey, window):
 
     got, want = both(rpb, q, k, v)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [3, 4])
+def test_sliding_window_attention_with_any_frame_bias_matches_block_loop(getkey, window):
+    # A bias that is not a function of the relative distance: each (query, key) entry of
+    # the block frame is its own, so every query row must read its own frame columns.
+    length, heads, d = 4 * window, 2, 3
+    q, k, v = (jr.normal(getkey(), (length, heads, d)) for _ in range(3))
+    bias = jr.normal(getkey(), (heads, window, 2 * window))
+    got = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
+    for b in range(length // window):
+        rows = slice(b * window, (b + 1) * window)
+        keys = np.arange((b - 1) * window, (b + 1) * window)
+        pos = np.arange(b * window, (b + 1) * window)[:, None]
+        allowed = (pos - keys[None] >= 0) & (pos - keys[None] < window) & (keys[None] >= 0)
+        kb, vb = k[np.clip(keys, 0, None)], v[np.clip(keys, 0, None)]
+        want = softmax_attention(q[rows], kb, vb, jnp.asarray(allowed), bias)
+        np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-5)
 
 
 def test_sliding_window_module_is_causal(getkey):
