@@ -290,7 +290,7 @@ class BlockStateTransformerLayer(eqx.Module):
     """Block-State Transformer layer (Fathi et al. 2023, section 2.3).
 
     An SSM sublayer ([`lineax_seq.ContextSSM`][]: down projection to
-    `ssm_features`, S4D kernels or Hyena filters over the whole sequence by FFT) turns
+    `ssm_features`, S4D kernels or Hyena filters over the whole sequence) turns
     the normalised input into context states; a block transformer cell then processes
     all blocks of `window` tokens in parallel:
 
