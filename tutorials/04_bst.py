@@ -5,7 +5,8 @@
 # `W` tokens and runs a block transformer on all blocks **in parallel**. What a block
 # cannot see (everything older than the previous block) reaches it through *context
 # states* produced by a state-space model (SSM) that reads the whole sequence with one
-# FFT convolution. Compared with the Block-Recurrent Transformer, which carries state
+# long convolution (an FFT, or chunked matrix products with a parallel scan over the
+# chunks). Compared with the Block-Recurrent Transformer, which carries state
 # vectors from block to block with a sequential loop, nothing in a BST layer is
 # sequential.
 #
