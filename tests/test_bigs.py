@@ -15,6 +15,7 @@ from jax.test_util import check_grads
 
 import lineax_seq as ls
 from lineax_seq.bigs import _ssm
+from lineax_seq.ssm._chunked import _default_chunk
 
 VARIANTS = ["gated/ssm", "stack/ssm", "gated/attention", "stack/attention"]
 VOCAB, DIM = 50, 16
@@ -181,11 +182,15 @@ def test_layers_match_paper_equations(mods, getkey):
         np.testing.assert_allclose(out, ref(mods[name], f64(x)), atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("length", [9, _ssm.TOEPLITZ_MAX_LENGTH + 13])
+# Three chunks (the last one ragged) at the default state size 64 (32 complex modes).
+CHUNKED_LENGTH = 2 * _default_chunk(10**6, 1, 32) + 13
+
+
+@pytest.mark.parametrize("length", [9, CHUNKED_LENGTH])
 def test_directional_ssm_matches_loop(mods, length, getkey):
-    """Every convolution path: shared kernels by Toeplitz product (short) or by chunks
-    (long, 3 chunks here), per-channel kernels by FFT; forward = SSM and backward =
-    Flip . SSM . Flip."""
+    """Every convolution path: shared kernels by one Toeplitz product (short) or by
+    chunks (long, 3 chunks here), per-channel kernels by FFT; forward = SSM and
+    backward = Flip . SSM . Flip."""
     names = ("fwd", "bwd", "bwd_per_channel")
     u = jr.normal(getkey(), (length, 5))
     got = eqx.filter_jit(lambda ms, u: [m(u) for m in ms])([mods[n] for n in names], u)

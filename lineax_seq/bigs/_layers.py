@@ -229,7 +229,7 @@ class GatedLayer(_Layer):
 
     about `13 d^2` parameters for `inner = 3d`. `Flip(SSM_b(Flip(.)))` is the
     anti-causal convolution of `DirectionalSSM(reverse=True)`; both directions run in
-    one pass (one batched Toeplitz product up to 256 positions, chunked matrix
+    one pass (one batched Toeplitz product up to 512 positions, chunked matrix
     products above, see [`lineax_seq.DirectionalSSM`][]). With `routing="attention"`
     each SSM is replaced by bidirectional
     multi-head self-attention (without its own output projection, which `W_u1`/`W_u2`

@@ -10,11 +10,6 @@ from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray
 from ..ssm import S4DKernel, chunked_conv
 from ..ssm._fft_conv import _fft_size
 
-# Up to this length a kernel shared by all features is applied as one dense Toeplitz
-# matrix product (`2 L` flops per position and feature, one GEMM); above it, by chunks
-# (`lineax_seq.chunked_conv`, about `2 C + 8 modes` flops per position and feature).
-TOEPLITZ_MAX_LENGTH = 256
-
 
 def chunked_ssm_conv(
     u: Float[Array, "directions length channels"],
@@ -89,8 +84,8 @@ def ssm_conv(
     """Apply one [`lineax_seq.DirectionalSSM`][] per direction (`y = K * u + D u`,
     causal or anti-causal as each one's `reverse`), all in one pass.
 
-    Shared kernels: a batched dense Toeplitz product up to `TOEPLITZ_MAX_LENGTH`,
-    `chunked_ssm_conv` above; per-channel kernels: `fft_ssm_conv`.
+    Shared kernels: `chunked_ssm_conv` (a batched dense Toeplitz product up to 512
+    positions at 32 modes or more, chunks above); per-channel kernels: `fft_ssm_conv`.
 
     **Arguments:**
 
@@ -110,9 +105,7 @@ def ssm_conv(
     abar = jnp.concatenate([a for a, _ in systems])
     cb = jnp.concatenate([c for _, c in systems])
     d = jnp.concatenate([ssm.d for ssm in ssms]).astype(u.dtype)
-    # Up to TOEPLITZ_MAX_LENGTH: one chunk, i.e. one dense Toeplitz product.
-    chunk = length if length <= TOEPLITZ_MAX_LENGTH else None
-    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse, chunk=chunk)
+    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse)
 
 
 class DirectionalSSM(eqx.Module):
@@ -126,9 +119,9 @@ class DirectionalSSM(eqx.Module):
     is anti-causal (`y_t` reads `u_t..u_{L-1}`), which equals `Flip(SSM(Flip(u)))`:
     the backward SSM of BiGS.
 
-    **Computation.** A shared kernel is applied as a dense Toeplitz product up to
-    `TOEPLITZ_MAX_LENGTH = 256` positions, and above by chunks of 128 positions or
-    more: Toeplitz products within chunks and the SSM's state (`N/2` complex modes)
+    **Computation.** A shared kernel is applied by [`lineax_seq.chunked_conv`][]: for
+    `N >= 64` a dense Toeplitz product up to 512 positions, and above by chunks of 256
+    positions: Toeplitz products within chunks and the SSM's state (`N/2` complex modes)
     carried between them, all matrix products, which CPUs run much faster than FFTs
     (XLA's CPU FFT was the bottleneck at 4k tokens). Per-channel kernels use one real
     FFT pair. Every path is exact (to float rounding).

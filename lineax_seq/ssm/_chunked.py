@@ -1,7 +1,5 @@
 """Exact convolution with a diagonal-SSM kernel by chunks: matrix products, no FFT."""
 
-import math
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float
@@ -14,20 +12,26 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 def _default_chunk(length: int, kc: int, modes: int) -> int:
     """The default chunk size `C` of `chunked_conv`.
 
-    For a kernel shared by all channels (`kc = 1`): 128 positions, more for long
-    sequences, so that there are at most 64 chunks (its in-chunk Toeplitz matrix is
-    one, so bigger chunks are cheap GEMMs). Per channel, where `(kc, C, C)` would grow:
-    64, or 128 for 32 modes or more on inputs longer than 8,192. The in-chunk product
-    costs `2 C` flops per position, the carried state about `8 modes` plus a scan over
-    `L / C` chunks. Measured on CPU (forward and gradient): at 8 modes (the Block-State
-    Transformer's context SSM) 64 beat 128 at 1k-16k by 1.05-2.6x; at 32 modes by
-    1.3-2.6x at 1k-4k, and 128 beat 64 by 1.1-1.2x at 16k. Never more than `length`
-    (one chunk: a dense Toeplitz product).
+    The in-chunk product costs `2 C` flops per position, the carried state about
+    `8 modes` plus a scan over `L / C` chunks (memory-bound on CPU: fewer, larger
+    chunks pay off when the state is wide).
+
+    - Shared kernel (`kc = 1`, one `(C, C)` Toeplitz matrix): 256 for 32 modes or more,
+        else 128; one chunk (a dense Toeplitz product) when `length <= 2 C`. Measured
+        on CPU: at 32 modes (BiGS, 8 x 256 channels) 256 beat 128 by 1.0-1.2x forward
+        and 1.2-1.3x in the gradient at 1k-4k, and one dense product beat chunks of 128
+        by 1.4x / 2x at 512; at 8 modes (BST's SH stream, 128 channels) 128 beat 256 by
+        1.15-1.5x at 1k-4k (a tie at 16k-32k) and chunks of 1,024 by 1.7-1.9x at 64k.
+    - Per channel, where `(kc, C, C)` would grow: 64, or 128 for 32 modes or more on
+        inputs longer than 8,192. At 8 modes 64 beat 128 at 1k-16k by 1.05-2.6x; at 32
+        modes by 1.3-2.6x at 1k-4k, and 128 beat 64 by 1.1-1.2x at 16k.
+
+    Never more than `length`.
     """
     if kc == 1:
-        c = max(128, 1 << max(0, math.ceil(math.log2(max(length, 1) / 64))))
-    else:
-        c = 128 if modes >= 32 and length > 8192 else 64
+        c = 256 if modes >= 32 else 128
+        return max(1, length if length <= 2 * c else c)
+    c = 128 if modes >= 32 and length > 8192 else 64
     return max(1, min(c, length))
 
 
@@ -93,9 +97,9 @@ def chunked_conv(
     - `skip`: optional `D` of shape `(kc,)`, added at lag 0.
     - `reverse`: anti-causal instead of causal; a Python bool or a scalar boolean array
         (so that directions can be batched with `jax.vmap`).
-    - `chunk`: chunk size `C`, a positive integer. Default: 128 (for a shared system
-        more for long inputs, so that there are at most 64 chunks; per channel 64, or
-        128 for 32 modes or more beyond 8,192 positions); `C >= length` means one dense
+    - `chunk`: chunk size `C`, a positive integer. Default: for a shared system 256
+        (32 modes or more) or 128, and one chunk up to twice that; per channel 64, or
+        128 for 32 modes or more beyond 8,192 positions. `C >= length` means one dense
         Toeplitz product.
 
     **Returns:**
