@@ -121,7 +121,7 @@ class DirectionalSSM(eqx.Module):
 
     **Computation.** A shared kernel is applied by [`lineax_seq.chunked_conv`][]: for
     `N >= 64` a dense Toeplitz product up to 512 positions, and above by chunks of 256
-    positions: Toeplitz products within chunks and the SSM's state (`N/2` complex modes)
+    positions (for smaller `N`, 256 and 128): Toeplitz products within chunks and the SSM's state (`N/2` complex modes)
     carried between them, all matrix products, which CPUs run much faster than FFTs
     (XLA's CPU FFT was the bottleneck at 4k tokens). Per-channel kernels use one real
     FFT pair. Every path is exact (to float rounding).
