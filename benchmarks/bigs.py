@@ -9,9 +9,9 @@ models are abstract (`eqx.filter_eval_shape`). XLA counts the body of a while lo
 once, and the encoders run their layers with `lax.scan`, so the total is the model's
 count plus `num_layers - 1` times one layer's (verified against an unrolled model in
 `_check_loop_counting`). Also reported: the forward pass alone. The SSM convolutions
-are exact Toeplitz products in chunks with the state carried between chunks (one chunk,
-i.e. a dense Toeplitz product, up to 256 tokens): matrix products, which cost more
-FLOPs than an FFT at short lengths but run faster.
+are exact Toeplitz products in chunks of 256 with the state carried between chunks (one
+chunk, i.e. a dense Toeplitz product, up to 512 tokens): matrix products, which cost
+more FLOPs than an FFT but run faster on CPU.
 
 **Speed** (`benchmarks/results/bigs.json` + `.png`): forward+backward time of
 a BiGS stack (GATED/SSM layers, d 256, inner 768) against a BERT stack of equal

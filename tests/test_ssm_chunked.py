@@ -9,6 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import lineax_seq as ls
+from lineax_seq.ssm._chunked import _default_chunk
 
 CHANNELS = 4
 LENGTH = 45  # odd
@@ -105,6 +106,25 @@ def test_chunked_conv_grads(getkey):
     check_grads(f, (params, u), order=1, modes=["rev"], eps=1e-3, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(
+    "length, kc, modes, chunk",
+    [
+        (512, 1, 32, 512),  # shared, wide state: one dense product up to 2 x 256
+        (513, 1, 32, 256),
+        (256, 1, 8, 256),  # shared, narrow state: one dense product up to 2 x 128
+        (257, 1, 8, 128),
+        (65536, 1, 8, 128),  # no growth with length
+        (100, 4, 32, 64),  # per channel
+        (9000, 4, 32, 128),
+        (9000, 4, 8, 64),
+        (5, 4, 8, 5),  # never more than the length
+    ],
+)
+def test_default_chunk(length, kc, modes, chunk):
+    """The documented default chunk sizes of `chunked_conv`."""
+    assert _default_chunk(length, kc, modes) == chunk
+
+
 def test_chunked_conv_bad_inputs(systems):
     _, abar, cb = systems[CHANNELS]
     u = jnp.ones((10, CHANNELS))
@@ -137,7 +157,7 @@ def test_s4d_conv_methods_agree(getkey):
         [ls.S4D(3, state_size=6, conv=conv, key=k, **c) for conv in ("fft", "chunked", "auto")]
         for c, k in zip(configs, keys, strict=True)
     ]
-    x = jr.normal(getkey(), (150, 3))  # two chunks (C = 128)
+    x = jr.normal(getkey(), (300, 3))  # shared: chunks of 128 (ragged); per channel: of 64
 
     @eqx.filter_jit
     def run(layers, x):
@@ -176,7 +196,7 @@ def test_context_ssm_equals_direct_convolution(streams, getkey):
     input) give the direct causal sum with each channel's kernel, plus the skip."""
     from lineax_seq.bst._ssm import ContextSSM
 
-    length, features = 150, 4
+    length, features = 300, 4  # SH: chunks of 128, the last one ragged
     module = ContextSSM(6, features, streams, ssm="s4", state_size=4, key=getkey())
     x = jr.normal(getkey(), (length, 6))
     got = eqx.filter_jit(lambda m, x: m(x))(module, x)

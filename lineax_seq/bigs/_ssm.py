@@ -120,11 +120,12 @@ class DirectionalSSM(eqx.Module):
     the backward SSM of BiGS.
 
     **Computation.** A shared kernel is applied by [`lineax_seq.chunked_conv`][]: for
-    `N >= 64` a dense Toeplitz product up to 512 positions, and above by chunks of 256
-    positions (for smaller `N`, 256 and 128): Toeplitz products within chunks and the SSM's state (`N/2` complex modes)
-    carried between them, all matrix products, which CPUs run much faster than FFTs
-    (XLA's CPU FFT was the bottleneck at 4k tokens). Per-channel kernels use one real
-    FFT pair. Every path is exact (to float rounding).
+    `N >= 64` as one dense Toeplitz product up to 512 positions and by chunks of 256
+    above (for smaller `N`, up to 256 and chunks of 128): Toeplitz products within
+    chunks and the SSM's state (`N/2` complex modes) carried between them, all matrix
+    products, which CPUs run much faster than FFTs (XLA's CPU FFT was the bottleneck at
+    4k tokens). Per-channel kernels use one real FFT pair. Every path is exact (to float
+    rounding).
 
     **Padding.** With a `mask`, padded positions of `u` are zeroed before the
     convolution, so they contribute nothing. Since the SSM is linear with zero initial
