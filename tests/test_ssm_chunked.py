@@ -196,7 +196,7 @@ def test_context_ssm_equals_direct_convolution(streams, getkey):
     input) give the direct causal sum with each channel's kernel, plus the skip."""
     from lineax_seq.bst._ssm import ContextSSM
 
-    length, features = 300, 4  # SH: chunks of 128, the last one ragged
+    length, features = 300, 4  # SH: one kernel per channel, chunks of 64 (the last ragged)
     module = ContextSSM(6, features, streams, ssm="s4", state_size=4, key=getkey())
     x = jr.normal(getkey(), (length, 6))
     got = eqx.filter_jit(lambda m, x: m(x))(module, x)

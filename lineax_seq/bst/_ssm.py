@@ -111,7 +111,7 @@ class ContextSSM(eqx.Module):
         if self.ssm == "s4" and self.streams == 1:
             # One stream: no transform to share, and the chunked form (matrix products
             # and a scan over chunks, no FFT) is the faster exact convolution.
-            return chunked_conv(u, *self.kernel.discretize(), self.skip)[:, None, :]
+            return chunked_conv(u, *self.kernel.discretize(), self._skip())[:, None, :]
         # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
         # its transform is computed once (not `streams` times).
         n = _fft_size(2 * length)

@@ -20,7 +20,7 @@ def _default_chunk(length: int, kc: int, modes: int) -> int:
         else 128; one chunk (a dense Toeplitz product) when `length <= 2 C`. Measured
         on CPU: at 32 modes (BiGS, 8 x 256 channels) 256 beat 128 by 1.0-1.2x forward
         and 1.2-1.3x in the gradient at 1k-4k, and one dense product beat chunks of 128
-        by 1.4x / 2x at 512; at 8 modes (BST's SH stream, 128 channels) 128 beat 256 by
+        by 1.4x / 2x at 512; at 8 modes (128 channels, batch 1) 128 beat 256 by
         1.15-1.5x at 1k-4k (a tie at 16k-32k) and chunks of 1,024 by 1.7-1.9x at 64k.
     - Per channel, where `(kc, C, C)` would grow: 64, or 128 for 32 modes or more on
         inputs longer than 8,192. At 8 modes 64 beat 128 at 1k-16k by 1.05-2.6x; at 32
