@@ -151,3 +151,22 @@ def test_attention_bad_input(key):
     mha = ls.MultiHeadAttention(8, 2, kv_dim=3, key=key)
     with pytest.raises(ValueError, match="kv_dim=3"):
         mha(jnp.zeros((2, 8)), jnp.zeros((2, 4)))
+    x, context = jnp.zeros((2, 8)), jnp.zeros((4, 3))
+    with pytest.raises(ValueError, match=r"`bias` must have num_heads=2 .*\(3, 2, 4\)"):
+        mha(x, context, bias=jnp.zeros((3, 2, 4)))
+    with pytest.raises(ValueError, match=r"`mask` must have num_heads=2 .*\(3, 2, 4\)"):
+        mha(x, context, mask=jnp.ones((3, 2, 4), bool))
+    # The public functions check what the modules check.
+    with pytest.raises(ValueError, match="num_buckets"):
+        ls.relative_position_bucket(jnp.arange(-4, 4), bidirectional=True, num_buckets=5)
+    with pytest.raises(ValueError, match="max_distance"):
+        ls.relative_position_bucket(
+            jnp.arange(-40, 0), bidirectional=False, num_buckets=32, max_distance=8
+        )
+    q = jnp.zeros((8, 2, 4))
+    with pytest.raises(ValueError, match="window=0"):
+        ls.sliding_window_attention(q, q, q, window=0)
+    with pytest.raises((ValueError, TypeError), match="k"):
+        ls.sliding_window_attention(q, jnp.zeros((16, 2, 4)), q, window=4)
+    with pytest.raises((ValueError, TypeError), match="bias"):
+        ls.sliding_window_attention(q, q, q, window=4, bias=jnp.zeros((2, 4, 4)))

@@ -280,7 +280,36 @@ def test_kernel_bad_inputs(getkey):
 
 def test_fft_conv_bad_inputs(getkey):
     u = jnp.ones((10, 3))
-    with pytest.raises(ValueError, match="k must have 1 or channels=3"):
-        ls.fft_conv(u, jnp.ones((2, 10)))
-    with pytest.raises(TypeError):  # jaxtyping: lengths of u and k differ
-        ls.fft_conv(u, jnp.ones((3, 11)))
+    # The tests run under jaxtyping's import hook; users without it call the function
+    # itself, whose own checks must catch the same mistakes.
+    unchecked = ls.fft_conv.__wrapped__
+    for conv in (ls.fft_conv, unchecked):
+        with pytest.raises(ValueError, match="k must have shape .* channels=3"):
+            conv(u, jnp.ones((2, 10)))
+        with pytest.raises((ValueError, TypeError), match="k"):
+            conv(u, jnp.ones((3, 11)))  # longer than u: would wrap around the FFT
+        with pytest.raises((ValueError, TypeError), match="u"):
+            conv(jnp.ones(10), jnp.ones((1, 10)))
+    with pytest.raises(ValueError, match=r"k must have shape \(kc, length=10\)"):
+        unchecked(u, jnp.ones((3, 5)), jnp.ones((3, 5)))  # would misplace the backward lags
+    with pytest.raises(TypeError, match="u must have a floating dtype"):
+        unchecked(jnp.ones((10, 3), jnp.int32), jnp.ones((3, 10)))
+
+
+def test_fft_conv_low_precision(getkey):
+    """bfloat16 / float16 inputs are convolved in float32 and returned in their dtype."""
+    u = jr.normal(getkey(), (12, 3))
+    k, kb = jr.normal(getkey(), (2, 3, 12))
+    expected = ls.fft_conv(u, k, kb)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        y = ls.fft_conv(u.astype(dtype), k.astype(dtype), kb.astype(dtype))
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.1, rtol=0.02)
+
+
+def test_kernel_parameters_follow_x64():
+    """All parameters take JAX's default float dtype: float64 under `jax_enable_x64`."""
+    with jax.enable_x64(True):
+        kernel = ls.S4DKernel(4, 2, key=jr.key(0))
+    leaves = jax.tree.leaves(eqx.filter(kernel, eqx.is_array))
+    assert {leaf.dtype for leaf in leaves} == {jnp.dtype(jnp.float64)}

@@ -121,6 +121,30 @@ def test_s4d_bad_inputs(getkey):
         layer(jnp.ones((2, 10, 4)))
     with pytest.raises((ValueError, TypeError), match="x_t"):
         layer.step(layer.init_state(), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"state must have shape .*\(4, 2\).*\(4, 3\)"):
+        layer.step(jnp.zeros((4, 3), jnp.complex64), jnp.ones(4))
+    for conv in ("fft", "chunked"):
+        empty = ls.S4D(4, state_size=4, conv=conv, key=key)
+        with pytest.raises(ValueError, match="x must have at least one position"):
+            empty(jnp.ones((0, 4)))
+
+
+def test_s4d_output_dtype_follows_input(getkey):
+    """bfloat16 in, bfloat16 out, whether kernels are shared or per feature, and from
+    either convolution method or the recurrent mode."""
+    x = jr.normal(getkey(), (9, 4))
+    for channels in (1, 4):
+        key = getkey()
+        layer = ls.S4D(4, state_size=4, channels=channels, key=key)
+        expected = layer(x)
+        for conv in ("fft", "chunked"):
+            y = ls.S4D(4, state_size=4, channels=channels, conv=conv, key=key)(
+                x.astype(jnp.bfloat16)
+            )
+            assert y.dtype == jnp.bfloat16
+            np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.1, rtol=0.05)
+        _, y_t = layer.step(layer.init_state(), x[0].astype(jnp.bfloat16))
+        assert y_t.dtype == jnp.bfloat16
 
 
 # --------------------------------------------------------------------------- HyenaFilter
@@ -183,6 +207,8 @@ def test_hyena_filter_bad_inputs(getkey):
         ls.HyenaFilter(2, max_length=0, key=getkey())
     with pytest.raises(ValueError, match="fast_decay"):
         ls.HyenaFilter(2, max_length=8, fast_decay=2.0, slow_decay=1.0, key=getkey())
+    with pytest.raises(ValueError, match="depth=True"):
+        ls.HyenaFilter(2, max_length=8, depth=True, key=getkey())
 
 
 # --------------------------------------------------------------------------- linear_scan
@@ -242,10 +268,18 @@ def test_linear_scan_grads(getkey):
 
 
 def test_linear_scan_bad_inputs():
-    with pytest.raises((ValueError, TypeError), match="a"):
-        ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 4)))
-    with pytest.raises((ValueError, TypeError), match="initial"):
-        ls.linear_scan(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(4))
+    unchecked = ls.linear_scan.__wrapped__  # as called without jaxtyping's import hook
+    for scan in (ls.linear_scan, unchecked):
+        with pytest.raises((ValueError, TypeError), match="a"):
+            scan(jnp.ones((5, 3)), jnp.ones((5, 4)))
+        with pytest.raises((ValueError, TypeError), match="initial"):
+            scan(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(4))
+    with pytest.raises(ValueError, match=r"a must have shape .*a.shape=\(5,\)"):
+        unchecked(jnp.ones(5), jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"b must have shape .*b.shape=\(5, 3, 1\)"):
+        unchecked(jnp.ones((5, 3)), jnp.ones((5, 3, 1)))
+    with pytest.raises(ValueError, match=r"length >= 1.*b.shape=\(0, 3\)"):
+        unchecked(jnp.ones((0, 3)), jnp.ones((0, 3)), initial=jnp.ones(3))
 
 
 # --------------------------------------------------------------------------- experiment

@@ -8,6 +8,21 @@ import jax.random as jr
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 
+def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    min_buckets = 4 if bidirectional else 2
+    if num_buckets < min_buckets or (bidirectional and num_buckets % 2):
+        raise ValueError(
+            f"`num_buckets` must be >= {min_buckets}"
+            + (" and even when bidirectional" if bidirectional else "")
+            + f", got {num_buckets}."
+        )
+    if max_distance <= num_buckets // (4 if bidirectional else 2):
+        raise ValueError(
+            f"`max_distance` must exceed the exact-bucket range, got {max_distance} "
+            f"with num_buckets={num_buckets}."
+        )
+
+
 def relative_position_bucket(
     relative_position: Int[Array, "*shape"],
     *,
@@ -27,13 +42,16 @@ def relative_position_bucket(
 
     - `relative_position`: integer array of `key_position - query_position`.
     - `bidirectional`: whether future keys get their own buckets.
-    - `num_buckets`: total number of buckets (even when `bidirectional`).
-    - `max_distance`: distances at or beyond this share the last bucket.
+    - `num_buckets`: total number of buckets, at least 2 (4 and even when
+        `bidirectional`).
+    - `max_distance`: distances at or beyond this share the last bucket; larger than
+        the exact range `num_buckets // 2` (`// 4` when `bidirectional`).
 
     **Returns:**
 
     Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`.
     """
+    _check_buckets(num_buckets, max_distance, bidirectional)
     n = -relative_position  # distance into the past
     offset = jnp.zeros_like(n)
     if bidirectional:
@@ -88,18 +106,7 @@ class RelativePositionBias(eqx.Module):
         """
         if num_heads < 1:
             raise ValueError(f"`num_heads` must be >= 1, got {num_heads}.")
-        min_buckets = 4 if bidirectional else 2
-        if num_buckets < min_buckets or (bidirectional and num_buckets % 2):
-            raise ValueError(
-                f"`num_buckets` must be >= {min_buckets}"
-                + (" and even when bidirectional" if bidirectional else "")
-                + f", got {num_buckets}."
-            )
-        if max_distance <= num_buckets // (4 if bidirectional else 2):
-            raise ValueError(
-                f"`max_distance` must exceed the exact-bucket range, got {max_distance} "
-                f"with num_buckets={num_buckets}."
-            )
+        _check_buckets(num_buckets, max_distance, bidirectional)
         self.embedding = 0.02 * jr.normal(key, (num_buckets, num_heads))
         self.num_heads = num_heads
         self.num_buckets = num_buckets

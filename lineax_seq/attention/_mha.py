@@ -125,6 +125,12 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(
                 f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
             )
+        for name, value in (("mask", mask), ("bias", bias)):
+            if value is not None and value.ndim == 3 and value.shape[0] != self.num_heads:
+                raise ValueError(
+                    f"`{name}` must have num_heads={self.num_heads} heads on its first "
+                    f"axis, got shape {value.shape}."
+                )
         q = self.queries(x)
         k, v = self.keys_values(context)
         out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)

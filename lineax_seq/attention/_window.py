@@ -15,6 +15,8 @@ from ._mha import MultiHeadAttention
 
 def check_blocks(length: int, window: int, name: str = "x") -> int:
     """Return the number of blocks of `window` in `length`, or raise a clear error."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
     if length < window:
         raise ValueError(
             f"`window`={window} is larger than the sequence length {length} of `{name}`."
@@ -82,7 +84,18 @@ def sliding_window_attention(
 
     Attention outputs, shape `(length, heads, head_dim)`.
     """
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"`q`, `k` and `v` must have one shape (length, heads, head_dim), got "
+            f"q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}."
+        )
     num_blocks = check_blocks(q.shape[0], window, "q")
+    expected = (q.shape[1], window, 2 * window)
+    if bias is not None and bias.shape != expected:
+        raise ValueError(
+            f"`bias` must have shape (heads, window, 2 * window)={expected}, "
+            f"got shape {bias.shape}."
+        )
     # Head-major blocks: (heads, blocks, w, d). The batched products then have their
     # batch axes leading and contract the minor axis: plain GEMMs, no transposes inside.
     q, k, v = (rearrange(a, "(n w) h d -> h n w d", w=window) for a in (q, k, v))

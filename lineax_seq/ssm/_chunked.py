@@ -108,6 +108,8 @@ def chunked_conv(
     """
     if u.ndim != 2:
         raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
+    if not jnp.issubdtype(u.dtype, jnp.floating):
+        raise TypeError(f"u must have a floating dtype, got u.dtype={u.dtype}")
     length, channels = u.shape
     if abar.ndim != 2 or abar.shape[0] not in (1, channels):
         raise ValueError(

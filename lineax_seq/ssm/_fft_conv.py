@@ -41,34 +41,47 @@ def fft_conv(
     (`k_backward[c, L-1]` is never used.) This is the convolution that a forward SSM
     plus a backward SSM over the strictly-future inputs compute.
 
-    Zero-padded to an FFT length `>= 2L`, so there is no circular wrap-around.
+    Zero-padded to an FFT length `>= 2L`, so there is no circular wrap-around. Like
+    every FFT convolution it mixes all positions numerically: a non-finite input
+    makes every output non-finite, the past included (the recurrent mode does not).
 
     **Arguments:**
 
-    - `u`: input of shape `(length, channels)`.
-    - `k`: forward kernel of shape `(kc, length)`, `kc` either `channels` (one kernel
-        per channel) or `1` (one kernel shared by all channels).
+    - `u`: input of shape `(length, channels)`, any float dtype (bfloat16 and float16
+        are computed in float32).
+    - `k`: forward kernel of shape `(kc, length)`, as long as `u`, `kc` either
+        `channels` (one kernel per channel) or `1` (one kernel shared by all channels).
     - `k_backward`: optional backward kernel of the same shape as `k`.
 
     **Returns:**
 
     The output, of shape `(length, channels)`, in `u`'s dtype.
     """
+    if u.ndim != 2:
+        raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
+    if not jnp.issubdtype(u.dtype, jnp.floating):
+        raise TypeError(f"u must have a floating dtype, got u.dtype={u.dtype}")
     length, channels = u.shape
-    if k.shape[0] not in (1, channels):
-        raise ValueError(f"k must have 1 or channels={channels} rows, got k.shape={k.shape}")
+    if k.ndim != 2 or k.shape[0] not in (1, channels) or k.shape[1] != length:
+        raise ValueError(
+            f"k must have shape (kc, length={length}) with kc = 1 or channels={channels}, "
+            f"got k.shape={k.shape}"
+        )
     n = _fft_size(2 * length)
     if k_backward is None:
         k_full = k
     else:
         if k_backward.shape != k.shape:
             raise ValueError(
-                f"k_backward must have the shape of k={k.shape}, got {k_backward.shape}"
+                f"k_backward must have the shape of k={k.shape}, "
+                f"got k_backward.shape={k_backward.shape}"
             )
         # Circular index n - 1 - j is lag -(j + 1).
         pad = jnp.zeros((k.shape[0], n - 2 * length), k.dtype)
         k_full = jnp.concatenate([k, pad, k_backward[:, ::-1]], axis=-1)
-    u_f = jnp.fft.rfft(u, n=n, axis=0)
-    k_f = jnp.fft.rfft(k_full, n=n, axis=-1).T
+    # The FFT needs float32 or float64: lower precisions are computed in float32.
+    work = jnp.float64 if u.dtype == jnp.float64 else jnp.float32
+    u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)
+    k_f = jnp.fft.rfft(k_full.astype(work), n=n, axis=-1).T
     y = jnp.fft.irfft(u_f * k_f, n=n, axis=0)[:length]
     return y.astype(u.dtype)

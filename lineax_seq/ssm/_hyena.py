@@ -78,9 +78,10 @@ class HyenaFilter(eqx.Module):
         for name, value in (("channels", channels), ("order", order), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
-        if not isinstance(emb_dim, int) or emb_dim < 3 or emb_dim % 2 == 0:
+        odd = not isinstance(emb_dim, bool) and isinstance(emb_dim, int) and emb_dim % 2 == 1
+        if not odd or emb_dim < 3:
             raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
-        if not isinstance(depth, int) or depth < 1:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got depth={depth!r}")
         if not (0 < fast_decay <= slow_decay):
             raise ValueError(

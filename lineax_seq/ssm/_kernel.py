@@ -150,10 +150,12 @@ class S4DKernel(eqx.Module):
         real_a, imag_a = _init_a(init, state_size)
         shape = (channels, modes)
         # Deterministic parts from NumPy (no XLA compilation); random parts in one jit.
-        self.log_neg_real_a = jnp.asarray(np.broadcast_to(np.log(-real_a), shape), jnp.float32)
-        self.imag_a = jnp.asarray(np.broadcast_to(imag_a, shape), jnp.float32)
-        self.b_real = jnp.asarray(np.ones(shape), jnp.float32)
-        self.b_imag = jnp.asarray(np.zeros(shape), jnp.float32)
+        # All in JAX's default float dtype (float64 under `jax_enable_x64`), like C, dt.
+        dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
+        self.log_neg_real_a = jnp.asarray(np.broadcast_to(np.log(-real_a), shape), dtype)
+        self.imag_a = jnp.asarray(np.broadcast_to(imag_a, shape), dtype)
+        self.b_real = jnp.asarray(np.ones(shape), dtype)
+        self.b_imag = jnp.asarray(np.zeros(shape), dtype)
         self.c_real, self.c_imag, self.log_dt = _random_init(
             key, channels, modes, math.log(dt_min), math.log(dt_max)
         )

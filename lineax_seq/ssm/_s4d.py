@@ -130,6 +130,8 @@ class S4D(eqx.Module):
         The output sequence, of shape `(length, dim)`.
         """
         self._check_features(x.shape[-1], "x")
+        if x.shape[0] < 1:
+            raise ValueError(f"x must have at least one position, got x.shape={x.shape}")
         shared = self.kernel.channels != self.dim
         method = self.conv if self.conv != "auto" else ("chunked" if shared else "fft")
         # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
@@ -147,7 +149,7 @@ class S4D(eqx.Module):
             k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
             y = fft_conv(x, k, k_backward)
         if shared:
-            y = y + self.skip * x
+            y = y + self.skip.astype(x.dtype) * x
         return self._output(y)
 
     def init_state(self) -> Complex[Array, "dim modes"]:
@@ -191,7 +193,13 @@ class S4D(eqx.Module):
                 "needs the future inputs)"
             )
         self._check_features(x_t.shape[-1], "x_t")
+        expected = (self.dim, self.kernel.state_size // 2)
+        if state.shape != expected:
+            raise ValueError(
+                f"state must have shape (dim, state_size // 2)={expected} as from "
+                f"init_state(), got state.shape={state.shape}"
+            )
         abar, cb = self.kernel.discretize()
         state = abar * state + x_t.astype(state.dtype)[:, None]
-        y = 2 * jnp.sum((cb * state).real, axis=-1) + self.skip * x_t
+        y = 2 * jnp.sum((cb * state).real, axis=-1) + self.skip * x_t.astype(self.skip.dtype)
         return state, self._output(y.astype(x_t.dtype))

@@ -44,6 +44,10 @@ def linear_scan(
 
     Real and complex dtypes both work; `a`, `b` (and `initial`) must share one dtype.
     """
+    if b.ndim != 2 or b.shape[0] < 1:
+        raise ValueError(f"b must have shape (length, n) with length >= 1, got b.shape={b.shape}")
+    if a.ndim not in (2, 3):
+        raise ValueError(f"a must have shape (length, n) or (length, n, n), got a.shape={a.shape}")
     dense = a.ndim == 3
     if a.shape[0] != b.shape[0] or a.shape[1] != b.shape[1] or (dense and a.shape[2] != b.shape[1]):
         raise ValueError(
