@@ -219,6 +219,16 @@ def test_generate_greedy_matches_forward(sh_lm, getkey):
     np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
 
 
+def test_generate_narrow_prompt_dtypes(sh_lm, getkey):
+    """A uint8 prompt samples what an int32 one does (tokens are not wrapped to 8 bits
+    and fed back), and the result is int32."""
+    prompt, key = jr.randint(getkey(), (5,), 0, VOCAB), getkey()
+    expected = ls.generate(sh_lm, prompt, L - 5, key=key, temperature=1.0, top_k=1)
+    out = ls.generate(sh_lm, prompt.astype(jnp.uint8), L - 5, key=key, temperature=1.0, top_k=1)
+    assert out.dtype == jnp.int32
+    np.testing.assert_array_equal(out, expected)
+
+
 def test_tied_head_starts_near_uniform(sh_lm, getkey):
     """Embeddings of std 0.02 (GPT-2) and an unscaled tied head: initial loss ~ log(vocab)."""
     logits = _forward_pair(sh_lm, jr.randint(getkey(), (2, L), 0, VOCAB))
@@ -294,8 +304,20 @@ def test_bad_input(sh_lm, key):
     for layer in lm.layers:  # a BST layer and a sliding-window layer
         with pytest.raises(ValueError, match="dim=8 features, got shape \\(16, 5\\)"):
             layer(jnp.zeros((16, 5)))
+        with pytest.raises(ValueError, match=r"`x_t` must have shape \(dim,\)=\(8,\).*\(5,\)"):
+            layer.step(layer.init_cache(W), jnp.zeros(5), jnp.asarray(0))
+    with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(16, 5\)"):
+        lm.layers[0].ssm(jnp.zeros((16, 5)))
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
+    with pytest.raises(ValueError, match="temperature=nan"):
+        ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, temperature=float("nan"))
+    # Token ids outside the vocabulary raise instead of being clamped (gathers clamp).
+    for bad in (VOCAB, -1):
+        with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):
+            lm(jnp.full((W,), bad, jnp.int32))
+        with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):
+            lm.step(lm.init_cache(W), jnp.asarray(bad, jnp.int32))
     # Constructor errors: built abstractly, so nothing is computed.
     build = lambda cls, *args, **kw: eqx.filter_eval_shape(cls, *args, key=key, **kw)
     LM = ls.BlockStateTransformerLM
@@ -315,3 +337,31 @@ def test_bad_input(sh_lm, key):
         build(LM, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,))
     with pytest.raises(ValueError, match="window"):
         build(ls.SlidingWindowLayer, DIM, HEADS, 0)
+    with pytest.raises(ValueError, match="`num_heads`=0"):
+        build(LM, VOCAB, DIM, 1, num_heads=0, window=W)
+    with pytest.raises(ValueError, match="num_layers=0"):
+        ls.bst_variant_config("BST:SH:S4", 0)
+    with pytest.raises(ValueError, match="unknown `variant`=3"):
+        ls.bst_variant_config.__wrapped__(3)  # as called without jaxtyping's hook
+    # No BST layer, so no UNSTRUCT filter needs a training length: a list says so too.
+    build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct", bst_layers=[])
+
+
+def test_unstruct_decoding_stops_at_the_cache_length(zoo):
+    """UNSTRUCT layers store the inputs of `init_cache(max_length)`: decoding past it is
+    an error (it used to give NaN logits)."""
+    layer = zoo["sh:unstruct"]
+    cache = layer.init_cache(W)
+    cache, _ = layer.step(cache, jnp.zeros(DIM), jnp.asarray(W - 1))
+    with pytest.raises(Exception, match="decoding state holds 4 positions"):
+        layer.step(cache, jnp.zeros(DIM), jnp.asarray(W))
+
+
+def test_s4_decoding_state_dtype_under_x64():
+    """Under `jax_enable_x64` the S4 state stays complex128 through `step` (a scan's
+    carry must keep its type)."""
+    with jax.enable_x64(True):
+        ssm = ls.ContextSSM(DIM, 2, 1, state_size=4, key=jr.key(0))
+        state = ssm.init_state(L)
+        new, _ = eqx.filter_eval_shape(ssm.step, state, jnp.zeros(DIM), jnp.asarray(0))
+    assert state["s4"].dtype == new["s4"].dtype == jnp.complex128

@@ -65,6 +65,10 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(
             _write_csv(tmp_path / "h.csv", [("x", 1)], header="text,y"), num_classes=2
         )
+    with pytest.raises(ValueError, match="b.jsonl:2: not a JSON object"):
+        p = tmp_path / "b.jsonl"
+        p.write_text(json.dumps({"text": "x", "label": 1}) + "\n{'text': 'y'}\n")
+        ls.read_classification(p, num_classes=2)
     with pytest.raises(FileNotFoundError, match="path"):
         ls.read_classification(tmp_path / "missing.csv", num_classes=2)
     with pytest.raises(ValueError, match="contains no examples"):
@@ -155,6 +159,8 @@ def test_listops_deterministic_per_seed(listops_small):
 
 
 def test_listops_bad_inputs():
+    with pytest.raises(ValueError, match=r"ids must be in \[0, vocab_size=22\), got id 22"):
+        ls.ListOpsTokenizer().decode([7, 22])
     with pytest.raises(ValueError, match="min_length <= max_length"):
         ls.listops(10, min_length=100, max_length=50)
     with pytest.raises(ValueError, match="num_examples must be positive"):

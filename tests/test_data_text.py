@@ -102,6 +102,11 @@ def test_byte_tokenizer_roundtrip_and_ids():
         assert tok.decode(ids) == text
         assert tok.decode(np.concatenate([[1, 4], ids, [2, 0, 0]])) == text
     assert list(tok.encode("A")) == [65 + 7]
+    for bad in (263, -1):
+        with pytest.raises(
+            ValueError, match=f"ids must be in \\[0, vocab_size=263\\), got id {bad}"
+        ):
+            tok.decode([72, bad])
 
 
 def test_bpe_train_save_load(tmp_path):
@@ -122,6 +127,13 @@ def test_bpe_train_save_load(tmp_path):
     batch = loaded.encode_batch(DOCS)
     for text, ids in zip(DOCS, batch, strict=True):
         np.testing.assert_array_equal(ids, tok.encode(text))
+    # Text is encoded literally: special-token strings in it are not special ids.
+    literal = "re.sub('(?P<unk>x)') <mask> <pad>"
+    assert tok.decode(tok.encode(literal)) == literal
+    assert loaded.decode(loaded.encode(literal)) == literal
+    assert tok.encode(literal).min() >= 7
+    with pytest.raises(ValueError, match=f"got id {tok.vocab_size}"):
+        tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="vocab_size must be >= 263"):
         ls.BPETokenizer.train(texts, vocab_size=100)
     with pytest.raises(FileNotFoundError, match="path"):
@@ -220,6 +232,11 @@ def test_mask_tokens_no_candidates():
     )
     np.testing.assert_array_equal(masked, seq)
     assert (labels == ls.IGNORE_INDEX).all()
+    with pytest.raises(ValueError, match=r"ids must be in \[0, vocab_size=263\), got id -1"):
+        ls.mask_tokens(
+            np.array([9, -1]), np.random.default_rng(0), vocab_size=263, mask_id=6,
+            special_ids=range(7),
+        )  # fmt: skip
 
 
 def _epochs(ds, n_batches):

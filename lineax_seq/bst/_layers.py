@@ -73,6 +73,11 @@ def _check_input(x: Array, window: int, dim: int) -> None:
     check_blocks(x.shape[0], window)
 
 
+def _check_token(x_t: Array, dim: int) -> None:
+    if x_t.shape != (dim,):
+        raise ValueError(f"`x_t` must have shape (dim,)=({dim},), got shape {x_t.shape}.")
+
+
 def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
     return 4 * dim if mlp_dim is None else mlp_dim
 
@@ -169,6 +174,7 @@ class SlidingWindowLayer(eqx.Module):
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; see the module docstring."""
+        _check_token(x_t, self.attention.attention.dim)
         frame, heads = _self_attention_step(
             self.attention, cache["frame"], _norm(self.attention_norm, x_t), t
         )
@@ -432,6 +438,7 @@ class BlockStateTransformerLayer(eqx.Module):
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`."""
+        _check_token(x_t, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
         ssm_state, y_t = self.ssm.step(cache["ssm"], h, t)
@@ -596,6 +603,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; the states update after a block's last token."""
+        _check_token(x_t, self.self_attention.attention.dim)
         w = self.window
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
-from jaxtyping import Array, Float, Int, PRNGKeyArray, jaxtyped
+from jaxtyping import Array, Float, Int, Integer, PRNGKeyArray, jaxtyped
 
 from ..attention._window import check_blocks
 from ._layers import (
@@ -66,7 +66,9 @@ def variant_config(variant: str, num_layers: int = 12) -> dict:
 
     A dict with `bst_layers`, `recurrent_layers`, `context` and `ssm`.
     """
-    name = variant.upper()
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers!r}.")
+    name = variant.upper() if isinstance(variant, str) else variant
     if name not in VARIANTS:
         raise ValueError(f"unknown `variant`={variant!r}; expected one of {VARIANTS}.")
     if name == "SLIDE":
@@ -135,8 +137,8 @@ class BlockStateTransformerLM(eqx.Module):
         """**Arguments:**
 
         - `vocab_size`: number of tokens.
-        - `dim`: model width; divisible by `num_heads` (and by 4, or 8 for `"mf"`, unless
-          `ssm_features` is given).
+        - `dim`: model width; divisible by `num_heads` (the SSM width defaults to
+          `dim // 4`, `dim // 8` for `"mf"`: use `dim >= 8` or give `ssm_features`).
         - `num_layers`: number of layers.
         - `num_heads`: attention heads.
         - `window`: block / window size `W`.
@@ -156,13 +158,13 @@ class BlockStateTransformerLM(eqx.Module):
             raise ValueError(
                 f"`vocab_size` and `num_layers` must be >= 1, got {vocab_size}, {num_layers}."
             )
-        if dim % num_heads:
+        if num_heads < 1 or dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
         if context not in CONTEXTS:
             raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
         if ssm not in SSMS:
             raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
-        if ssm == "unstruct" and max_length is None and bst_layers != ():
+        if ssm == "unstruct" and max_length is None and (bst_layers is None or len(bst_layers)):
             raise ValueError('`max_length` (the training length) is required for ssm="unstruct".')
         bst = (
             _scaled_paper_layers(num_layers)
@@ -235,6 +237,14 @@ class BlockStateTransformerLM(eqx.Module):
         config = variant_config(variant, num_layers) | kwargs
         return cls(vocab_size, dim, num_layers, key=key, **config)
 
+    def _embed(self, tokens: Int[Array, "*length"]) -> Float[Array, "*length dim"]:
+        tokens = eqx.error_if(
+            tokens,
+            (tokens < 0) | (tokens >= self.vocab_size),
+            f"tokens: ids must be in [0, vocab_size={self.vocab_size})",
+        )
+        return self.embedding.weight[tokens]
+
     def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
         x = _norm(self.final_norm, x)
         if self.head is None:
@@ -247,20 +257,26 @@ class BlockStateTransformerLM(eqx.Module):
 
         **Arguments:**
 
-        - `tokens`: integer tokens, shape `(length,)`, `length` a multiple of `window`.
+        - `tokens`: integer tokens in `[0, vocab_size)`, shape `(length,)`, `length` a
+          multiple of `window`. Out-of-range ids raise an error (`eqx.error_if`) instead
+          of being clamped.
 
         **Returns:**
 
         Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
         """
         check_blocks(tokens.shape[0], self.window, "tokens")
-        x = self.embedding.weight[tokens]
+        x = self._embed(tokens)
         for layer in self.layers:
             x = layer(x)
         return self._logits(x)
 
     def init_cache(self, max_length: int) -> dict:
-        """Empty decoding cache for up to `max_length` tokens (see `step`)."""
+        """Empty decoding cache for up to `max_length` tokens (see `step`).
+
+        SLIDE, BRECT and `ssm="s4"` layers keep a fixed-size state and may decode
+        further; `ssm="unstruct"` layers store the inputs and raise an error past it.
+        """
         return {
             "t": jnp.zeros((), jnp.int32),
             "layers": tuple(layer.init_cache(max_length) for layer in self.layers),
@@ -277,14 +293,14 @@ class BlockStateTransformerLM(eqx.Module):
         **Arguments:**
 
         - `cache`: from `init_cache` or the previous `step`.
-        - `token`: scalar integer token.
+        - `token`: scalar integer token in `[0, vocab_size)` (others raise an error).
 
         **Returns:**
 
         `(cache, logits)` with logits of shape `(vocab_size,)`.
         """
         t = cache["t"]
-        x = self.embedding.weight[token]
+        x = self._embed(token)
         new = []
         for layer, layer_cache in zip(self.layers, cache["layers"], strict=True):
             layer_cache, x = layer.step(layer_cache, x, t)
@@ -307,23 +323,22 @@ def _generate(lm, prompt, steps: int, key, temperature, top_k):
             token = jnp.argmax(logits)
         else:
             token = jr.categorical(k, logits / temperature)
-        token = token.astype(prompt.dtype)
         cache, logits = lm.step(cache, token)
         return (cache, logits), token
 
     _, tokens = jax.lax.scan(sample, (cache, logits), jr.split(key, steps))
-    return jnp.concatenate([prompt, tokens])
+    return jnp.concatenate([prompt, tokens.astype(prompt.dtype)])
 
 
 def generate(
     lm: BlockStateTransformerLM,
-    prompt: Int[Array, " prompt"],
+    prompt: Integer[Array, " prompt"],
     steps: int,
     *,
     key: PRNGKeyArray,
     temperature: float = 1.0,
     top_k: int | None = None,
-) -> Int[Array, " total"]:
+) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
     The prompt is fed token by token through `lm.step` (a `lax.scan`), then each new
@@ -335,7 +350,7 @@ def generate(
     **Arguments:**
 
     - `lm`: the model.
-    - `prompt`: integer tokens, shape `(prompt,)`, at least one.
+    - `prompt`: integer tokens in `[0, vocab_size)`, shape `(prompt,)`, at least one.
     - `steps`: number of tokens to sample.
     - `key`: PRNG key.
     - `temperature`: softmax temperature; `0` means greedy (argmax).
@@ -343,13 +358,20 @@ def generate(
 
     **Returns:**
 
-    `prompt` followed by the `steps` sampled tokens, shape `(prompt + steps,)`.
+    `prompt` followed by the `steps` sampled tokens, shape `(prompt + steps,)`, int32
+    (int64 for an int64 prompt).
     """
+    prompt = jnp.asarray(prompt)
+    if not jnp.issubdtype(prompt.dtype, jnp.integer):
+        raise TypeError(f"`prompt` must hold integer tokens, got dtype {prompt.dtype}.")
     if prompt.ndim != 1 or prompt.shape[0] < 1:
         raise ValueError(f"`prompt` must be a non-empty 1-d token array, got shape {prompt.shape}.")
+    if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
+        prompt = prompt.astype(jnp.int32)
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got steps={steps}.")
-    if temperature < 0:
+    temperature = float(temperature)
+    if not temperature >= 0:  # NaN too
         raise ValueError(f"`temperature` must be >= 0, got temperature={temperature}.")
     if top_k is not None and not 1 <= top_k <= lm.vocab_size:
         raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")

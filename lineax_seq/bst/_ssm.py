@@ -93,6 +93,12 @@ class ContextSSM(eqx.Module):
         self.features = features
         self.ssm = ssm
 
+    def _check_dim(self, x: Array, name: str) -> None:
+        if x.shape[-1:] != (self.down.in_features,):
+            raise ValueError(
+                f"`{name}` must have dim={self.down.in_features} features, got shape {x.shape}."
+            )
+
     def _skip(self) -> Float[Array, " channels"]:
         return self.kernel.bias if self.skip is None else self.skip
 
@@ -106,6 +112,7 @@ class ContextSSM(eqx.Module):
         The SSM outputs, shape `(length, streams, features)`; position `t` depends on
         `x[: t + 1]` only.
         """
+        self._check_dim(x, "x")
         length = x.shape[0]
         u = x @ self.down.weight.T + self.down.bias
         if self.ssm == "s4" and self.streams == 1:
@@ -146,6 +153,7 @@ class ContextSSM(eqx.Module):
 
         Shape `(length // window, streams, features)`.
         """
+        self._check_dim(x, "x")
         length = x.shape[0]
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive integer, got window={window!r}")
@@ -183,7 +191,8 @@ class ContextSSM(eqx.Module):
         channels = self.streams * self.features
         if self.ssm == "s4":
             modes = self.kernel.state_size // 2
-            return {"s4": jnp.zeros((channels, modes), jnp.complex64)}
+            dtype = jax.lax.complex(self.kernel.c_real, self.kernel.c_imag).dtype
+            return {"s4": jnp.zeros((channels, modes), dtype)}
         return {
             "inputs": jnp.zeros((max_length, self.features)),
             "filter": self.kernel(max_length),
@@ -204,16 +213,23 @@ class ContextSSM(eqx.Module):
 
         `(state, y_t)` with `y_t` of shape `(streams, features)`.
         """
+        self._check_dim(x_t, "x_t")
         u = self.down(x_t)
         u_all = repeat(u, "f -> (s f)", s=self.streams)
         if self.ssm == "s4":
             abar, cb = self.kernel.discretize()
-            s = abar * state["s4"] + u_all.astype(jnp.complex64)[:, None]
+            s = abar * state["s4"] + u_all.astype(abar.dtype)[:, None]
             y = 2 * jnp.sum((cb * s).real, axis=-1)
             state = {"s4": s}
         else:
-            inputs = state["inputs"].at[t].set(u)
             filt = state["filter"]
+            t = eqx.error_if(
+                t,
+                t >= filt.shape[1],
+                f"t: the decoding state holds {filt.shape[1]} positions (init_state's "
+                "max_length); decode no further, or start from a larger max_length",
+            )
+            inputs = state["inputs"].at[t].set(u)
             lag = t - jnp.arange(filt.shape[1])
             taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
             history = repeat(inputs, "T f -> T (s f)", s=self.streams)

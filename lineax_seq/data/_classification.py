@@ -13,10 +13,25 @@ import numpy as np
 from beartype import beartype
 
 from ._loader import batch_examples
-from ._tokenizers import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, TokenIds, Tokenizer, _SpecialIds
+from ._tokenizers import (
+    NUM_SPECIAL,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    TokenIds,
+    Tokenizer,
+    _SpecialIds,
+    check_ids,
+)
 
 # --------------------------------------------------------------------------------------
 # (text, label) files
+
+
+def _json_line(line: str, path: pathlib.Path, lineno: int) -> object:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
 
 
 def _check_label(value, num_classes: int | None, where: str) -> int | float:
@@ -86,7 +101,7 @@ def read_classification(
             reader = csv.DictReader(f)
             rows = ((i + 2, row) for i, row in enumerate(reader))  # line 1 is the header
         else:
-            rows = ((i + 1, json.loads(line)) for i, line in enumerate(f) if line.strip())
+            rows = ((i + 1, _json_line(line, p, i + 1)) for i, line in enumerate(f) if line.strip())
         for lineno, row in rows:
             where = f"{p}:{lineno}"
             for name in fields:
@@ -208,8 +223,9 @@ class ListOpsTokenizer(_SpecialIds):
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: TokenIds) -> str:
-        """Space-joined tokens, special tokens dropped."""
-        return " ".join(_LISTOPS_TOKENS[int(i)] for i in ids if int(i) >= NUM_SPECIAL)
+        """Space-joined tokens, special tokens dropped (ids outside `[0, 22)` raise)."""
+        ids = check_ids(ids, self.vocab_size)
+        return " ".join(_LISTOPS_TOKENS[i] for i in ids if i >= NUM_SPECIAL)
 
     def __repr__(self) -> str:
         return "ListOpsTokenizer(vocab_size=22)"

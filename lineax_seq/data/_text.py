@@ -10,7 +10,7 @@ from beartype import beartype
 from jaxtyping import Int
 
 from ._loader import batch_examples
-from ._tokenizers import Tokenizer
+from ._tokenizers import Tokenizer, check_ids
 
 IGNORE_INDEX = -100
 
@@ -186,10 +186,11 @@ def mask_tokens(
     `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
     token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
     """
+    tokens = check_ids(tokens, vocab_size).astype(np.int32)
     is_special = np.zeros(vocab_size, dtype=bool)
     is_special[list(special_ids)] = True
     return _mask(
-        np.asarray(tokens, dtype=np.int32),
+        tokens,
         rng,
         is_special,
         np.flatnonzero(~is_special).astype(np.int32),

@@ -31,6 +31,20 @@ NUM_SPECIAL = len(SPECIAL_TOKENS)
 TokenIds = Int[np.ndarray, " n"] | Int[Array, " n"] | Sequence[int]
 
 
+def check_ids(ids: TokenIds, vocab_size: int) -> np.ndarray:
+    """`ids` as a 1-d int64 array, or an error naming the first id outside the vocabulary."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"ids must be 1-d, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"ids must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    bad = arr[(arr < 0) | (arr >= vocab_size)]
+    if bad.size:
+        raise ValueError(f"ids must be in [0, vocab_size={vocab_size}), got id {int(bad[0])}")
+    return arr
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the pipelines need from a tokenizer.
@@ -59,7 +73,8 @@ class Tokenizer(Protocol):
         ...
 
     def decode(self, ids: TokenIds) -> str:
-        """The text of token ids `(n,)`, special tokens dropped."""
+        """The text of token ids `(n,)`, special tokens dropped; ids outside
+        `[0, vocab_size)` raise a `ValueError`."""
         ...
 
 
@@ -116,14 +131,15 @@ class ByteTokenizer(_SpecialIds):
 
         **Arguments:**
 
-        - `ids`: token ids (any integer iterable or array).
+        - `ids`: token ids (any integer iterable or array) in `[0, vocab_size)`; others
+            raise a `ValueError`.
 
         **Returns:**
 
         The decoded string.
         """
-        arr = np.asarray(ids, dtype=np.int64)
-        arr = arr[(arr >= self.offset) & (arr < self.vocab_size)] - self.offset
+        arr = check_ids(ids, self.vocab_size)
+        arr = arr[arr >= self.offset] - self.offset
         return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
@@ -135,7 +151,9 @@ class BPETokenizer(_SpecialIds):
 
     Build one with [`lineax_seq.BPETokenizer.train`][] or
     [`lineax_seq.BPETokenizer.load`][]; save with `save`. Special tokens are ids 0-6
-    as for every tokenizer here; no special tokens are added by `encode`.
+    as for every tokenizer here; no special tokens are added by `encode`, and text is
+    encoded literally: a `"<mask>"` in the text is its characters, never the special
+    id (so `decode(encode(text)) == text`).
     """
 
     def __init__(self, tokenizer):
@@ -151,6 +169,7 @@ class BPETokenizer(_SpecialIds):
                     f"tokenizer must have special token {tok!r} at id {i}, "
                     f"got id {tokenizer.token_to_id(tok)}"
                 )
+        tokenizer.encode_special_tokens = True  # special ids come from the pipelines only
         self._tok = tokenizer
 
     @classmethod
@@ -252,8 +271,10 @@ class BPETokenizer(_SpecialIds):
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
     def decode(self, ids: TokenIds) -> str:
-        """Decode token ids to text, dropping special tokens."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        """Decode token ids `(n,)` to text, dropping special tokens (ids outside
+        `[0, vocab_size)` raise a `ValueError`)."""
+        ids = check_ids(ids, self.vocab_size)
+        return self._tok.decode(ids.tolist(), skip_special_tokens=True)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
