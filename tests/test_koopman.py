@@ -331,3 +331,95 @@ def test_more_bad_inputs(model):
     # A wrong shape fails the run-time type check, naming the argument.
     with pytest.raises(Exception, match="x0"):
         ls.unroll_continuous(model, jnp.zeros((2, 2)), ts)
+
+
+def test_unroll_continuous_exact_keeps_close_times_apart(model):
+    """Output times two float32 ulps apart (at 1e6) are distinct: the host path's one
+    exponential per distinct offset must not merge them (it did, within 4 ulps)."""
+    fast = eqx.tree_at(lambda m: m.dynamics.K, model, 5 * model.dynamics.K)
+    x0 = jnp.array([0.4, -0.1])
+    ts = jnp.float32(1e6) + 0.125 * jnp.arange(6.0)
+    concrete = ls.unroll_continuous(fast, x0, ts, exact=True)
+    traced = jax.jit(lambda t: ls.unroll_continuous(fast, x0, t, exact=True))(ts)
+    np.testing.assert_allclose(concrete, traced, rtol=1e-4, atol=1e-5)
+    assert np.all(np.abs(np.diff(concrete, axis=0)).max(axis=1) > 1e-3)
+
+
+def test_unroll_continuous_backsolve_adjoint_and_fixed_steps(model):
+    """Any diffrax adjoint differentiates through the dynamics (they are the ODE's args,
+    not closed over), and any solver is accepted, e.g. fixed-step Euler."""
+    x0, ts = jnp.array([0.3, -0.2]), jnp.linspace(0.0, 0.1, 5)
+
+    def grads(adjoint):
+        loss = lambda m: jnp.sum(
+            ls.unroll_continuous(m, x0, ts, reencode_dt=0.05, adjoint=adjoint) ** 2
+        )
+        return eqx.filter_jit(eqx.filter_grad(loss))(model).dynamics.K
+
+    np.testing.assert_allclose(grads(diffrax.BacksolveAdjoint()), grads(None), rtol=1e-3, atol=1e-5)
+    euler = ls.unroll_continuous(
+        model, x0, ts, solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=1e-4,
+    )  # fmt: skip
+    np.testing.assert_allclose(euler, ls.unroll_continuous(model, x0, ts, exact=True), atol=1e-3)
+
+
+def test_continuous_and_loss_bad_inputs(model, controlled):
+    x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 5)
+    with pytest.raises(ValueError, match="num_segments=1, but ts spans 0.1 = 2 segments"):
+        ls.unroll_continuous(model, x0, ts, reencode_dt=0.05, num_segments=1)
+    with pytest.raises(ValueError, match="num_segments=3 must be 1"):
+        ls.unroll_continuous(model, x0, ts, num_segments=3)
+    with pytest.raises(Exception, match="num_segments=1 is fewer"):
+        jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05, num_segments=1))(ts)
+    with pytest.raises(ValueError, match="reencode_dt=inf"):
+        ls.unroll_continuous(model, x0, ts, reencode_dt=float("inf"))
+    with pytest.raises(ValueError, match="ts must be finite"):
+        ls.unroll_continuous(model, x0, ts.at[2].set(jnp.nan))
+    with pytest.raises(ValueError, match="actions contains NaN"):
+        ls.unroll(controlled, x0, jnp.full((3, 1), jnp.nan), steps=3)
+    with pytest.raises((ValueError, TypeError), match="steps"):
+        ls.unroll_latents(model, x0, steps=2.0)
+    with pytest.raises(ValueError, match="steps=2.0 must be a positive int"):
+        ls.unroll_latents.__wrapped__(model, x0, steps=2.0)  # without jaxtyping's hook
+    with pytest.raises(TypeError, match="KoopmanAutoencoder"):
+        ls.unroll_latents(ls.MLPBaseline(2, width=4, key=jr.key(0)), x0, steps=2)
+    with pytest.raises(ValueError, match=r"x must have shape \(2,\), got x.shape=\(4,\)"):
+        model.encode(jnp.ones(4))
+    with pytest.raises(ValueError, match=r"xs must have shape \(window, state_dim=2\)"):
+        ls.koopman_loss(model, jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"xs must have shape \(window, state_dim=2\)"):
+        ls.mlp_baseline_loss(ls.MLPBaseline(2, width=4, key=jr.key(0)), jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match="discretization='bogus'"):
+        ls.KoopmanAutoencoder(2, 4, dynamics="mlp", discretization="bogus", key=jr.key(0))
+    with pytest.raises(ValueError, match="dynamics_width=0"):
+        ls.KoopmanAutoencoder(2, 4, dynamics="mlp", dynamics_width=0, key=jr.key(0))
+    with pytest.raises(ValueError, match="action_latent_dim=3 needs action_dim > 0"):
+        ls.KoopmanAutoencoder(2, 4, action_latent_dim=3, key=jr.key(0))
+    with pytest.raises(ValueError, match="autonomous: pass v=None"):
+        model.dynamics(jnp.zeros(6), jnp.zeros(1))
+    with pytest.raises(ValueError, match="v must have shape \\(3,\\).*v=None"):
+        controlled.dynamics(jnp.zeros(6))
+
+
+def test_loss_weights_may_be_traced(model):
+    """Weights are data (e.g. a schedule under `jit`); every term is reported."""
+    xs = jr.normal(jr.key(10), (5, 2))
+    loss = eqx.filter_jit(lambda w: ls.koopman_loss(model, xs, prediction=w))
+    traced, terms = loss(jnp.asarray(0.5))
+    expected, _ = ls.koopman_loss(model, xs, prediction=0.5)
+    np.testing.assert_allclose(traced, expected, rtol=1e-6)
+    _, zero_terms = ls.koopman_loss(model, xs, prediction=0.0)
+    assert (
+        set(zero_terms) == set(terms) == {"alignment", "reconstruction", "prediction", "sparsity"}
+    )
+
+
+def test_parameters_follow_x64():
+    """`log_delta` takes the default float dtype like K (float64 under x64), so float64
+    finite differences see it."""
+    with jax.enable_x64(True):
+        for cls in (ls.LinearKoopmanDynamics, ls.MLPDynamics):
+            dynamics = cls(3, key=jr.key(0))
+            dtypes = {leaf.dtype for leaf in jax.tree.leaves(eqx.filter(dynamics, eqx.is_array))}
+            assert dtypes == {jnp.dtype(jnp.float64)}, cls

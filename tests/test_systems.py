@@ -84,3 +84,12 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.ControlledPendulum(), jnp.zeros(2), 10, actions=jnp.zeros((9, 1)))
     with pytest.raises(ValueError, match="system='nope'"):
         ls.get_system("nope")
+    for dt in (0.0, -0.1, float("inf")):
+        with pytest.raises(ValueError, match=f"dt={dt!r} must be positive and finite"):
+            ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt=dt)
+    with pytest.raises(ValueError, match="x0 contains NaN"):
+        ls.simulate(ls.Duffing(), jnp.array([0.0, jnp.nan]), 10)
+    with pytest.raises(ValueError, match="steps=0"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
+    with pytest.raises(ValueError, match="num=0 must be a positive int"):
+        ls.sample_trajectories(ls.Duffing(), jr.key(0), 0, 10)

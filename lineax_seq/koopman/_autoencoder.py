@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._dynamics import AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
+from ._dynamics import _DISCRETIZATIONS, AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
@@ -108,6 +108,14 @@ class KoopmanAutoencoder(eqx.Module):
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
         if dynamics not in _DYNAMICS:
             raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
+        if discretization not in _DISCRETIZATIONS:
+            raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
+        if dynamics_width is not None and dynamics_width <= 0:
+            raise ValueError(f"dynamics_width={dynamics_width} must be positive or None")
+        if action_dim == 0 and action_latent_dim is not None:
+            raise ValueError(
+                f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
+            )
         if action_head and action_dim == 0:
             raise ValueError("action_head=True needs action_dim > 0")
         m = (
@@ -129,7 +137,11 @@ class KoopmanAutoencoder(eqx.Module):
             )
         else:
             self.dynamics = MLPDynamics(
-                latent_dim, m, width=dynamics_width or width, dt=dt, key=ykey
+                latent_dim,
+                m,
+                width=width if dynamics_width is None else dynamics_width,
+                dt=dt,
+                key=ykey,
             )
         self.action_encoder = _mlp(action_dim, m, width, 2, key=akey) if action_dim else None
         self.action_head = _mlp(latent_dim, action_dim, width, 3, key=hkey) if action_head else None
@@ -144,10 +156,14 @@ class KoopmanAutoencoder(eqx.Module):
 
     def encode(self, x: Float[Array, " state_dim"]) -> Float[Array, " latent_dim"]:
         """`phi(x)`: state `(state_dim,)` -> latent `(latent_dim,)`."""
+        if x.shape != (self.state_dim,):
+            raise ValueError(f"x must have shape ({self.state_dim},), got x.shape={x.shape}")
         return self.encoder(x)
 
     def decode(self, z: Float[Array, " latent_dim"]) -> Float[Array, " state_dim"]:
         """`psi(z)`: latent `(latent_dim,)` -> state `(state_dim,)`."""
+        if z.shape != (self.latent_dim,):
+            raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
         return self.decoder(z)
 
     def encode_action(self, u: Float[Array, " action_dim"]) -> Float[Array, " action_latent"]:

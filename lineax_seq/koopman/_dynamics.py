@@ -76,6 +76,16 @@ class AbstractLatentDynamics(eqx.Module):
 
         The next latent state `(latent_dim,)`.
         """
+        if z.shape != (self.latent_dim,):
+            raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
+        if self.action_latent_dim == 0 and v is not None:
+            raise ValueError(f"these dynamics are autonomous: pass v=None, got v.shape={v.shape}")
+        if self.action_latent_dim > 0 and (v is None or v.shape != (self.action_latent_dim,)):
+            got = None if v is None else v.shape
+            raise ValueError(
+                f"v must have shape ({self.action_latent_dim},) (the encoded control), "
+                f"got {'v=None' if got is None else f'v.shape={got}'}"
+            )
         return self.step(z, v)
 
 
@@ -133,7 +143,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
             if action_latent_dim > 0
             else None
         )
-        self.log_delta = jnp.asarray(math.log(dt), dtype=jnp.float32)
+        self.log_delta = jnp.asarray(math.log(dt))  # the default float dtype, like K
         self.latent_dim = latent_dim
         self.action_latent_dim = action_latent_dim
         self.dt = dt
@@ -231,7 +241,7 @@ class MLPDynamics(AbstractLatentDynamics):
             activation=jax.nn.relu,
             key=key,
         )
-        self.log_delta = jnp.asarray(math.log(dt), dtype=jnp.float32)
+        self.log_delta = jnp.asarray(math.log(dt))  # the default float dtype, like K
         self.latent_dim = latent_dim
         self.action_latent_dim = action_latent_dim
         self.dt = dt

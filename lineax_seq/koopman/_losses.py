@@ -13,16 +13,27 @@ def _norms(a: Array) -> Array:
     return jnp.sqrt(jnp.sum(a**2, axis=-1) + 1e-12)
 
 
+def _check_window(model: KoopmanAutoencoder | MLPBaseline, xs: Array) -> int:
+    """The number of steps in the window `xs`, or a clear error."""
+    if xs.ndim != 2 or xs.shape[1] != model.state_dim:
+        raise ValueError(
+            f"xs must have shape (window, state_dim={model.state_dim}), got xs.shape={xs.shape}"
+        )
+    if xs.shape[0] < 2:
+        raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
+    return xs.shape[0] - 1
+
+
 def koopman_loss(
     model: KoopmanAutoencoder,
     xs: Float[Array, "window state_dim"],
     actions: Float[Array, "horizon action_dim"] | None = None,
     *,
-    alignment: float = 1.0,
-    reconstruction: float = 1.0,
-    prediction: float = 0.0,
-    sparsity: float = 1e-3,
-    action: float = 1.0,
+    alignment: float | Float[Array, ""] = 1.0,
+    reconstruction: float | Float[Array, ""] = 1.0,
+    prediction: float | Float[Array, ""] = 0.0,
+    sparsity: float | Float[Array, ""] = 1e-3,
+    action: float | Float[Array, ""] = 1.0,
     reencode_every: int | None = None,
     method: str = "parallel",
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
@@ -45,18 +56,18 @@ def koopman_loss(
     - `model`: the autoencoder.
     - `xs`: states `(T + 1, state_dim)`.
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
-    - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights.
+    - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
+        (Python numbers or arrays, e.g. traced under `jit`).
     - `reencode_every`: reencoding period inside the training unroll, or `None`.
     - `method`: how the training unroll is computed (see [`unroll`][lineax_seq.unroll];
         for short windows on CPU `"sequential"` is often cheaper).
 
     **Returns:**
 
-    `(loss, terms)`: the weighted scalar loss and a dict of the unweighted terms.
+    `(loss, terms)`: the weighted scalar loss and a dict of the unweighted terms
+    (every term, whatever its weight; `"action"` only with an action head and actions).
     """
-    steps = xs.shape[0] - 1
-    if steps < 1:
-        raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
+    steps = _check_window(model, xs)
     zs = jax.vmap(model.encode)(xs)
     zhat = unroll_latents(
         model, xs[0], actions, steps=steps, reencode_every=reencode_every, method=method
@@ -64,12 +75,15 @@ def koopman_loss(
     terms = {
         "alignment": jnp.sum(_norms(zhat - zs[1:])),
         "reconstruction": jnp.sum(_norms(xs - jax.vmap(model.decode)(zs))),
+        "prediction": jnp.sum(_norms(xs[1:] - jax.vmap(model.decode)(zhat))),
         "sparsity": jnp.sum(jnp.abs(zs)),
     }
-    weights = {"alignment": alignment, "reconstruction": reconstruction, "sparsity": sparsity}
-    if prediction:
-        terms["prediction"] = jnp.sum(_norms(xs[1:] - jax.vmap(model.decode)(zhat)))
-        weights["prediction"] = prediction
+    weights = {
+        "alignment": alignment,
+        "reconstruction": reconstruction,
+        "prediction": prediction,
+        "sparsity": sparsity,
+    }
     if model.action_head is not None and actions is not None:
         terms["action"] = jnp.sum(_norms(actions - jax.vmap(model.predict_action)(zs[:-1])))
         weights["action"] = action
@@ -94,8 +108,6 @@ def mlp_baseline_loss(
 
     The scalar loss.
     """
-    steps = xs.shape[0] - 1
-    if steps < 1:
-        raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
+    steps = _check_window(model, xs)
     pred = unroll(model, xs[0], actions, steps=steps)
     return jnp.sum(_norms(xs[1:] - pred))

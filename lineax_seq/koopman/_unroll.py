@@ -55,6 +55,9 @@ def _check_actions(model, actions: Array | None, steps: int) -> None:
             f"actions has shape {actions.shape}, expected (steps, action_dim) = "
             f"{(steps, model.action_dim)}"
         )
+    host = _concrete(actions)
+    if host is not None and not np.all(np.isfinite(host)):
+        raise ValueError("actions contains NaN or inf values")
 
 
 def _powers(Kbar: Array, length: int) -> Array:
@@ -187,8 +190,8 @@ def _check_reencode(reencode_every: int | None) -> None:
 
 def _check_unroll(model, x0, actions, steps, reencode_every, method) -> Array:
     _check_reencode(reencode_every)
-    if steps <= 0:
-        raise ValueError(f"steps={steps} must be positive")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps={steps!r} must be a positive int")
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not one of {_METHODS}")
     _check_actions(model, actions, steps)
@@ -211,8 +214,13 @@ def unroll_latents(
     """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll].
 
     Latents at reencoding steps are the ones *before* reencoding (those that are
-    decoded). Same arguments as [`unroll`][lineax_seq.unroll]; used by the losses.
+    decoded). Same arguments as [`unroll`][lineax_seq.unroll] (a
+    [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder] only); used by the losses.
     """
+    if not isinstance(model, KoopmanAutoencoder):
+        raise TypeError(
+            f"model must be a KoopmanAutoencoder (the one with latents), got {type(model).__name__}"
+        )
     x0 = _check_unroll(model, x0, actions, steps, reencode_every, method)
     vs = _encode_actions(model, actions)
     return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
@@ -290,21 +298,35 @@ def unroll(
 
 
 def _segments(
-    ts_host: np.ndarray | None, reencode_dt: float | None, num_segments: int | None
-) -> int:
-    if num_segments is not None:
-        if num_segments <= 0:
-            raise ValueError(f"num_segments={num_segments} must be positive")
-        return num_segments
+    ts: Array, ts_host: np.ndarray | None, reencode_dt: float | None, num_segments: int | None
+) -> tuple[Array, int]:
+    """`(ts, num)`: the number of reencoding segments, checked against `ts`."""
+    if num_segments is not None and (
+        isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments <= 0
+    ):
+        raise ValueError(f"num_segments={num_segments!r} must be a positive int or None")
     if reencode_dt is None:
-        return 1
+        if num_segments not in (None, 1):
+            raise ValueError(f"num_segments={num_segments} must be 1 (or None) without reencode_dt")
+        return ts, 1
     if ts_host is None:
-        raise ValueError(
-            "with a traced ts (a jit argument), pass num_segments="
-            "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
-        )
+        if num_segments is None:
+            raise ValueError(
+                "with a traced ts (a jit argument), pass num_segments="
+                "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
+            )
+        # Too few segments would stop reencoding early: an error, not a wrong answer.
+        short = ts[-1] - ts[0] > num_segments * reencode_dt * (1 + 1e-6)
+        message = f"num_segments={num_segments} is fewer than ceil((ts[-1] - ts[0]) / reencode_dt)"
+        return eqx.error_if(ts, short, message), num_segments
     span = float(ts_host[-1] - ts_host[0])
-    return max(1, math.ceil(span / reencode_dt - 1e-6))
+    num = max(1, math.ceil(span / reencode_dt - 1e-6))
+    if num_segments is not None and num_segments != num:
+        raise ValueError(
+            f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
+            f"reencode_dt={reencode_dt:g} (num_segments is needed only for a traced ts)"
+        )
+    return ts, num
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int):
@@ -323,10 +345,13 @@ def _reencoding_grid(ts, reencode_dt: float | None, num: int):
     return taus, xp.clip(seg, 0, num - 1)
 
 
-def _distinct(values: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """`(distinct, index)` with `values == distinct[index]` up to float32 rounding of times
-    of magnitude `scale`."""
-    keys = np.round(values / (max(scale, 1.0) * 2 * float(np.finfo(np.float32).eps)))
+def _distinct(values: np.ndarray, resolution: float) -> tuple[np.ndarray, np.ndarray]:
+    """`(distinct, index)` with `values == distinct[index]` up to `resolution`.
+
+    Values closer than `resolution` may share an entry; values at least `2 resolution`
+    apart never do.
+    """
+    keys = np.round(values / resolution)
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     return values[first], inverse.reshape(-1)
 
@@ -352,9 +377,10 @@ def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
     if ts.shape[0] < 1:
         raise ValueError("ts must contain at least one time")
     if host is None:
-        return eqx.error_if(ts, jnp.any(ts[1:] <= ts[:-1]), "ts must be strictly increasing")
-    if np.any(host[1:] <= host[:-1]):
-        raise ValueError(f"ts must be strictly increasing, got {host}")
+        bad = jnp.any(ts[1:] <= ts[:-1]) | ~jnp.all(jnp.isfinite(ts))
+        return eqx.error_if(ts, bad, "ts must be finite and strictly increasing")
+    if not np.all(np.isfinite(host)) or np.any(host[1:] <= host[:-1]):
+        raise ValueError(f"ts must be finite and strictly increasing, got {host}")
     return ts
 
 
@@ -364,12 +390,12 @@ def unroll_continuous(
     x0: Float[Array, " state_dim"],
     ts: Float[Array, " times"],
     *,
-    reencode_dt: float | None = None,
+    reencode_dt: float | int | None = None,
     num_segments: int | None = None,
     exact: bool = False,
-    solver: diffrax.AbstractAdaptiveSolver | None = None,
+    solver: diffrax.AbstractSolver | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: float | None = None,
+    dt0: float | int | None = None,
     max_steps: int | None = 4096,
     adjoint: diffrax.AbstractAdjoint | None = None,
     progress_meter: diffrax.AbstractProgressMeter | None = None,
@@ -387,17 +413,21 @@ def unroll_continuous(
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
     `ts` (outside `jit`, or closed over) one exponential is computed per distinct offset
-    `t - tau_j` (`k + 1` for a uniform grid reencoded every `k` points); with traced `ts`
+    `t - tau_j` (about `k + 1` for a uniform grid reencoded every `k` points: offsets
+    equal to half a unit in the last place of `ts` are shared); with traced `ts`
     one per output time. Autonomous models only (`action_dim == 0`).
 
     **Arguments:**
 
     - `model`: an autonomous [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
     - `x0`: initial state `(state_dim,)`, finite.
-    - `ts`: strictly increasing output times `(times,)`; `ts[0]` is the initial time.
-    - `reencode_dt`: reencoding interval, or `None` (never reencode).
-    - `num_segments`: number of reencoding segments; required only if `ts` is traced
-        (inside `jit`), where it cannot be computed from `ts`.
+    - `ts`: finite, strictly increasing output times `(times,)`; `ts[0]` is the initial
+        time.
+    - `reencode_dt`: reencoding interval (positive, finite), or `None` (never reencode).
+    - `num_segments`: number of reencoding segments,
+        `ceil((ts[-1] - ts[0]) / reencode_dt)`; required only if `ts` is traced (inside
+        `jit`), where it cannot be computed from `ts` (too few is then a run-time
+        error); with concrete `ts` it must equal that count.
     - `exact`: use the matrix exponential instead of an ODE solver.
     - `solver`, `stepsize_controller`, `dt0`, `max_steps`, `adjoint`,
         `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
@@ -412,15 +442,15 @@ def unroll_continuous(
             f"unroll_continuous supports autonomous models only; this model has "
             f"action_dim={model.action_dim} (use unroll for controlled systems)"
         )
-    if reencode_dt is not None and not reencode_dt > 0:
-        raise ValueError(f"reencode_dt={reencode_dt} must be positive or None")
+    if reencode_dt is not None and not 0 < reencode_dt < math.inf:
+        raise ValueError(f"reencode_dt={reencode_dt} must be positive and finite, or None")
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
     x0 = _check_x0(model, x0)
     ts_host = _concrete(ts)
     ts = _check_ts(ts, ts_host)
-    num = _segments(ts_host, reencode_dt, num_segments)
+    ts, num = _segments(ts, ts_host, reencode_dt, num_segments)
     if ts_host is None:
         taus, seg = _reencoding_grid(ts, reencode_dt, num)
     else:
@@ -435,11 +465,14 @@ def unroll_continuous(
             offsets = ts - taus[seg]
             jumps = expm(taus[1:] - taus[:-1])
         else:
-            # One per distinct offset: k + 1 on a uniform grid reencoded every k points.
-            scale = float(np.max(np.abs(ts_host)))
-            host_offsets, index = _distinct(ts_host - host_taus[host_seg], scale)
+            # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
+            # Offsets closer than half a unit in the last place of the largest time (in
+            # ts's dtype) share one; distinct times of ts are at least a unit apart.
+            scale = max(float(np.max(np.abs(ts_host))), 1.0)
+            resolution = scale * float(np.finfo(ts_host.dtype).eps) / 2
+            host_offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)
             offsets = jnp.asarray(host_offsets, ts.dtype)
-            steps, jump_index = _distinct(np.diff(host_taus), scale)
+            steps, jump_index = _distinct(np.diff(host_taus), resolution)
             jumps = expm(jnp.asarray(steps, ts.dtype))[jump_index]
 
         def advance(z, jump):
@@ -460,7 +493,9 @@ def unroll_continuous(
             out = jnp.einsum("uij,sj->usi", flows, starts)[index, seg]
         return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
-    term = diffrax.ODETerm(lambda t, z, args: model.dynamics.vector_field(z))
+    # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
+    # sees them as inputs to differentiate.
+    term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(rtol=1e-6, atol=1e-8)
@@ -487,6 +522,7 @@ def unroll_continuous(
             t1=t1,
             dt0=dt0,
             y0=z,
+            args=model.dynamics,
             # The last save time is t1 itself, so zs[-1] is the segment's end.
             saveat=diffrax.SaveAt(ts=saves),
             stepsize_controller=stepsize_controller,

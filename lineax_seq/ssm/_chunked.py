@@ -86,7 +86,8 @@ def chunked_conv(
     About `2 C + 8 modes` flops per position and channel, and `O(C + modes)` complex
     exponentials per mode in all: the length-`L` kernel is never formed. The
     anti-causal direction mirrors every step (no array is flipped). Lengths need not be
-    a multiple of `C` (the last chunk is zero-padded).
+    a multiple of `C` (the last chunk is zero-padded). A non-finite input spoils every
+    output of its chunk, the earlier ones included (`0 * inf` in the Toeplitz product).
 
     **Arguments:**
 

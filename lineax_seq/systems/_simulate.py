@@ -1,5 +1,7 @@
 """Trajectory simulation with diffrax at tight tolerance."""
 
+import math
+
 import diffrax
 import equinox as eqx
 import jax
@@ -11,12 +13,24 @@ from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 from ._systems import DynamicalSystem
 
 
-def _check_state(system: DynamicalSystem, x0: Array) -> None:
+def _check_state(system: DynamicalSystem, x0: Array) -> Array:
     if x0.shape != (system.state_dim,):
         raise ValueError(
             f"x0 has shape {x0.shape}, but {type(system).__name__} needs shape "
             f"({system.state_dim},)"
         )
+    if isinstance(x0, jax.core.Tracer):
+        return eqx.error_if(x0, ~jnp.all(jnp.isfinite(x0)), "x0 contains NaN or inf values")
+    if not bool(jnp.all(jnp.isfinite(x0))):
+        raise ValueError(f"x0 contains NaN or inf values: {x0}")
+    return x0
+
+
+def _check_steps(steps: int, dt: float | None) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps={steps!r} must be a positive int")
+    if dt is not None and not 0 < dt < math.inf:
+        raise ValueError(f"dt={dt!r} must be positive and finite (or None: system.dt)")
 
 
 @jaxtyped(typechecker=beartype)
@@ -26,7 +40,7 @@ def simulate(
     steps: int,
     *,
     actions: Float[Array, "steps action_dim"] | None = None,
-    dt: float | None = None,
+    dt: float | int | None = None,
     solver: diffrax.AbstractSolver | None = None,
     rtol: float = 1e-7,
     atol: float = 1e-9,
@@ -42,20 +56,19 @@ def simulate(
     **Arguments:**
 
     - `system`: the dynamical system.
-    - `x0`: initial state, shape `(state_dim,)`.
-    - `steps`: number of sampling intervals.
+    - `x0`: initial state, shape `(state_dim,)`, finite.
+    - `steps`: number of sampling intervals, positive.
     - `actions`: control inputs `(steps, action_dim)`, one per interval, for controlled
         systems; must be `None` for autonomous ones.
-    - `dt`: sampling interval (default `system.dt`).
+    - `dt`: sampling interval, positive (default `system.dt`).
     - `solver`, `rtol`, `atol`, `max_steps`: passed to `diffrax.diffeqsolve`.
 
     **Returns:**
 
     The states at times `0, dt, ..., steps dt`, shape `(steps + 1, state_dim)`.
     """
-    _check_state(system, x0)
-    if steps <= 0:
-        raise ValueError(f"steps={steps} must be positive")
+    x0 = _check_state(system, x0)
+    _check_steps(steps, dt)
     if (actions is None) != (system.action_dim == 0):
         raise ValueError(
             f"actions must be given exactly when the system is controlled; "
@@ -130,6 +143,9 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
+    if isinstance(num, bool) or not isinstance(num, int) or num <= 0:
+        raise ValueError(f"num={num!r} must be a positive int")
+    _check_steps(steps, dt)
     init_key, action_key = jr.split(key)
     x0 = system.sample_initial(init_key, num)
     if system.action_dim == 0:
