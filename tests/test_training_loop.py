@@ -171,6 +171,17 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), eval_every=5)
     with pytest.raises(ValueError, match=r"log_every=0"):
         ls.train(*args, steps=1, key=jr.key(0), log_every=0)
+    # Checked before any step runs.
+    with pytest.raises(ValueError, match=r"keep_checkpoints=0"):
+        ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path / "k", keep_checkpoints=0)
+    with pytest.raises(ValueError, match=r"eval_data must be re-iterable .* generator"):
+        ls.train(*args, steps=1, key=jr.key(0), eval_data=(b for b in data))
+    mesh = jax.make_mesh((1,), ("data",))
+    with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
+        ls.train(*args, steps=1, key=jr.key(0), mesh=mesh)
+    scalar_loss = lambda model, batch, key: common.loss_fn(model, batch, key)[0]
+    with pytest.raises(ValueError, match=r"loss_fn must return a pair \(loss, aux\)"):
+        ls.train(args[0], args[1], scalar_loss, data, steps=1, key=jr.key(0), progress=False)
     old = '{"step": 3, "split": "train", "loss": 1.0}\n'
     (tmp_path / "metrics.jsonl").write_text(old)
     with pytest.raises(ValueError, match=r"already holds a run .* resume=False"):
@@ -221,6 +232,29 @@ def test_checkpoint_round_trip_and_pruning(saved):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
+    """Saving a step below older checkpoints (a resume from an older one) keeps it."""
+    model = common.make_model()
+    for step in (5, 10):
+        ls.save_checkpoint(tmp_path, step, model=model)
+    path = ls.save_checkpoint(tmp_path, 7, model=model, keep=1)
+    assert [p.name for p in ls.list_checkpoints(tmp_path)] == [path.name] == ["step_00000007"]
+    ls.save_checkpoint(tmp_path, 8, model=model, keep=2)
+    assert [p.name for p in ls.list_checkpoints(tmp_path)] == ["step_00000007", "step_00000008"]
+
+
+def test_save_checkpoint_bad_input(tmp_path):
+    model = common.make_model()
+    save = ls.save_checkpoint.__wrapped__  # as called without jaxtyping's import hook
+    with pytest.raises(ValueError, match="step=1.5 must be an integer"):
+        save(tmp_path, 1.5, model=model)
+    with pytest.raises(ValueError, match="key=3 must be a jax.random.key"):
+        save(tmp_path, 1, model=model, key=3)
+    with pytest.raises(ValueError, match="extra must be JSON-compatible"):
+        ls.save_checkpoint(tmp_path, 1, model=model, extra={"f": object()})
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_checkpoint_of_model_only_round_trips(tmp_path):
     model = common.make_model()
     ls.save_checkpoint(tmp_path, 0, model=model)
@@ -245,6 +279,10 @@ def test_truncated_checkpoint_is_reported_and_previous_loads(saved, tmp_path):
     manifest.write_text(manifest.read_text()[:50])
     with pytest.raises(ls.CheckpointError, match=rf"{manifest} is truncated or corrupt"):
         ls.load_checkpoint(directory / "step_00000002", model=model, opt_state=opt_state)
+    for broken in ("[]", '{"format": 1}'):  # valid JSON, not a manifest
+        manifest.write_text(broken)
+        with pytest.raises(ls.CheckpointError, match=rf"{manifest} is corrupt: expected"):
+            ls.load_checkpoint(directory / "step_00000002", model=model, opt_state=opt_state)
 
 
 def test_mismatched_model_shape_is_reported(saved, tmp_path):

@@ -123,6 +123,39 @@ def test_param_group_bad_input(toy):
         ls.make_optimizer(accumulate_steps=0)
     with pytest.raises(ValueError, match=r"clip_norm=0"):
         ls.make_optimizer(clip_norm=0)
+    # Bad groups fail where they are made, naming the field.
+    with pytest.raises(ValueError, match=r"match='\(' is not a regular expression"):
+        ls.ParamGroup(match="(")
+    # (Under jaxtyping's import hook the annotations catch these first.)
+    with pytest.raises((ValueError, TypeError), match="match"):
+        ls.ParamGroup(match=3)
+    with pytest.raises((ValueError, TypeError), match="instance_of"):
+        ls.ParamGroup(instance_of="Linear")
+    with pytest.raises((ValueError, TypeError), match="groups"):
+        ls.make_optimizer(groups=[ls.ParamGroup(match="a")])
+    for name, value in (("b1", 2.0), ("b2", -0.1), ("eps", -1)):
+        with pytest.raises(ValueError, match=f"{name}={value}"):
+            ls.make_optimizer(total_steps=10, **{name: value})
+    with pytest.raises(ValueError, match="learning_rate='1e-3' must be a number"):
+        ls.make_optimizer.__wrapped__("1e-3", total_steps=10)  # as without the hook
+    with pytest.raises(ValueError, match="total_steps=10.5 must be an integer"):
+        ls.make_schedule.__wrapped__(1.0, total_steps=10.5)
+
+
+def test_param_group_predicates_see_shapes_not_values(toy):
+    """Labels are recomputed inside `jit` (on the gradients), so a predicate gets the
+    leaf's shape and dtype, never its values: the same labels eagerly and jitted."""
+    seen = []
+    group = ls.ParamGroup(match=lambda path, leaf: seen.append(type(leaf)) or leaf.ndim == 2)
+    opt = ls.make_optimizer(1e-2, schedule="constant", groups={"w": group})
+    params = eqx.filter(toy, eqx.is_inexact_array)
+    state = opt.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    eager, _ = opt.update(grads, state, params)
+    jitted, _ = eqx.filter_jit(opt.update)(grads, state, params)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert set(seen) == {jax.ShapeDtypeStruct}
 
 
 def test_groups_match_separate_adamw(toy):

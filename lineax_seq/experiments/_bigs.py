@@ -50,6 +50,7 @@ from ._bigs_train import (
     save_tokenizer,
     split_records,
 )
+from ._cli import fraction, positive_int
 
 # ---------------------------------------------------------------------------------------
 # Subcommands
@@ -60,6 +61,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
     curves, the final model and (SSM routing) the kernel heat map into `--out`."""
     out: pathlib.Path = args.out
+    if not args.resume and (out / CONFIG_FILE).exists():
+        # Checked before anything is written: the existing run stays resumable.
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or a new --out")
     train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
     if args.resume:
         if not (out / CONFIG_FILE).exists():
@@ -216,9 +220,13 @@ def _optim_arguments(
     schedule: str = "cosine",
 ) -> None:
     g = parser.add_argument_group("optimisation (AdamW, beta2 0.98, eps 1e-6)")
-    g.add_argument("--steps", type=int, default=steps, help=f"optimiser steps (default {steps})")
-    g.add_argument("--batch-size", type=int, default=batch, help=f"default {batch}")
-    g.add_argument("--length", type=int, default=length, help=f"sequence length ({length})")
+    g.add_argument(
+        "--steps", type=positive_int, default=steps, help=f"optimiser steps (default {steps})"
+    )
+    g.add_argument("--batch-size", type=positive_int, default=batch, help=f"default {batch}")
+    g.add_argument(
+        "--length", type=positive_int, default=length, help=f"sequence length ({length})"
+    )
     g.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
     g.add_argument(
         "--ssm-lr",
@@ -228,7 +236,7 @@ def _optim_arguments(
     )
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument(
-        "--warmup", type=float, default=warmup, help=f"warmup fraction of the steps ({warmup:g})"
+        "--warmup", type=fraction, default=warmup, help=f"warmup fraction of the steps ({warmup:g})"
     )
     g.add_argument("--schedule", choices=("cosine", "linear"), default=schedule)
     g.add_argument("--seed", type=int, default=0)
@@ -273,7 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _model_arguments(pre, layers=4, dim=128)
     _optim_arguments(pre, lr=1e-3, steps=2000, batch=32, length=128)
     _path(pre, "--out", "run directory", default=pathlib.Path("outputs/bigs/pretrain"))
-    pre.add_argument("--mask-rate", type=float, default=0.15)
+    pre.add_argument("--mask-rate", type=fraction, default=0.15)
     init = pre.add_mutually_exclusive_group()
     init.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"

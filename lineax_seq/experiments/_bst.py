@@ -550,7 +550,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for field in ("models", "bst_layers", "eval_multipliers", "seeds"):
         if field in given:
             given[field] = tuple(given[field])
-    return dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
+    config = dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
+    if 1.0 not in config.eval_multipliers:
+        raise ValueError(
+            f"--eval-multipliers {' '.join(map(str, config.eval_multipliers))} must include "
+            "1.0 (the training length, which the comparisons are made at)"
+        )
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

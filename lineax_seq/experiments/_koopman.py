@@ -37,6 +37,8 @@ import numpy as np
 
 import lineax_seq as ls
 
+from ._cli import positive_int
+
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
 PERIODS = (1, 10, 25, 50, 100)
 HORIZONS = (100, 1000)
@@ -551,16 +553,6 @@ def _variant_list(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(VARIANT_NAMES[v] for v in dict.fromkeys(names))
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `koopman` command's options (defaults: the committed Table 1.1 run)."""
     parser.add_argument("--system", choices=SYSTEM_NAMES, default="duffing")
@@ -577,11 +569,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--horizons", type=_int_list("--horizons"), default=HORIZONS, help="evaluation horizons"
     )
-    parser.add_argument("--steps", type=_positive, default=800, help="train steps per model")
-    parser.add_argument("--batch-size", type=_positive, default=128)
+    parser.add_argument("--steps", type=positive_int, default=800, help="train steps per model")
+    parser.add_argument("--batch-size", type=positive_int, default=128)
     parser.add_argument(
         "--window",
-        type=_positive,
+        type=positive_int,
         default=10,
         help="training window (steps; paper: 10; 50 with --batch-size 512 --steps 6000 "
         "nears its figures)",
@@ -598,11 +590,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="scale of the initial Koopman generator K (0: Kbar = I; 1: N(0, 1/n) entries)",
     )
-    parser.add_argument("--latent", type=_positive, default=128)
-    parser.add_argument("--width", type=_positive, default=64, help="encoder/decoder/MLP width")
-    parser.add_argument("--num-train", type=_positive, default=None, help="default 50 (Lorenz 100)")
-    parser.add_argument("--train-length", type=_positive, default=500, help="steps per trajectory")
-    parser.add_argument("--num-test", type=_positive, default=100, help="fresh initial conditions")
+    parser.add_argument("--latent", type=positive_int, default=128)
+    parser.add_argument("--width", type=positive_int, default=64, help="encoder/decoder/MLP width")
+    parser.add_argument(
+        "--num-train", type=positive_int, default=None, help="default 50 (Lorenz 100)"
+    )
+    parser.add_argument(
+        "--train-length", type=positive_int, default=500, help="steps per trajectory"
+    )
+    parser.add_argument(
+        "--num-test", type=positive_int, default=100, help="fresh initial conditions"
+    )
     parser.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,

@@ -74,6 +74,13 @@ def _to_json(x: Any) -> Any:
     return x
 
 
+def _check_json(name: str, value: Any) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be JSON-compatible: {e}") from e
+
+
 def _from_json(x: Any) -> Any:
     if isinstance(x, dict):
         if set(x) == {"__bytes__"}:
@@ -207,10 +214,16 @@ def save_checkpoint(
 
     The path of the new checkpoint directory.
     """
-    if keep is not None and keep < 1:
-        raise ValueError(f"keep={keep} must be >= 1 or None.")
-    if step < 0:
-        raise ValueError(f"step={step} must be >= 0.")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep={keep!r} must be an integer >= 1 or None.")
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"step={step!r} must be an integer >= 0.")
+    if key is not None and not isinstance(key, jax.Array | np.ndarray):
+        raise ValueError(f"key={key!r} must be a jax.random.key (or raw uint32 key) or None.")
+    # The metadata is checked before anything is written.
+    _check_json("data_state", _to_json(data_state))
+    _check_json("extra", extra or {})
+    step = int(step)
     directory = pathlib.Path(directory)
     key_impl = None
     key_data = None
@@ -262,7 +275,10 @@ def save_checkpoint(
         if p.name.startswith((".tmp-step_", ".old-step_")) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
     if keep is not None:
-        for _, p in _step_dirs(directory)[:-keep]:
+        # The newest steps stay, and always the one just written (a resumed run may save
+        # a step below older checkpoints of an abandoned continuation).
+        others = [p for _, p in _step_dirs(directory) if p != final]
+        for p in others[: max(len(others) - (keep - 1), 0)]:
             shutil.rmtree(p, ignore_errors=True)
     return final
 
@@ -278,6 +294,11 @@ def _read_manifest(path: pathlib.Path) -> dict:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"Checkpoint manifest {mpath} is truncated or corrupt: {e}") from e
+    required = ("format", "step", "arrays", "bytes", "sha256", "leaves")
+    if not isinstance(manifest, dict) or any(k not in manifest for k in required):
+        raise CheckpointError(
+            f"Checkpoint manifest {mpath} is corrupt: expected a JSON object with {required}."
+        )
     if manifest.get("format") != FORMAT:
         raise CheckpointError(
             f"Checkpoint manifest {mpath} has format {manifest.get('format')!r}, "

@@ -51,8 +51,8 @@ def make_schedule(
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps} must be >= 0.")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps!r} must be an integer >= 0.")
     if peak_lr < 0:
         raise ValueError(f"peak_lr={peak_lr} must be >= 0.")
     if schedule == "constant":
@@ -65,7 +65,11 @@ def make_schedule(
             ],
             [warmup_steps],
         )
-    if total_steps is None or total_steps <= warmup_steps:
+    if (
+        isinstance(total_steps, bool)
+        or not isinstance(total_steps, int)
+        or total_steps <= warmup_steps
+    ):
         raise ValueError(
             f"total_steps={total_steps} must be an integer > warmup_steps={warmup_steps} "
             f"for schedule={schedule!r}."
@@ -90,7 +94,8 @@ class ParamGroup:
 
     - `match`: a regular expression searched in the parameter's path (as written by
         `jax.tree_util.keystr`, e.g. `".layers[0].kernel.log_dt"`), or a predicate
-        `(path: str, leaf: Array) -> bool`.
+        `(path: str, leaf: jax.ShapeDtypeStruct) -> bool` on the path and the leaf's
+        shape and dtype (labels are recomputed inside `jit`, where values are unknown).
     - `where`: an `equinox.tree_at`-style selector, `lambda model: model.dynamics` or
         `lambda model: (model.encoder, model.decoder.bias)`; every array below the
         selected nodes belongs to the group.
@@ -122,6 +127,23 @@ class ParamGroup:
                 f"match={self.match!r}, where={self.where!r}, "
                 f"instance_of={self.instance_of!r}."
             )
+        if isinstance(self.match, str):
+            try:
+                re.compile(self.match)
+            except re.error as e:
+                raise ValueError(f"match={self.match!r} is not a regular expression: {e}.") from e
+        elif self.match is not None and not callable(self.match):
+            raise ValueError(
+                f"match={self.match!r} must be a regular expression or a predicate "
+                "(path, leaf) -> bool."
+            )
+        if self.where is not None and not callable(self.where):
+            raise ValueError(f"where={self.where!r} must be a selector, model -> nodes.")
+        types = self.instance_of if isinstance(self.instance_of, tuple) else (self.instance_of,)
+        if self.instance_of is not None and not all(isinstance(t, type) for t in types):
+            raise ValueError(
+                f"instance_of={self.instance_of!r} must be a class or a tuple of classes."
+            )
         if self.learning_rate is not None and self.learning_rate < 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be >= 0.")
         if self.weight_decay is not None and self.weight_decay < 0:
@@ -129,6 +151,10 @@ class ParamGroup:
 
 
 def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
+    if not isinstance(groups, Mapping):
+        raise ValueError(
+            f"groups must be a mapping of group name to ParamGroup, got {type(groups).__name__}."
+        )
     for name, group in groups.items():
         if name == DEFAULT_GROUP:
             raise ValueError(
@@ -199,7 +225,7 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
             elif isinstance(group.match, str):
                 hit = re.search(group.match, path) is not None
             else:
-                hit = bool(group.match(path, leaf))
+                hit = bool(group.match(path, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)))
             if hit:
                 labels[i] = name
                 break
@@ -256,10 +282,19 @@ def make_optimizer(
     default group's schedule, and `accumulate_steps`, which [`lineax_seq.train`][]
     uses to log the learning rate).
     """
-    groups = dict(groups or {})
+    groups = {} if groups is None else groups
     _check_groups(groups)
+    groups = dict(groups)
+    for name, value in (("learning_rate", learning_rate), ("end_lr_ratio", end_lr_ratio)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name}={value!r} must be a number.")
     if learning_rate < 0:
         raise ValueError(f"learning_rate={learning_rate} must be >= 0.")
+    for name, value in (("b1", b1), ("b2", b2)):
+        if not 0 <= value < 1:
+            raise ValueError(f"{name}={value} must be in [0, 1).")
+    if not eps > 0:
+        raise ValueError(f"eps={eps} must be > 0.")
     if weight_decay < 0:
         raise ValueError(f"weight_decay={weight_decay} must be >= 0.")
     if clip_norm is not None and clip_norm <= 0:

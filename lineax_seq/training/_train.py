@@ -59,15 +59,24 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
     return out
 
 
+def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, Any]:
+    out = loss_fn(model, batch, key)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ValueError(
+            f"{name} must return a pair (loss, aux) (aux a dict of metrics, or None), got "
+            f"{type(out).__name__}{'' if not isinstance(out, tuple) else f' of {len(out)}'}."
+        )
+    return out
+
+
 def _train_step_impl(static_and_batch, model, opt_state):
     # One module-level jitted function: `loss_fn` and `optimizer` are (static) arguments,
     # so calling `train` again with the same ones (e.g. to resume) compiles nothing.
     loss_fn, optimizer, mesh, min_shard_size, batch, key, step = static_and_batch
     if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
         key = jr.fold_in(key, step)
-    (loss, aux), grads = eqx.filter_value_and_grad(lambda m: loss_fn(m, batch, key), has_aux=True)(
-        model
-    )
+    loss = lambda m: _call_loss(loss_fn, "loss_fn", m, batch, key)
+    (loss, aux), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model)
     metrics = _metrics(loss, aux, "loss_fn")
     metrics["grad_norm"] = optax.tree.norm(grads)
     params = eqx.filter(model, eqx.is_inexact_array)
@@ -85,7 +94,7 @@ _train_step_no_donation = eqx.filter_jit(_train_step_impl)
 
 @eqx.filter_jit
 def _eval_step(loss_fn, model, batch, key):
-    loss, aux = loss_fn(model, batch, key)
+    loss, aux = _call_loss(loss_fn, "eval_fn", model, batch, key)
     return _metrics(loss, aux, "eval_fn")
 
 
@@ -322,6 +331,8 @@ def train(
     - `progress`: show a tqdm progress bar with the loss and the throughput.
     - `plot`: save the loss curves to `out_dir/curves.png` at the end.
     - `callback`: called as `callback(step, model, record)` after every train record.
+        The model's arrays are donated to the next step: copy what you keep
+        (`jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_array))`).
 
     **Returns:**
 
@@ -340,6 +351,18 @@ def train(
             raise ValueError(f"{name}={value!r} must be an integer >= 0.")
     if not isinstance(log_every, int) or log_every < 1:
         raise ValueError(f"log_every={log_every!r} must be an integer >= 1.")
+    if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints={keep_checkpoints!r} must be an integer >= 1.")
+    if mesh is not None and not {"data", "model"} <= set(mesh.axis_names):
+        raise ValueError(
+            f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; build "
+            "it with lineax_seq.make_mesh (model=1 replicates the weights)."
+        )
+    if isinstance(eval_data, Iterator):
+        raise ValueError(
+            "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
+            f"afresh at every evaluation, but got a one-shot iterator {type(eval_data).__name__}."
+        )
     if eval_batches is not None and eval_batches < 1:
         raise ValueError(f"eval_batches={eval_batches!r} must be >= 1 or None.")
     if unit not in UNITS:
@@ -381,6 +404,12 @@ def train(
         if ckpt is not None:
             model, opt_state, key = ckpt.model, ckpt.opt_state, ckpt.key
             start = resumed_from = ckpt.step
+            if start > steps:
+                warnings.warn(
+                    f"{out} holds a checkpoint at step {start}, beyond steps={steps}: "
+                    "nothing to train; the result is that checkpoint.",
+                    stacklevel=2,
+                )
             if ckpt.data_state is not None:
                 it.set_state(ckpt.data_state)
         elif is_main and _read_jsonl(metrics_path, math.inf):
@@ -576,6 +605,8 @@ def plot_metrics(
     import matplotlib.pyplot as plt
 
     if not isinstance(history, list):
+        if not pathlib.Path(history).is_file():
+            raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
         history = _read_jsonl(pathlib.Path(history), math.inf)
     if keys is None:
         found: list[str] = []
