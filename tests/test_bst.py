@@ -219,14 +219,19 @@ def test_generate_greedy_matches_forward(sh_lm, getkey):
     np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
 
 
-def test_generate_narrow_prompt_dtypes(sh_lm, getkey):
-    """A uint8 prompt samples what an int32 one does (tokens are not wrapped to 8 bits
-    and fed back), and the result is int32."""
-    prompt, key = jr.randint(getkey(), (5,), 0, VOCAB), getkey()
-    expected = ls.generate(sh_lm, prompt, L - 5, key=key, temperature=1.0, top_k=1)
-    out = ls.generate(sh_lm, prompt.astype(jnp.uint8), L - 5, key=key, temperature=1.0, top_k=1)
+def test_generate_narrow_prompt_dtypes(getkey):
+    """Samples are not wrapped to the prompt's dtype and fed back: a uint8 prompt to a
+    model of 300 tokens whose head always picks token 299 continues with 299."""
+    lm = ls.BlockStateTransformerLM(
+        300, DIM, 1, num_heads=HEADS, window=W, bst_layers=(), tie_embeddings=False,
+        key=getkey(),
+    )  # fmt: skip
+    lm = eqx.tree_at(lambda m: m.head.bias, lm, jnp.zeros(300).at[299].set(1e3))
+    out = ls.generate(lm, jnp.array([3, 250], jnp.uint8), 4, key=getkey(), temperature=0.0)
     assert out.dtype == jnp.int32
-    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out, [3, 250, 299, 299, 299, 299])
+    with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=300\)"):
+        ls.generate(lm, jnp.array([3, 300]), 4, key=getkey(), temperature=0.0)
 
 
 def test_tied_head_starts_near_uniform(sh_lm, getkey):

@@ -232,7 +232,7 @@ def test_mask_tokens_no_candidates():
     )
     np.testing.assert_array_equal(masked, seq)
     assert (labels == ls.IGNORE_INDEX).all()
-    with pytest.raises(ValueError, match=r"ids must be in \[0, vocab_size=263\), got id -1"):
+    with pytest.raises(ValueError, match=r"tokens must be in \[0, vocab_size=263\), got id -1"):
         ls.mask_tokens(
             np.array([9, -1]), np.random.default_rng(0), vocab_size=263, mask_id=6,
             special_ids=range(7),

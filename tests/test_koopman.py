@@ -421,5 +421,9 @@ def test_parameters_follow_x64():
     with jax.enable_x64(True):
         for cls in (ls.LinearKoopmanDynamics, ls.MLPDynamics):
             dynamics = cls(3, key=jr.key(0))
-            dtypes = {leaf.dtype for leaf in jax.tree.leaves(eqx.filter(dynamics, eqx.is_array))}
-            assert dtypes == {jnp.dtype(jnp.float64)}, cls
+            leaves = jax.tree.leaves(eqx.filter(dynamics, eqx.is_array))
+            assert {leaf.dtype for leaf in leaves} == {jnp.dtype(jnp.float64)}, cls
+    # Not weakly typed either: an optimiser step returns the same types, so a jitted
+    # train step compiles once.
+    dynamics = ls.LinearKoopmanDynamics(3, key=jr.key(0))
+    assert not dynamics.log_delta.weak_type

@@ -232,15 +232,19 @@ def test_checkpoint_round_trip_and_pruning(saved):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
-    """Saving a step below older checkpoints (a resume from an older one) keeps it."""
+def test_saving_an_earlier_step_makes_it_the_latest(tmp_path):
+    """A run resumed from an earlier checkpoint (e.g. past a corrupt one) abandons the
+    later ones: saving drops them, and pruning never drops the checkpoint just written."""
     model = common.make_model()
     for step in (5, 10):
         ls.save_checkpoint(tmp_path, step, model=model)
-    path = ls.save_checkpoint(tmp_path, 7, model=model, keep=1)
-    assert [p.name for p in ls.list_checkpoints(tmp_path)] == [path.name] == ["step_00000007"]
+    path = ls.save_checkpoint(tmp_path, 7, model=model, keep=2)
+    names = lambda: [p.name for p in ls.list_checkpoints(tmp_path)]
+    assert names() == ["step_00000005", "step_00000007"] and path.name == "step_00000007"
     ls.save_checkpoint(tmp_path, 8, model=model, keep=2)
-    assert [p.name for p in ls.list_checkpoints(tmp_path)] == ["step_00000007", "step_00000008"]
+    assert names() == ["step_00000007", "step_00000008"]
+    ls.save_checkpoint(tmp_path, 6, model=model, keep=1)
+    assert names() == ["step_00000006"]
 
 
 def test_save_checkpoint_bad_input(tmp_path):

@@ -158,7 +158,9 @@ class BlockStateTransformerLM(eqx.Module):
             raise ValueError(
                 f"`vocab_size` and `num_layers` must be >= 1, got {vocab_size}, {num_layers}."
             )
-        if num_heads < 1 or dim % num_heads:
+        if num_heads < 1:
+            raise ValueError(f"`num_heads`={num_heads} must be >= 1.")
+        if dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
         if context not in CONTEXTS:
             raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
@@ -237,13 +239,12 @@ class BlockStateTransformerLM(eqx.Module):
         config = variant_config(variant, num_layers) | kwargs
         return cls(vocab_size, dim, num_layers, key=key, **config)
 
-    def _embed(self, tokens: Int[Array, "*length"]) -> Float[Array, "*length dim"]:
-        tokens = eqx.error_if(
+    def _check_tokens(self, tokens: Int[Array, "*length"]) -> Int[Array, "*length"]:
+        return eqx.error_if(
             tokens,
             (tokens < 0) | (tokens >= self.vocab_size),
             f"tokens: ids must be in [0, vocab_size={self.vocab_size})",
         )
-        return self.embedding.weight[tokens]
 
     def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
         x = _norm(self.final_norm, x)
@@ -266,7 +267,7 @@ class BlockStateTransformerLM(eqx.Module):
         Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
         """
         check_blocks(tokens.shape[0], self.window, "tokens")
-        x = self._embed(tokens)
+        x = self.embedding.weight[self._check_tokens(tokens)]
         for layer in self.layers:
             x = layer(x)
         return self._logits(x)
@@ -299,8 +300,12 @@ class BlockStateTransformerLM(eqx.Module):
 
         `(cache, logits)` with logits of shape `(vocab_size,)`.
         """
+        return self._step(cache, self._check_tokens(token))
+
+    def _step(self, cache: dict, token: Int[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
+        """`step` for a token known to be in range (as `generate`'s are)."""
         t = cache["t"]
-        x = self._embed(token)
+        x = self.embedding.weight[token]
         new = []
         for layer, layer_cache in zip(self.layers, cache["layers"], strict=True):
             layer_cache, x = layer.step(layer_cache, x, t)
@@ -310,8 +315,11 @@ class BlockStateTransformerLM(eqx.Module):
 
 @eqx.filter_jit
 def _generate(lm, prompt, steps: int, key, temperature, top_k):
+    # The prompt is checked once; sampled tokens are in range by construction, so the
+    # per-token check of `step` is left out of the loop.
+    prompt = lm._check_tokens(prompt)
     cache = lm.init_cache(prompt.shape[0] + steps)
-    cache, logits = jax.lax.scan(lambda c, token: lm.step(c, token), cache, prompt)
+    cache, logits = jax.lax.scan(lambda c, token: lm._step(c, token), cache, prompt)
     logits = logits[-1]
 
     def sample(carry, k):
@@ -323,7 +331,7 @@ def _generate(lm, prompt, steps: int, key, temperature, top_k):
             token = jnp.argmax(logits)
         else:
             token = jr.categorical(k, logits / temperature)
-        cache, logits = lm.step(cache, token)
+        cache, logits = lm._step(cache, token)
         return (cache, logits), token
 
     _, tokens = jax.lax.scan(sample, (cache, logits), jr.split(key, steps))

@@ -186,7 +186,7 @@ def mask_tokens(
     `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
     token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
     """
-    tokens = check_ids(tokens, vocab_size).astype(np.int32)
+    tokens = check_ids(tokens, vocab_size, "tokens").astype(np.int32)
     is_special = np.zeros(vocab_size, dtype=bool)
     is_special[list(special_ids)] = True
     return _mask(

@@ -31,17 +31,17 @@ NUM_SPECIAL = len(SPECIAL_TOKENS)
 TokenIds = Int[np.ndarray, " n"] | Int[Array, " n"] | Sequence[int]
 
 
-def check_ids(ids: TokenIds, vocab_size: int) -> np.ndarray:
+def check_ids(ids: TokenIds, vocab_size: int, name: str = "ids") -> np.ndarray:
     """`ids` as a 1-d int64 array, or an error naming the first id outside the vocabulary."""
     arr = np.asarray(ids)
     if arr.ndim != 1:
-        raise ValueError(f"ids must be 1-d, got shape {arr.shape}")
+        raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"ids must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     bad = arr[(arr < 0) | (arr >= vocab_size)]
     if bad.size:
-        raise ValueError(f"ids must be in [0, vocab_size={vocab_size}), got id {int(bad[0])}")
+        raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got id {int(bad[0])}")
     return arr
 
 

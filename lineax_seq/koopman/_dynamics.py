@@ -143,7 +143,9 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
             if action_latent_dim > 0
             else None
         )
-        self.log_delta = jnp.asarray(math.log(dt))  # the default float dtype, like K
+        # JAX's default float dtype, like K, and not weakly typed (so that an optimiser
+        # step returns the same type and a jitted train step compiles once).
+        self.log_delta = jnp.asarray(math.log(dt), dtype=float)
         self.latent_dim = latent_dim
         self.action_latent_dim = action_latent_dim
         self.dt = dt
@@ -241,7 +243,9 @@ class MLPDynamics(AbstractLatentDynamics):
             activation=jax.nn.relu,
             key=key,
         )
-        self.log_delta = jnp.asarray(math.log(dt))  # the default float dtype, like K
+        # JAX's default float dtype, like K, and not weakly typed (so that an optimiser
+        # step returns the same type and a jitted train step compiles once).
+        self.log_delta = jnp.asarray(math.log(dt), dtype=float)
         self.latent_dim = latent_dim
         self.action_latent_dim = action_latent_dim
         self.dt = dt

@@ -316,11 +316,11 @@ def _segments(
                 "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
             )
         # Too few segments would stop reencoding early: an error, not a wrong answer.
-        short = ts[-1] - ts[0] > num_segments * reencode_dt * (1 + 1e-6)
+        short = ts[-1] - ts[0] > (num_segments + _tolerance(ts, reencode_dt)) * reencode_dt
         message = f"num_segments={num_segments} is fewer than ceil((ts[-1] - ts[0]) / reencode_dt)"
         return eqx.error_if(ts, short, message), num_segments
     span = float(ts_host[-1] - ts_host[0])
-    num = max(1, math.ceil(span / reencode_dt - 1e-6))
+    num = max(1, math.ceil(span / reencode_dt - float(_tolerance(ts_host, reencode_dt))))
     if num_segments is not None and num_segments != num:
         raise ValueError(
             f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
@@ -329,7 +329,16 @@ def _segments(
     return ts, num
 
 
-def _reencoding_grid(ts, reencode_dt: float | None, num: int):
+def _tolerance(ts, reencode_dt: float):
+    """How far past a reencoding time, in segments, a time still belongs to the segment
+    that ends there: 1e-4, or 4 units in the last place of `max |ts|` if larger (the
+    rounding of the times). Used both to count segments and to assign times to them."""
+    xp = np if isinstance(ts, np.ndarray) else jnp
+    ulp = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
+    return xp.maximum(1e-4, 4 * ulp / reencode_dt)
+
+
+def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
     """Reencoding times `taus` `(num + 1,)` and the segment of every output time.
 
     Works on host arrays (`np`) or traced ones (`jnp`) alike.
@@ -341,7 +350,7 @@ def _reencoding_grid(ts, reencode_dt: float | None, num: int):
     taus = xp.concatenate([taus[:-1], ts[-1:]])
     # t in (tau_j, tau_{j+1}] belongs to segment j; the tolerance keeps grid points that
     # equal a reencoding time in the segment that ends there.
-    seg = xp.ceil((ts - ts[0]) / reencode_dt - 1e-4).astype(np.int32) - 1
+    seg = xp.ceil((ts - ts[0]) / reencode_dt - tolerance).astype(np.int32) - 1
     return taus, xp.clip(seg, 0, num - 1)
 
 
@@ -414,7 +423,8 @@ def unroll_continuous(
     `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
     `ts` (outside `jit`, or closed over) one exponential is computed per distinct offset
     `t - tau_j` (about `k + 1` for a uniform grid reencoded every `k` points: offsets
-    equal to half a unit in the last place of `ts` are shared); with traced `ts`
+    that differ by less than half a unit in the last place of `max |ts|` share one);
+    with traced `ts`
     one per output time. Autonomous models only (`action_dim == 0`).
 
     **Arguments:**
@@ -452,9 +462,13 @@ def unroll_continuous(
     ts = _check_ts(ts, ts_host)
     ts, num = _segments(ts, ts_host, reencode_dt, num_segments)
     if ts_host is None:
-        taus, seg = _reencoding_grid(ts, reencode_dt, num)
+        tolerance = None if reencode_dt is None else _tolerance(ts, reencode_dt)
+        taus, seg = _reencoding_grid(ts, reencode_dt, num, tolerance)
     else:
-        host_taus, host_seg = _reencoding_grid(ts_host.astype(np.float64), reencode_dt, num)
+        tolerance = None if reencode_dt is None else float(_tolerance(ts_host, reencode_dt))
+        host_taus, host_seg = _reencoding_grid(
+            ts_host.astype(np.float64), reencode_dt, num, tolerance
+        )
         taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
 
     if exact:
@@ -466,8 +480,8 @@ def unroll_continuous(
             jumps = expm(taus[1:] - taus[:-1])
         else:
             # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
-            # Offsets closer than half a unit in the last place of the largest time (in
-            # ts's dtype) share one; distinct times of ts are at least a unit apart.
+            # Offsets closer than half a unit in the last place of max |ts| (in ts's
+            # dtype) share one: below the resolution of the largest times.
             scale = max(float(np.max(np.abs(ts_host))), 1.0)
             resolution = scale * float(np.finfo(ts_host.dtype).eps) / 2
             host_offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)

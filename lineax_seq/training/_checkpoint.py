@@ -208,7 +208,9 @@ def save_checkpoint(
     - `data_state`: the data iterator's `get_state()` (JSON-compatible; bytes and
         NumPy arrays allowed), or `None`.
     - `extra`: small JSON-compatible metadata (e.g. the config).
-    - `keep`: number of most recent checkpoints to keep (`None`: keep all).
+    - `keep`: number of most recent checkpoints to keep (`None`: keep all). Checkpoints
+        of later steps than `step` (an abandoned continuation) are removed either way,
+        so the one just written is always the latest.
 
     **Returns:**
 
@@ -274,11 +276,15 @@ def save_checkpoint(
     for p in directory.iterdir():
         if p.name.startswith((".tmp-step_", ".old-step_")) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
+    # Later steps belong to an abandoned continuation (a run resumed from an earlier
+    # checkpoint, e.g. past a corrupt one): the checkpoint just written is the latest.
+    steps_dirs = _step_dirs(directory)
+    for s, p in steps_dirs:
+        if s > step:
+            shutil.rmtree(p, ignore_errors=True)
     if keep is not None:
-        # The newest steps stay, and always the one just written (a resumed run may save
-        # a step below older checkpoints of an abandoned continuation).
-        others = [p for _, p in _step_dirs(directory) if p != final]
-        for p in others[: max(len(others) - (keep - 1), 0)]:
+        kept = [p for s, p in steps_dirs if s <= step]
+        for p in kept[:-keep]:
             shutil.rmtree(p, ignore_errors=True)
     return final
 

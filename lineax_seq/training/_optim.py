@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,7 +52,8 @@ def make_schedule(
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+    integer = isinstance(warmup_steps, numbers.Integral) and not isinstance(warmup_steps, bool)
+    if not integer or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r} must be an integer >= 0.")
     if peak_lr < 0:
         raise ValueError(f"peak_lr={peak_lr} must be >= 0.")
@@ -67,7 +69,7 @@ def make_schedule(
         )
     if (
         isinstance(total_steps, bool)
-        or not isinstance(total_steps, int)
+        or not isinstance(total_steps, numbers.Integral)
         or total_steps <= warmup_steps
     ):
         raise ValueError(
@@ -286,7 +288,7 @@ def make_optimizer(
     _check_groups(groups)
     groups = dict(groups)
     for name, value in (("learning_rate", learning_rate), ("end_lr_ratio", end_lr_ratio)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name}={value!r} must be a number.")
     if learning_rate < 0:
         raise ValueError(f"learning_rate={learning_rate} must be >= 0.")
