@@ -10,7 +10,8 @@ peak memory is what XLA plans for one call.
     python benchmarks/bst.py            # L = 1k, 4k, 16k, 64k
     python benchmarks/bst.py --quick    # L = 1k, 4k, fewer repeats
 
-Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU) and a PNG beside it.
+Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU, `bst_quick.json` with
+`--quick`) and a PNG beside it.
 Runs unchanged on GPU, where the blocks of BST run in parallel and the paper's 6-11x
 over BRECT is expected; on a 2-core CPU the parallelism has little room to pay off.
 """
@@ -219,7 +220,7 @@ def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.
             v: {str(k): flops[v][k] / times[v][k] / 1e9 for k in d} for v, d in times.items()
         },
     }
-    path = save("bst", payload)
+    path = save("bst_quick" if args.quick else "bst", payload)  # quick runs keep the full
     _plot(times, memory, done, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path

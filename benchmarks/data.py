@@ -8,7 +8,7 @@ blocks, tied output head; AdamW via optax) consumes at the same batch shape. The
 pipeline / train step says how far the pipeline is from being the bottleneck.
 
     python benchmarks/data.py            # full
-    python benchmarks/data.py --quick    # smoke run (small model, few batches)
+    python benchmarks/data.py --quick    # smoke run (small model, few batches; data_quick.json)
 """
 
 import argparse
@@ -211,7 +211,7 @@ def main():
         "train_step": train,
         "summary": summary,
     }
-    path = save("data", payload)
+    path = save("data_quick" if quick else "data", payload)  # quick runs keep the full
     print(f"wrote {path}")
     plot(payload, path.with_suffix(".png"))
 
