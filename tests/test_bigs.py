@@ -413,6 +413,14 @@ def test_layer_defaults_and_initialisation():
         assert np.abs(w).max() <= 0.04 + 1e-6 and 0.015 < w.std() < 0.02
         assert np.all(np.asarray(lin.bias) == 0)
     assert not np.allclose(mha.query_proj.weight, mha.key_proj.weight)
+    # GATED/ATT's attention too (the ablation compares like with like).
+    gated = eqx.filter_jit(lambda k: ls.GatedLayer(64, routing="attention", key=k))(jr.key(2))
+    for mha in (gated.forward_routing, gated.backward_routing):
+        for lin in (mha.query_proj, mha.key_proj, mha.value_proj):
+            w = np.asarray(lin.weight)
+            assert np.abs(w).max() <= 0.04 + 1e-6 and 0.015 < w.std() < 0.02
+            assert np.all(np.asarray(lin.bias) == 0)
+        assert mha.output_proj is None
 
 
 def test_named_config_sizes():
@@ -460,3 +468,49 @@ def test_bad_inputs(mods):
     )
     with pytest.raises(ValueError, match="max_length=4"):
         eqx.filter_eval_shape(lambda m: m(jnp.arange(5), inference=True), bert)
+    # Layers, SSMs and heads check what the encoder checks.
+    layer = model.layer(0)
+    with pytest.raises(ValueError, match=r"x must have shape \(length >= 1, dim=16\)"):
+        layer(jnp.ones((5, 6)), inference=True)
+    with pytest.raises((ValueError, TypeError), match="mask"):
+        layer(jnp.ones((5, DIM)), jnp.ones(4, bool), inference=True)
+    with pytest.raises(ValueError, match=r"u must have shape \(length >= 1, dim=16\)"):
+        layer.forward_routing(jnp.ones((5, 6)))
+    with pytest.raises((ValueError, TypeError), match="reverse"):
+        ls.DirectionalSSM(8, reverse="no", key=jr.key(0))
+    for make in (
+        lambda: ls.GatedLayer(8, dropout=1.5, key=jr.key(0)),
+        lambda: ls.SequenceClassificationHead(8, 2, dropout=-0.1, key=jr.key(0)),
+    ):
+        with pytest.raises(ValueError, match="dropout must be in \\[0, 1\\)"):
+            make()
+    head = ls.MaskedLMHead(DIM, VOCAB, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"embedding must have shape .*\(50, 16\).*\(49, 16\)"):
+        head(jnp.ones((3, DIM)), jnp.ones((VOCAB - 1, DIM)))
+    with pytest.raises(ValueError, match=r"i must be an integer in \[-2, 2\), got i=2"):
+        model.layer(2)
+
+
+def test_directional_ssm_zero_at_padding_and_low_precision(getkey):
+    """Padded outputs are zero, as documented (the causal direction used to carry its
+    state into the padding), and bfloat16 inputs work for both kernel kinds."""
+    u = jr.normal(getkey(), (6, 8))
+    mask = jnp.arange(6) < 3
+    for kernel in ("shared", "per_channel"):
+        ssm = ls.DirectionalSSM(8, kernel=kernel, state_size=8, key=getkey())
+        y = ssm(u, mask)
+        assert np.all(np.asarray(y[3:]) == 0)
+        np.testing.assert_allclose(y[:3], ssm(u[:3]), rtol=1e-5, atol=1e-6)
+        low = ssm(u.astype(jnp.bfloat16))
+        assert low.dtype == jnp.bfloat16
+        np.testing.assert_allclose(low.astype(jnp.float32), ssm(u), atol=0.05, rtol=0.05)
+
+
+def test_bert_tiny_uses_word_order():
+    """The named BERT configurations have absolute positions: permuting the tokens
+    changes more than the order of the outputs."""
+    bert = ls.BiGS.from_config("bert-tiny", vocab_size=VOCAB, key=jr.key(0))
+    tokens = jnp.arange(12) % VOCAB
+    perm = jnp.arange(12)[::-1]
+    out = bert(tokens, inference=True)
+    assert not np.allclose(out[perm], bert(tokens[perm], inference=True), atol=1e-3)

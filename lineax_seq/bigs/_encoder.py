@@ -39,7 +39,12 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
     # Small models for tests and CPU experiments.
     "bigs-tiny": dict(dim=64, num_layers=2, inner_dim=192, architecture="gated"),
     "bert-tiny": dict(
-        dim=64, num_layers=2, inner_dim=256, architecture="stack", routing="attention"
+        dim=64,
+        num_layers=2,
+        inner_dim=256,
+        architecture="stack",
+        routing="attention",
+        max_length=512,
     ),
 }
 """Named configurations for [`lineax_seq.BiGS.from_config`][] (keyword arguments of
@@ -90,7 +95,9 @@ class BiGS(eqx.Module):
     `routing` the SSM or attention routing, so the paper's Table 1 ablation is one loop.
     Without absolute positions (`max_length=None`, the default) the model accepts any
     sequence length at call time (the SSM kernels are generated for it): a model
-    pretrained at 128 tokens runs at 512 or 4,096 unchanged.
+    pretrained at 128 tokens runs at 512 or 4,096 unchanged. Attention routing has no
+    other source of order, so BERT needs `max_length` (the named BERT configurations
+    set it); without it the attention model sees a bag of tokens.
 
     The layers are stored stacked (every array has a leading `num_layers` axis) and run
     with `jax.lax.scan`, so compile time does not grow with depth; `model.layer(i)` is
@@ -238,7 +245,7 @@ class BiGS(eqx.Module):
         `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
-        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"`.
+        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512).
 
         **Arguments:**
 
@@ -278,9 +285,11 @@ class BiGS(eqx.Module):
         )
 
     def layer(self, i: int) -> GatedLayer | StackLayer:
-        """The `i`-th layer (`0 <= i < num_layers`) as an ordinary module."""
-        if not -self.num_layers <= i < self.num_layers:
-            raise ValueError(f"i must be in [0, {self.num_layers}), got i={i!r}")
+        """The `i`-th layer as an ordinary module (`-num_layers <= i < num_layers`;
+        negative `i` counts from the last layer, as Python indexing does)."""
+        n = self.num_layers
+        if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+            raise ValueError(f"i must be an integer in [-{n}, {n}), got i={i!r}")
         return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.layers)
 
     def kernels(self, length: int) -> Float[Array, "layers 2 kc {length}"]:

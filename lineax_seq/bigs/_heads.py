@@ -67,6 +67,14 @@ class MaskedLMHead(eqx.Module):
 
         Shape `(n, vocab)`.
         """
+        dim = self.transform.in_features
+        if x.shape[-1] != dim:
+            raise ValueError(f"x must have dim={dim} features, got x.shape={x.shape}")
+        if embedding.shape != (self.bias.shape[0], dim):
+            raise ValueError(
+                f"embedding must have shape (vocab_size, dim)={(self.bias.shape[0], dim)}, "
+                f"got embedding.shape={embedding.shape}"
+            )
         h = apply_norm(self.norm, gelu(apply_dense(self.transform, x)))
         return h @ embedding.T + self.bias
 
@@ -90,6 +98,8 @@ class SequenceClassificationHead(eqx.Module):
         """
         _check_positive("dim", dim)
         _check_positive("num_outputs", num_outputs)
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
         pool_key, cls_key = jr.split(key)
         self.pooler = dense(dim, dim, key=pool_key)
         self.dropout = eqx.nn.Dropout(dropout)
@@ -117,6 +127,10 @@ class SequenceClassificationHead(eqx.Module):
 
         Logits (or the regression value), shape `(num_outputs,)`.
         """
+        if x.shape[-1] != self.pooler.in_features:
+            raise ValueError(
+                f"x must have dim={self.pooler.in_features} features, got x.shape={x.shape}"
+            )
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = self.dropout(pooled, key=key, inference=inference)
         return self.classifier(pooled)

@@ -65,12 +65,40 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
 
 
+def _check_input(x: Array, mask: Array | None, dim: int) -> None:
+    if x.shape[-1] != dim or x.shape[0] < 1:
+        raise ValueError(f"x must have shape (length >= 1, dim={dim}), got x.shape={x.shape}")
+    if mask is not None and mask.shape != x.shape[:1]:
+        raise ValueError(
+            f"mask must have shape ({x.shape[0]},) like x, got mask.shape={mask.shape}"
+        )
+
+
 def _key_mask(mask: Bool[Array, " length"] | None) -> Bool[Array, "length length"] | None:
     return None if mask is None else jnp.broadcast_to(mask[None, :], (mask.shape[0],) * 2)
 
 
 def _dropout_keys(key: PRNGKeyArray | None, n: int) -> list:
     return [None] * n if key is None else list(jr.split(key, n))
+
+
+def _attention(
+    dim: int,
+    heads: int,
+    *,
+    output_projection: bool,
+    projections: list[eqx.nn.Linear] | None = None,
+    key: PRNGKeyArray,
+) -> MultiHeadAttention:
+    """Multi-head attention with BERT's initialisation, like every other dense layer:
+    `projections` (query, key, value[, output]) or new ones drawn from `key`."""
+    count = 4 if output_projection else 3
+    projections = denses(dim, (dim,) * count, key=key) if projections is None else projections
+    mha = eqx.filter_eval_shape(
+        MultiHeadAttention, dim, heads, use_bias=True, output_projection=output_projection, key=key
+    )
+    names = ("query_proj", "key_proj", "value_proj", "output_proj")[:count]
+    return eqx.tree_at(lambda m: tuple(getattr(m, n) for n in names), mha, tuple(projections))
 
 
 class _SSMSettings(eqx.Module):
@@ -139,6 +167,8 @@ class _Layer(eqx.Module):
         routing = self._default_routing if routing is None else routing
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
         heads = max(1, dim // 64) if num_heads is None else num_heads
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, key)
@@ -205,6 +235,7 @@ class _Layer(eqx.Module):
 
         `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
         """
+        _check_input(x, mask, self.dim)
         out = self._apply(x, mask, key, inference)
         return out if mask is None else jnp.where(mask[:, None], out, 0)
 
@@ -265,9 +296,9 @@ class GatedLayer(_Layer):
             self.forward_routing = ssm.make(dim, reverse=False, key=keys[1])
             self.backward_routing = ssm.make(dim, reverse=True, key=keys[2])
         else:
-            mha = dict(use_bias=True, output_projection=False)
-            self.forward_routing = MultiHeadAttention(dim, heads, key=keys[1], **mha)
-            self.backward_routing = MultiHeadAttention(dim, heads, key=keys[2], **mha)
+            self.forward_routing, self.backward_routing = (
+                _attention(dim, heads, output_projection=False, key=k) for k in keys[1:3]
+            )
         self.u1_proj, self.u2_proj, self.u_proj = u1, u2, u
         self.out_proj = dense(inner_dim, dim, key=keys[3])
 
@@ -362,12 +393,7 @@ class StackLayer(_Layer):
                 for i in range(2)
             )
         else:
-            mha = eqx.filter_eval_shape(MultiHeadAttention, dim, heads, use_bias=True, key=keys[1])
-            mha = eqx.tree_at(
-                lambda m: (m.query_proj, m.key_proj, m.value_proj, m.output_proj),
-                mha,
-                tuple(square),
-            )
+            mha = _attention(dim, heads, output_projection=True, projections=square, key=keys[1])
             self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
         self.mlp_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         self.mlp_out = dense(inner_dim, dim, key=keys[3])

@@ -5,7 +5,8 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray
+from beartype import beartype
+from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
 from ..ssm import S4DKernel, chunked_conv
 from ..ssm._fft_conv import _fft_size
@@ -71,8 +72,9 @@ def fft_ssm_conv(
     """
     length = u.shape[1]
     n = _fft_size(2 * length)
-    u_f = jnp.fft.rfft(u, n=n, axis=1)  # (z, n // 2 + 1, channels)
-    k_f = jnp.fft.rfft(k, n=n, axis=-1)  # (z, kc, n // 2 + 1)
+    work = jnp.float64 if u.dtype == jnp.float64 else jnp.float32  # what the FFT takes
+    u_f = jnp.fft.rfft(u.astype(work), n=n, axis=1)  # (z, n // 2 + 1, channels)
+    k_f = jnp.fft.rfft(k.astype(work), n=n, axis=-1)  # (z, kc, n // 2 + 1)
     k_f = jnp.stack([jnp.conj(k_f[i]) if r else k_f[i] for i, r in enumerate(reverse)])
     y = jnp.fft.irfft(u_f * jnp.swapaxes(k_f, 1, 2), n=n, axis=1)[:, :length]
     return y.astype(u.dtype)
@@ -164,6 +166,8 @@ class DirectionalSSM(eqx.Module):
         """
         if kernel not in ("shared", "per_channel"):
             raise ValueError(f"kernel must be 'shared' or 'per_channel', got kernel={kernel!r}")
+        if not isinstance(reverse, bool):
+            raise ValueError(f"reverse must be a bool, got reverse={reverse!r}")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got dim={dim!r}")
         channels = 1 if kernel == "shared" else dim
@@ -183,6 +187,7 @@ class DirectionalSSM(eqx.Module):
         """`K` with the skip `D` added at lag 0: `y = conv(impulse_response, u)`."""
         return self.kernel_fn(length).at[:, 0].add(self.d)
 
+    @jaxtyped(typechecker=beartype)
     def __call__(
         self, u: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
     ) -> Float[Array, "length dim"]:
@@ -190,13 +195,18 @@ class DirectionalSSM(eqx.Module):
 
         **Arguments:**
 
-        - `u`: input, shape `(length, dim)`.
+        - `u`: input, shape `(length, dim)`, `length >= 1`.
         - `mask`: optional, `True` at real tokens; padded positions are zeroed first.
 
         **Returns:**
 
         `K * u + D u`, shape `(length, dim)` (zero at padded positions if `mask`).
         """
-        if mask is not None:
-            u = jnp.where(mask[:, None], u, 0)
-        return ssm_conv(u[None], (self,))[0]
+        if u.shape[-1] != self.dim or u.shape[0] < 1:
+            raise ValueError(
+                f"u must have shape (length >= 1, dim={self.dim}), got u.shape={u.shape}"
+            )
+        if mask is None:
+            return ssm_conv(u[None], (self,))[0]
+        y = ssm_conv(jnp.where(mask[:, None], u, 0)[None], (self,))[0]
+        return jnp.where(mask[:, None], y, 0)
