@@ -9,7 +9,8 @@
 * [`lineax_seq.sliding_window_attention`][]`(q, k, v, *, window, bias=None)`: causal
   sliding-window attention over blocks of `window` tokens, batched over blocks;
   [`lineax_seq.sliding_window_mask`][]`(window)`.
-* [`lineax_seq.SlidingWindowAttention`][]`(dim, num_heads, window, *, key)`: the module.
+* [`lineax_seq.SlidingWindowAttention`][]`(dim, num_heads, window, *, num_buckets=32,
+  max_distance=128, output_projection=True, key)`: the module.
 """
 
 from ._bias import RelativePositionBias, relative_position_bucket

@@ -5,8 +5,9 @@ Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multip
 
 * [`lineax_seq.BlockStateTransformerLM`][]`(vocab_size, dim=512, num_layers=12, *,
   num_heads=8, window=128, mlp_dim=None, bst_layers=None, context="sh"|"mh"|"mf",
-  ssm="s4"|"unstruct", state_size=16, ssm_features=None, num_filters=32,
-  recurrent_layers=(), num_states=None, max_length=None, tie_embeddings=True, key)`;
+  ssm="s4"|"unstruct", state_size=16, dt_min=1e-3, dt_max=1e-1, ssm_features=None,
+  num_filters=32, recurrent_layers=(), num_states=None, max_length=None,
+  tie_embeddings=True, key)`;
   `lm(tokens: Int[Array, "length"]) -> Float[Array, "length vocab"]`;
   `lm.init_cache(max_length)`, `lm.step(cache, token) -> (cache, logits)`.
   `bst_layers=None` is the paper's (1, 7, 9) of 12 rescaled to `num_layers`;
@@ -17,14 +18,15 @@ Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multip
   num_layers)` returns the constructor keywords.
 * Single layers (one-layer speed benchmark):
   [`lineax_seq.BlockStateTransformerLayer`][]`(dim, num_heads, window, *, context="sh",
-  ssm="s4", state_size=16, ssm_features=None, num_filters=32, mlp_dim=None,
-  max_length=None, key)`,
+  ssm="s4", state_size=16, dt_min=1e-3, dt_max=1e-1, ssm_features=None, num_filters=32,
+  mlp_dim=None, max_length=None, key)`,
   [`lineax_seq.SlidingWindowLayer`][]`(dim, num_heads, window, *, mlp_dim=None, key)`,
   [`lineax_seq.BlockRecurrentTransformerLayer`][]`(dim, num_heads, window, *,
   num_states=None, mlp_dim=None, key)`. Each has `__call__(x)`, `init_cache(max_length)`
   and `step(cache, x_t, t) -> (cache, y_t)`.
 * [`lineax_seq.ContextSSM`][]`(dim, features, streams, *, ssm="s4", state_size=16,
-  max_length=None, key)`: the SSM sublayer, `(length, dim) -> (length, streams, features)`.
+  dt_min=1e-3, dt_max=1e-1, max_length=None, key)`: the SSM sublayer,
+  `(length, dim) -> (length, streams, features)`.
 * [`lineax_seq.generate`][]`(lm, prompt, steps, *, key, temperature=1.0, top_k=None)`.
 """
 

@@ -64,7 +64,8 @@ def variant_config(variant: str, num_layers: int = 12) -> dict:
 
     **Returns:**
 
-    A dict with `bst_layers`, `recurrent_layers`, `context` and `ssm`.
+    A dict with `bst_layers` and `recurrent_layers`, and for BST variants `context` and
+    `ssm`.
     """
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers!r}.")

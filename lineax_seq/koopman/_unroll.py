@@ -441,7 +441,8 @@ def unroll_continuous(
     - `exact`: use the matrix exponential instead of an ODE solver.
     - `solver`, `stepsize_controller`, `dt0`, `max_steps`, `adjoint`,
         `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
-        `progress_meter=diffrax.TqdmProgressMeter()` for long solves).
+        `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
+        segment is one solve, so it shows one bar per segment).
 
     **Returns:**
 

@@ -35,10 +35,11 @@ class S4D(eqx.Module):
     or `"chunked"`, [`lineax_seq.chunked_conv`][], matrix products within chunks and
     the SSM state carried between them (no FFT, no length-`L` kernel). `"auto"` (the
     default) picks `"chunked"` for a shared kernel (`channels=1`, where the in-chunk
-    Toeplitz matrix is one GEMM for all features: 1.1-1.5x faster than the FFT on CPU
-    at 1k-16k positions) and `"fft"` for per-channel kernels (there the chunked
+    Toeplitz matrix is one GEMM for all features: 1.5-1.8x faster than the FFT on CPU
+    at 1k-64k positions) and `"fft"` for per-channel kernels (there the chunked
     method's `2 C + 8 modes` flops per position and feature, in small per-channel
-    GEMMs, were 1.4-2.7x slower than XLA's FFT on CPU at `state_size=64`).
+    GEMMs, were 1.3-2.5x slower than XLA's FFT on CPU at `state_size=64`; both in
+    `benchmarks/results/ssm.json`).
 
     Causal layers also run recurrently, one step at a time, via
     [`lineax_seq.S4D.init_state`][] and [`lineax_seq.S4D.step`][]; this reproduces
