@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c requirements.lock --upgrade pip
-	$(PY) -m pip install --quiet -c requirements.lock -e '.[test,docs]'
+	$(PY) -m pip install --quiet -c requirements.lock --build-constraint requirements.lock -e '.[test,docs]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

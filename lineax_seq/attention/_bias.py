@@ -116,7 +116,10 @@ class RelativePositionBias(eqx.Module):
     def buckets(
         self, query_length: int, key_length: int, *, query_offset: int | Int[Array, ""] = 0
     ) -> Int[Array, "query_length key_length"]:
-        """Bucket index of every (query, key) pair; see `__call__` for the positions."""
+        """Bucket index of every (query, key) pair; see `__call__` for the positions.
+
+        Returns an integer array `(query_length, key_length)`.
+        """
         q_pos = query_offset + jnp.arange(query_length)
         k_pos = jnp.arange(key_length)
         return relative_position_bucket(

@@ -77,19 +77,19 @@ class MultiHeadAttention(eqx.Module):
         self.head_dim = dim // num_heads
 
     def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
-        """Project `x` to per-head queries."""
+        """Project `x` `(q, dim)` to per-head queries `(q, heads, head_dim)`."""
         return rearrange(_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
 
     def keys_values(
         self, context: Float[Array, "k kv_dim"]
     ) -> tuple[Float[Array, "k heads head_dim"], Float[Array, "k heads head_dim"]]:
-        """Project `context` to per-head keys and values."""
+        """Project `context` `(k, kv_dim)` to keys and values, each `(k, heads, head_dim)`."""
         k = rearrange(_linear(self.key_proj, context), "k (h d) -> k h d", h=self.num_heads)
         v = rearrange(_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
         return k, v
 
     def merge_heads(self, out: Float[Array, "q heads head_dim"]) -> Float[Array, "q dim"]:
-        """Concatenate heads and apply the output projection (if any)."""
+        """Concatenate heads `(q, heads, head_dim)`, apply the output projection: `(q, dim)`."""
         out = rearrange(out, "q h d -> q (h d)")
         return out if self.output_proj is None else _linear(self.output_proj, out)
 

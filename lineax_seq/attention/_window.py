@@ -31,7 +31,7 @@ def check_blocks(length: int, window: int, name: str = "x") -> int:
 
 
 def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
-    """Which keys of `[previous block, current block]` each query of a block sees.
+    """Which keys of `[previous block, current block]` each query sees: `(window, 2 * window)`.
 
     Query `r` of a block sits at frame position `window + r`; key `c` (frame position
     `c`) is visible iff `0 <= (window + r) - c < window`: the query itself and the
@@ -194,7 +194,7 @@ class SlidingWindowAttention(eqx.Module):
         self.window = window
 
     def heads(self, x: Float[Array, "length dim"]) -> Float[Array, "length heads head_dim"]:
-        """Per-head attention outputs before merging heads."""
+        """Per-head outputs `(length, heads, head_dim)` of `x` `(length, dim)`, before merging."""
         k, v = self.attention.keys_values(x)
         return self.attend(self.attention.queries(x), k, v)
 
@@ -204,7 +204,10 @@ class SlidingWindowAttention(eqx.Module):
         k: Float[Array, "length heads head_dim"],
         v: Float[Array, "length heads head_dim"],
     ) -> Float[Array, "length heads head_dim"]:
-        """Sliding-window attention of projected queries/keys/values, with this bias."""
+        """Sliding-window attention of projected queries/keys/values, with this bias.
+
+        `q`, `k`, `v` and the output are `(length, heads, head_dim)`.
+        """
         bias = self.relative_bias(self.window, 2 * self.window, query_offset=self.window)
         return sliding_window_attention(q, k, v, window=self.window, bias=bias)
 

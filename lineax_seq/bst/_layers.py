@@ -173,7 +173,10 @@ class SlidingWindowLayer(eqx.Module):
     def step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
-        """Process the token at position `t`; see the module docstring."""
+        """Process the token at position `t`; see the module docstring.
+
+        `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
+        """
         _check_token(x_t, self.attention.attention.dim)
         frame, heads = _self_attention_step(
             self.attention, cache["frame"], _norm(self.attention_norm, x_t), t
@@ -437,7 +440,10 @@ class BlockStateTransformerLayer(eqx.Module):
     def step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
-        """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`."""
+        """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`.
+
+        `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
+        """
         _check_token(x_t, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
@@ -602,7 +608,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
     def step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[Cache, Float[Array, " dim"]]:
-        """Process the token at position `t`; the states update after a block's last token."""
+        """Process the token at position `t`; the states update after a block's last token.
+
+        `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
+        """
         _check_token(x_t, self.self_attention.attention.dim)
         w = self.window
         h = _norm(self.attention_norm, x_t)

@@ -187,7 +187,11 @@ class ContextSSM(eqx.Module):
         return rearrange(y, "n f s -> n s f").astype(x.dtype)
 
     def init_state(self, max_length: int) -> dict[str, Array]:
-        """Zero state for `step`, for decoding up to `max_length` tokens."""
+        """Zero state for `step`, for decoding up to `max_length` tokens.
+
+        `"s4"`: `{"s4": (streams * features, N / 2)}` complex modes; `"unstruct"`:
+        `{"inputs": (max_length, features), "filter": (streams * features, max_length)}`.
+        """
         channels = self.streams * self.features
         if self.ssm == "s4":
             modes = self.kernel.state_size // 2

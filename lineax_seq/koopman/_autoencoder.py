@@ -33,7 +33,7 @@ class UnitNormLinear(eqx.Module):
         self.bias = jnp.zeros((out_dim,))
 
     def normalized_weight(self) -> Float[Array, "out_dim in_dim"]:
-        """The weight with every column scaled to unit Euclidean norm."""
+        """The weight `(out_dim, in_dim)` with every column scaled to unit Euclidean norm."""
         norm = jnp.sqrt(jnp.sum(self.weight**2, axis=0, keepdims=True) + 1e-12)
         return self.weight / norm
 
@@ -181,7 +181,7 @@ class KoopmanAutoencoder(eqx.Module):
     def step(
         self, z: Float[Array, " latent_dim"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent_dim"]:
-        """One latent step `z_{t+1}` from `z_t` and the encoded control `v_t`."""
+        """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` and the encoded control `v_t`."""
         return self.dynamics(z, v)
 
     def __call__(self, x: Float[Array, " state_dim"]) -> Float[Array, " state_dim"]:

@@ -41,20 +41,20 @@ class AbstractLatentDynamics(eqx.Module):
 
     @property
     def delta(self) -> Float[Array, ""]:
-        """The trainable step `exp(log_delta)` (initialised at the data's `dt`)."""
+        """The trainable step `exp(log_delta)`, a scalar (initialised at the data's `dt`)."""
         return jnp.exp(self.log_delta)
 
     @abc.abstractmethod
     def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`f(z, v)`, the time derivative per unit of `delta`."""
+        """`f(z, v)` `(latent,)`, the time derivative per unit of `delta`."""
 
     @abc.abstractmethod
     def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """One discrete step `z_{t+1}` from `z_t` and the encoded control `v_t`."""
+        """One discrete step `z_{t+1}` `(latent,)` from `z_t` and the encoded control `v_t`."""
 
     def vector_field(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
@@ -152,13 +152,13 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         self.discretization = discretization
 
     def generator(self) -> Float[Array, "latent latent"]:
-        """The generator in the data's time units, `(delta / dt) K`."""
+        """The generator `(latent, latent)` in the data's time units, `(delta / dt) K`."""
         return (self.delta / self.dt) * self.K
 
     def discretize(
         self,
     ) -> tuple[Float[Array, "latent latent"], Float[Array, "latent action_latent"] | None]:
-        """`(Kbar, Lbar)` of one discrete step (`Lbar` is `None` without controls)."""
+        """`(Kbar, Lbar)` of one step: `(latent, latent)`, `(latent, action_latent)` or `None`."""
         n = self.latent_dim
         eye = jnp.eye(n, dtype=self.K.dtype)
         delta = self.delta

@@ -26,11 +26,11 @@ class DynamicalSystem(eqx.Module):
     def vector_field(
         self, t: Scalar | float, x: Float[Array, " state_dim"], args: Array | None
     ) -> Float[Array, " state_dim"]:
-        """The time derivative `dx/dt` at state `x` (and control `args`)."""
+        """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
     @abc.abstractmethod
     def sample_initial(self, key: PRNGKeyArray, num: int) -> Float[Array, "num state_dim"]:
-        """`num` initial conditions drawn from the paper's distribution."""
+        """`num` initial conditions `(num, state_dim)` drawn from the paper's distribution."""
 
 
 class ParabolicAttractor(DynamicalSystem):
@@ -94,7 +94,7 @@ class LotkaVolterra(DynamicalSystem):
         return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
 
     def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
-        """The conserved quantity `delta x1 - gamma log x1 + beta x2 - alpha log x2`."""
+        """The conserved `delta x1 - gamma log x1 + beta x2 - alpha log x2`, shape `(*batch,)`."""
         x1, x2 = x[..., 0], x[..., 1]
         return (
             self.delta * x1 - self.gamma * jnp.log(x1) + self.beta * x2 - self.alpha * jnp.log(x2)
@@ -155,7 +155,7 @@ class ControlledPendulum(DynamicalSystem):
     def sample_actions(
         self, key: PRNGKeyArray, num: int, steps: int
     ) -> Float[Array, "num steps 1"]:
-        """Random piecewise-constant torques, one per sampling interval."""
+        """Random piecewise-constant torques `(num, steps, 1)`, one per sampling interval."""
         return jr.uniform(key, (num, steps, 1), minval=-self.max_torque, maxval=self.max_torque)
 
 
