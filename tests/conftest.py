@@ -27,3 +27,16 @@ def getkey():
     """Return a function that yields a fresh key on every call."""
     keys = iter(jr.split(jr.key(1234), 10_000))
     return lambda: next(keys)
+
+
+@pytest.fixture
+def no_jaxtyping():
+    """Turn jaxtyping's checks off for one test (as `JAXTYPING_DISABLE=1` does for a
+    user), so that the library's own argument checks, not the annotations, are tested."""
+    import jaxtyping
+
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", False)

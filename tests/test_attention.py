@@ -163,8 +163,12 @@ def test_attention_bad_input(key):
         ls.relative_position_bucket(
             jnp.arange(-40, 0), bidirectional=False, num_buckets=32, max_distance=8
         )
+
+
+def test_sliding_window_attention_checks_without_jaxtyping(no_jaxtyping):
+    # The annotations reject some of these first when jaxtyping checks.
     q = jnp.zeros((8, 2, 4))
-    unchecked = ls.sliding_window_attention.__wrapped__  # without jaxtyping's import hook
+    unchecked = ls.sliding_window_attention
     with pytest.raises(ValueError, match="window=0"):
         unchecked(q, q, q, window=0)
     with pytest.raises(ValueError, match=r"one shape .* k.shape=\(16, 2, 4\)"):

@@ -4,6 +4,8 @@ exactness, the four ablation variants, heads, checkpoints, lengths and bad input
 Compile time dominates, so every module is built (and perturbed) in one jitted
 fixture, and each test compiles one function."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -439,6 +441,18 @@ def test_named_config_sizes():
 # ------------------------------------------------------------------ bad inputs
 
 
+def test_checks_without_jaxtyping(mods, no_jaxtyping):
+    # The annotations reject these first when jaxtyping checks; the library's own checks
+    # must hold when it does not (JAXTYPING_DISABLE=1).
+    layer = mods["gated/ssm"].layer(0)
+    with pytest.raises(ValueError, match=r"mask must have shape \(5,\) like x"):
+        layer(jnp.ones((5, DIM)), jnp.ones(4, bool), inference=True)
+    with pytest.raises(ValueError, match=r"mask must have shape \(5,\)"):
+        layer.forward_routing(jnp.ones((5, DIM)), jnp.ones(4, bool))
+    with pytest.raises(TypeError, match="reverse must be a bool, got reverse='no'"):
+        ls.DirectionalSSM(8, reverse="no", key=jr.key(0))
+
+
 def test_bad_inputs(mods):
     model = mods["gated/ssm"]
     tokens = jnp.arange(9)
@@ -472,12 +486,8 @@ def test_bad_inputs(mods):
     layer = model.layer(0)
     with pytest.raises(ValueError, match=r"x must have shape \(length >= 1, dim=16\)"):
         layer(jnp.ones((5, 6)), inference=True)
-    with pytest.raises((ValueError, TypeError), match="mask"):
-        layer(jnp.ones((5, DIM)), jnp.ones(4, bool), inference=True)
     with pytest.raises(ValueError, match=r"u must have shape \(length >= 1, dim=16\)"):
         layer.forward_routing(jnp.ones((5, 6)))
-    with pytest.raises((ValueError, TypeError), match="reverse"):
-        ls.DirectionalSSM(8, reverse="no", key=jr.key(0))
     for make in (
         lambda: ls.GatedLayer(8, dropout=1.5, key=jr.key(0)),
         lambda: ls.SequenceClassificationHead(8, 2, dropout=-0.1, key=jr.key(0)),
@@ -504,6 +514,54 @@ def test_directional_ssm_zero_at_padding_and_low_precision(getkey):
         low = ssm(u.astype(jnp.bfloat16))
         assert low.dtype == jnp.bfloat16
         np.testing.assert_allclose(low.astype(jnp.float32), ssm(u), atol=0.05, rtol=0.05)
+
+
+def test_directional_ssm_bfloat16_is_one_rounding(getkey):
+    """bfloat16 inputs are convolved in float32 with the float32 kernel: the output is
+    the float32 result on the same inputs, rounded once (not a bfloat16 kernel's)."""
+    u = jr.normal(getkey(), (512, 4)).astype(jnp.bfloat16)
+    for kernel in ("shared", "per_channel"):
+        ssm = ls.DirectionalSSM(4, kernel=kernel, state_size=8, reverse=True, key=getkey())
+        want = ssm(u.astype(jnp.float32)).astype(jnp.bfloat16).astype(jnp.float32)
+        got = ssm(u).astype(jnp.float32)
+        ulp = 2.0**-7 * np.abs(np.asarray(want))  # one bfloat16 rounding step
+        assert np.all(np.abs(np.asarray(got - want)) <= ulp + 1e-6), kernel
+
+
+def test_init_std(getkey):
+    """`init_std` sets the std of every dense weight and embedding (truncated normal at
+    2 std: 0.88 std); at d = 64, BERT's 0.02 leaves a fresh GATED/ATT layer's update
+    ~1e-12 of its input, 0.02 sqrt(1024 / 64) gives it the paper's d = 1024 scale."""
+    model = ls.BiGS(50, 64, 2, init_std=0.08, max_length=16, key=getkey())
+    assert model.config()["init_std"] == 0.08
+    is_weighted = lambda m: isinstance(m, (eqx.nn.Linear, eqx.nn.Embedding))
+    weighted = [m for m in jax.tree.leaves(model, is_leaf=is_weighted) if is_weighted(m)]
+    assert len(weighted) == 2 + 7  # token + position embeddings; 7 projections per layer
+    for m in weighted:
+        np.testing.assert_allclose(np.std(np.asarray(m.weight)), 0.88 * 0.08, rtol=0.1)
+    heads = (
+        ls.MaskedLMHead(64, 50, init_std=0.08, key=getkey()).transform,
+        ls.SequenceClassificationHead(64, 3, init_std=0.08, key=getkey()).pooler,
+        ls.SpanExtractionHead(64, init_std=0.08, key=getkey()).proj,
+    )
+    for m in heads:
+        assert 0.06 < np.std(np.asarray(m.weight)) < 0.08
+
+    x = jr.normal(getkey(), (32, 64))
+
+    def update(**kwargs) -> float:
+        layer = ls.GatedLayer(64, routing="attention", key=jr.key(0), **kwargs)
+        return float(jnp.linalg.norm(layer(x, inference=True) - x) / jnp.linalg.norm(x))
+
+    assert update() < 1e-9 < 1e-5 < update(init_std=0.02 * (1024 / 64) ** 0.5)
+    for bad in (0.0, -0.02, float("nan"), float("inf")):
+        for make in (
+            functools.partial(ls.BiGS, 50, 8, 1),
+            functools.partial(ls.StackLayer, 8),
+            functools.partial(ls.MaskedLMHead, 8, 50),
+        ):
+            with pytest.raises(ValueError, match="init_std must be a positive finite number"):
+                make(init_std=bad, key=jr.key(0))
 
 
 def test_bert_tiny_uses_word_order():

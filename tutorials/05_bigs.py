@@ -98,6 +98,11 @@ print("targets: ", repr(tokenizer.decode(masked_view[1:-1])[:100]))
 # positions: the SSM kernels carry position, and are generated for any length at call
 # time. The masked-LM head (dense, GELU, LayerNorm, decoder tied to the token
 # embedding) is applied only at the masked positions, the cheap way to score an MLM.
+#
+# Weights start truncated normal with BERT's std 0.02, which suits the paper's width
+# 1,024. A GATED layer multiplies several projected branches, so at `d = 64` its first
+# updates would be ~1e-7 of the residual; `init_std = 0.02 * sqrt(1024 / d)` restores
+# the paper's scale (what `python -m lineax_seq bigs` uses by default).
 
 # %%
 MAX_MASKED = LENGTH // 4  # 15% masking: more than L/4 masked tokens is vanishingly rare
@@ -130,9 +135,12 @@ def mlm_loss(model, batch, key, inference=False):
 
 k_enc, k_head, k_cls = jr.split(jr.key(0), 3)
 # Built under `eqx.filter_jit`: one compiled program instead of many small eager ones.
-make_encoder = lambda k: ls.BiGS(tokenizer.vocab_size, dim=64, num_layers=2, dropout=0.1, key=k)
+INIT_STD = 0.02 * (1024 / 64) ** 0.5
+make_encoder = lambda k: ls.BiGS(
+    tokenizer.vocab_size, dim=64, num_layers=2, dropout=0.1, init_std=INIT_STD, key=k
+)
 encoder = eqx.filter_jit(make_encoder)(k_enc)
-model = MaskedLM(encoder, ls.MaskedLMHead(64, tokenizer.vocab_size, key=k_head))
+model = MaskedLM(encoder, ls.MaskedLMHead(64, tokenizer.vocab_size, init_std=INIT_STD, key=k_head))
 print(f"{ls.count_parameters(model):,} parameters; layers: {type(encoder.layer(0)).__name__}")
 
 # %% [markdown]
@@ -244,7 +252,9 @@ def classification_loss(model, batch, key, inference=False):
     return loss, {"accuracy": accuracy}
 
 
-classifier = Classifier(model.encoder, ls.SequenceClassificationHead(64, 4, key=k_cls))
+classifier = Classifier(
+    model.encoder, ls.SequenceClassificationHead(64, 4, init_std=INIT_STD, key=k_cls)
+)
 finetuned = ls.train(
     classifier,
     ls.make_optimizer(

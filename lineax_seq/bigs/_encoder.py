@@ -1,6 +1,6 @@
 """The BiGS encoder (and its STACK / attention relatives) with named configurations."""
 
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex
 
 import equinox as eqx
 import jax
@@ -18,6 +18,7 @@ from ._layers import (
     _check,
     _check_positive,
     apply_norm,
+    check_init_std,
 )
 
 BIGS_CONFIGS: dict[str, dict[str, Any]] = {
@@ -51,8 +52,8 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
 [`lineax_seq.BiGS`][] except `vocab_size` and `key`)."""
 
 
-def _embedding(num: int, dim: int, key: PRNGKeyArray) -> eqx.nn.Embedding:
-    return eqx.nn.Embedding(weight=0.02 * jr.truncated_normal(key, -2.0, 2.0, (num, dim)))
+def _embedding(num: int, dim: int, std: float, key: PRNGKeyArray) -> eqx.nn.Embedding:
+    return eqx.nn.Embedding(weight=std * jr.truncated_normal(key, -2.0, 2.0, (num, dim)))
 
 
 @eqx.filter_jit
@@ -72,10 +73,11 @@ def _build(
     static arguments, so a second model of the same configuration does not recompile."""
     tok_key, pos_key, type_key, layer_key = jr.split(key, 4)
     make = lambda k: layer_cls(dim, key=k, **dict(settings))
+    std = dict(settings)["init_std"]
     return (
-        _embedding(vocab_size, dim, tok_key),
-        None if max_length is None else _embedding(max_length, dim, pos_key),
-        _embedding(num_token_types, dim, type_key) if num_token_types else None,
+        _embedding(vocab_size, dim, std, tok_key),
+        None if max_length is None else _embedding(max_length, dim, std, pos_key),
+        _embedding(num_token_types, dim, std, type_key) if num_token_types else None,
         eqx.nn.LayerNorm(dim, eps=1e-6),
         eqx.filter_vmap(make)(jr.split(layer_key, num_layers)),
         eqx.nn.LayerNorm(dim, eps=1e-6) if final_norm else None,
@@ -106,6 +108,14 @@ class BiGS(eqx.Module):
     Works on one example; `jax.vmap` over a batch. With `mask` (`True` at real tokens,
     padding trailing) outputs at real positions do not depend on padding, and padded
     positions of the output are zero.
+
+    **Initialisation.** Every weight is truncated normal with std `init_std` (BERT's
+    0.02, the paper's), biases zero. 0.02 is tuned to widths near 1,024: a pre-activation
+    `W x` of a unit-variance `x` has std `init_std * sqrt(d)`, and the GATED layer
+    multiplies several such small branches, so at `d = 64` a fresh BiGS layer changes its
+    input by ~1e-7 of its norm and GATED/ATT by ~1e-12 (whose gradients then fall below
+    Adam's `eps`), against ~5e-3 and ~1e-4 at `d = 1024`. `init_std = 0.02 *
+    sqrt(1024 / d)` gives a small model the paper's scales (0.08 at `d = 64`).
     """
 
     token_embedding: eqx.nn.Embedding
@@ -130,6 +140,7 @@ class BiGS(eqx.Module):
     dt_min: float = eqx.field(static=True)
     dt_max: float = eqx.field(static=True)
     dropout_rate: float = eqx.field(static=True)
+    init_std: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -150,6 +161,7 @@ class BiGS(eqx.Module):
         dt_max: float = 1e-1,
         dropout: float = 0.1,
         final_norm: bool = True,
+        init_std: float = 0.02,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -170,6 +182,8 @@ class BiGS(eqx.Module):
             [`lineax_seq.DirectionalSSM`][].
         - `dropout`: dropout rate after the embeddings and on every residual branch.
         - `final_norm`: a LayerNorm after the last (pre-LN) layer.
+        - `init_std`: std of the truncated-normal weights and embeddings (BERT's 0.02;
+            see "Initialisation" above for small widths).
         - `key`: a `jax.random.key`.
         """
         _check_positive("vocab_size", vocab_size)
@@ -186,6 +200,7 @@ class BiGS(eqx.Module):
             raise ValueError(f"num_token_types must be >= 0, got {num_token_types!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_init_std(init_std)
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
         _check_positive("inner_dim", inner_dim)
@@ -200,6 +215,7 @@ class BiGS(eqx.Module):
             dt_min=dt_min,
             dt_max=dt_max,
             dropout=dropout,
+            init_std=init_std,
         )
         (
             self.token_embedding,
@@ -235,6 +251,7 @@ class BiGS(eqx.Module):
         self.dt_min = dt_min
         self.dt_max = dt_max
         self.dropout_rate = dropout
+        self.init_std = init_std
 
     @classmethod
     def from_config(
@@ -282,14 +299,17 @@ class BiGS(eqx.Module):
             dt_max=self.dt_max,
             dropout=self.dropout_rate,
             final_norm=self.final_norm is not None,
+            init_std=self.init_std,
         )
 
-    def layer(self, i: int) -> GatedLayer | StackLayer:
+    def layer(self, i: SupportsIndex) -> GatedLayer | StackLayer:
         """The `i`-th layer as an ordinary module (`-num_layers <= i < num_layers`;
         negative `i` counts from the last layer, as Python indexing does)."""
         n = self.num_layers
-        if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+        index = None if isinstance(i, bool) else getattr(i, "__index__", None)
+        if index is None or not -n <= index() < n:
             raise ValueError(f"i must be an integer in [-{n}, {n}), got i={i!r}")
+        i = index()  # also NumPy integers
         return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.layers)
 
     def kernels(self, length: int) -> Float[Array, "layers 2 kc {length}"]:

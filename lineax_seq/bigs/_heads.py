@@ -7,7 +7,15 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from ._layers import _check_positive, apply_dense, apply_norm, dense, gelu
+from ._layers import (
+    INIT_STD,
+    _check_positive,
+    apply_dense,
+    apply_norm,
+    check_init_std,
+    dense,
+    gelu,
+)
 
 
 def masked_mean(
@@ -38,16 +46,18 @@ class MaskedLMHead(eqx.Module):
     norm: eqx.nn.LayerNorm
     bias: Float[Array, " vocab"]
 
-    def __init__(self, dim: int, vocab_size: int, *, key: PRNGKeyArray):
+    def __init__(self, dim: int, vocab_size: int, *, init_std: float = INIT_STD, key: PRNGKeyArray):
         """**Arguments:**
 
         - `dim`: hidden size.
         - `vocab_size`: vocabulary size (rows of the tied embedding).
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
         _check_positive("dim", dim)
         _check_positive("vocab_size", vocab_size)
-        self.transform = dense(dim, dim, key=key)
+        check_init_std(init_std)
+        self.transform = dense(dim, dim, std=init_std, key=key)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         self.bias = jnp.zeros((vocab_size,))
 
@@ -88,22 +98,32 @@ class SequenceClassificationHead(eqx.Module):
     classifier: eqx.nn.Linear
     num_outputs: int = eqx.field(static=True)
 
-    def __init__(self, dim: int, num_outputs: int, *, dropout: float = 0.1, key: PRNGKeyArray):
+    def __init__(
+        self,
+        dim: int,
+        num_outputs: int,
+        *,
+        dropout: float = 0.1,
+        init_std: float = INIT_STD,
+        key: PRNGKeyArray,
+    ):
         """**Arguments:**
 
         - `dim`: hidden size.
         - `num_outputs`: number of classes (1 for regression).
         - `dropout`: dropout rate before the last dense layer.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
         _check_positive("dim", dim)
         _check_positive("num_outputs", num_outputs)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_init_std(init_std)
         pool_key, cls_key = jr.split(key)
-        self.pooler = dense(dim, dim, key=pool_key)
+        self.pooler = dense(dim, dim, std=init_std, key=pool_key)
         self.dropout = eqx.nn.Dropout(dropout)
-        self.classifier = dense(dim, num_outputs, key=cls_key)
+        self.classifier = dense(dim, num_outputs, std=init_std, key=cls_key)
         self.num_outputs = num_outputs
 
     @jaxtyped(typechecker=beartype)
@@ -141,14 +161,16 @@ class SpanExtractionHead(eqx.Module):
 
     proj: eqx.nn.Linear
 
-    def __init__(self, dim: int, *, key: PRNGKeyArray):
+    def __init__(self, dim: int, *, init_std: float = INIT_STD, key: PRNGKeyArray):
         """**Arguments:**
 
         - `dim`: hidden size.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
         _check_positive("dim", dim)
-        self.proj = dense(dim, 2, key=key)
+        check_init_std(init_std)
+        self.proj = dense(dim, 2, std=init_std, key=key)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -178,14 +200,19 @@ class MultipleChoiceHead(eqx.Module):
 
     scorer: SequenceClassificationHead
 
-    def __init__(self, dim: int, *, dropout: float = 0.1, key: PRNGKeyArray):
+    def __init__(
+        self, dim: int, *, dropout: float = 0.1, init_std: float = INIT_STD, key: PRNGKeyArray
+    ):
         """**Arguments:**
 
         - `dim`: hidden size.
         - `dropout`: dropout rate before the scoring layer.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
-        self.scorer = SequenceClassificationHead(dim, 1, dropout=dropout, key=key)
+        self.scorer = SequenceClassificationHead(
+            dim, 1, dropout=dropout, init_std=init_std, key=key
+        )
 
     @jaxtyped(typechecker=beartype)
     def __call__(

@@ -1,6 +1,8 @@
 """The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
 
 import itertools
+import math
+import numbers
 from typing import ClassVar, Literal
 
 import equinox as eqx
@@ -18,17 +20,37 @@ ARCHITECTURES = ("gated", "stack")
 KERNELS = ("shared", "per_channel")
 
 
-def dense(in_features: int, out_features: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
-    """`eqx.nn.Linear` with BERT's initialisation: truncated normal (std 0.02), zero bias."""
-    return denses(in_features, (out_features,), key=key)[0]
+INIT_STD = 0.02
+"""BERT's initialisation: weights truncated normal (at 2 std) with std 0.02."""
+
+
+def check_init_std(init_std: object) -> None:
+    """Reject an `init_std` that is not a positive finite number."""
+    if (
+        isinstance(init_std, bool)
+        or not isinstance(init_std, numbers.Real)
+        or not 0 < init_std < math.inf
+    ):
+        raise ValueError(f"init_std must be a positive finite number, got init_std={init_std!r}")
+
+
+def dense(
+    in_features: int, out_features: int, *, std: float = INIT_STD, key: PRNGKeyArray
+) -> eqx.nn.Linear:
+    """`eqx.nn.Linear` with BERT's initialisation: truncated normal (`std`), zero bias."""
+    return denses(in_features, (out_features,), std=std, key=key)[0]
 
 
 def denses(
-    in_features: int, out_features: tuple[int, ...], *, key: PRNGKeyArray
+    in_features: int,
+    out_features: tuple[int, ...],
+    *,
+    std: float = INIT_STD,
+    key: PRNGKeyArray,
 ) -> list[eqx.nn.Linear]:
     """Several [`dense`][] layers reading the same width, drawn by ONE random call (each
     random op costs compile time when a model is built)."""
-    weight = 0.02 * jr.truncated_normal(key, -2.0, 2.0, (sum(out_features), in_features))
+    weight = std * jr.truncated_normal(key, -2.0, 2.0, (sum(out_features), in_features))
     linears = []
     for w in jnp.split(weight, list(itertools.accumulate(out_features))[:-1]):
         # Abstract, so that Linear's own (discarded) initialisation costs no random ops.
@@ -88,12 +110,14 @@ def _attention(
     *,
     output_projection: bool,
     projections: list[eqx.nn.Linear] | None = None,
+    std: float = INIT_STD,
     key: PRNGKeyArray,
 ) -> MultiHeadAttention:
     """Multi-head attention with BERT's initialisation, like every other dense layer:
     `projections` (query, key, value[, output]) or new ones drawn from `key`."""
     count = 4 if output_projection else 3
-    projections = denses(dim, (dim,) * count, key=key) if projections is None else projections
+    if projections is None:
+        projections = denses(dim, (dim,) * count, std=std, key=key)
     mha = eqx.filter_eval_shape(
         MultiHeadAttention, dim, heads, use_bias=True, output_projection=output_projection, key=key
     )
@@ -146,6 +170,7 @@ class _Layer(eqx.Module):
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         dropout: float = 0.0,
+        init_std: float = INIT_STD,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -159,6 +184,8 @@ class _Layer(eqx.Module):
         - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
             [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
         - `dropout`: dropout rate on each residual branch.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02; see
+            [`lineax_seq.BiGS`][] on small widths).
         - `key`: a `jax.random.key`.
         """
         _check_positive("dim", dim)
@@ -169,9 +196,10 @@ class _Layer(eqx.Module):
         _check("kernel", kernel, KERNELS)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
-        self._build(dim, inner_dim, routing, heads, ssm, key)
+        self._build(dim, inner_dim, routing, heads, ssm, init_std, key)
         self.dropout = eqx.nn.Dropout(dropout)
         self.dim = dim
         self.inner_dim = inner_dim
@@ -184,6 +212,7 @@ class _Layer(eqx.Module):
         routing: str,
         heads: int,
         ssm: _SSMSettings,
+        std: float,
         key: PRNGKeyArray,
     ) -> None:
         raise NotImplementedError
@@ -286,21 +315,21 @@ class GatedLayer(_Layer):
     _inner_factor: ClassVar[int] = 3
     _default_routing: ClassVar[str] = "ssm"
 
-    def _build(self, dim, inner_dim, routing, heads, ssm, key):
+    def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         widths = (inner_dim, dim, dim, dim, dim, inner_dim)
-        v, f, b, u1, u2, u = denses(dim, widths, key=keys[0])
+        v, f, b, u1, u2, u = denses(dim, widths, std=std, key=keys[0])
         self.v_proj, self.f_proj, self.b_proj = v, f, b
         if routing == "ssm":
             self.forward_routing = ssm.make(dim, reverse=False, key=keys[1])
             self.backward_routing = ssm.make(dim, reverse=True, key=keys[2])
         else:
             self.forward_routing, self.backward_routing = (
-                _attention(dim, heads, output_projection=False, key=k) for k in keys[1:3]
+                _attention(dim, heads, output_projection=False, std=std, key=k) for k in keys[1:3]
             )
         self.u1_proj, self.u2_proj, self.u_proj = u1, u2, u
-        self.out_proj = dense(inner_dim, dim, key=keys[3])
+        self.out_proj = dense(inner_dim, dim, std=std, key=keys[3])
 
     def _ssms(self):
         return self.forward_routing, self.backward_routing
@@ -378,10 +407,10 @@ class StackLayer(_Layer):
     _inner_factor: ClassVar[int] = 4
     _default_routing: ClassVar[str] = "attention"
 
-    def _build(self, dim, inner_dim, routing, heads, ssm, key):
+    def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
         # The four d x d projections (SSM blocks' in/out, or attention's q/k/v/o) and W_1.
-        *square, self.mlp_in = denses(dim, (dim,) * 4 + (inner_dim,), key=keys[0])
+        *square, self.mlp_in = denses(dim, (dim,) * 4 + (inner_dim,), std=std, key=keys[0])
         if routing == "ssm":
             self.routing_blocks = tuple(
                 _SSMBlock(
@@ -396,7 +425,7 @@ class StackLayer(_Layer):
             mha = _attention(dim, heads, output_projection=True, projections=square, key=keys[1])
             self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
         self.mlp_norm = eqx.nn.LayerNorm(dim, eps=1e-6)
-        self.mlp_out = dense(inner_dim, dim, key=keys[3])
+        self.mlp_out = dense(inner_dim, dim, std=std, key=keys[3])
 
     def _ssms(self):
         forward, backward = self.routing_blocks

@@ -101,7 +101,7 @@ def ssm_conv(
     length = u.shape[1]
     reverse = tuple(ssm.reverse for ssm in ssms)
     if any(ssm.kernel_fn.channels != 1 for ssm in ssms):
-        k = jnp.stack([ssm.impulse_response(length) for ssm in ssms]).astype(u.dtype)
+        k = jnp.stack([ssm.impulse_response(length) for ssm in ssms])  # fft_ssm_conv casts
         return fft_ssm_conv(u, k, reverse=reverse)
     systems = [ssm.kernel_fn.discretize() for ssm in ssms]
     abar = jnp.concatenate([a for a, _ in systems])
@@ -167,7 +167,7 @@ class DirectionalSSM(eqx.Module):
         if kernel not in ("shared", "per_channel"):
             raise ValueError(f"kernel must be 'shared' or 'per_channel', got kernel={kernel!r}")
         if not isinstance(reverse, bool):
-            raise ValueError(f"reverse must be a bool, got reverse={reverse!r}")
+            raise TypeError(f"reverse must be a bool, got reverse={reverse!r}")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got dim={dim!r}")
         channels = 1 if kernel == "shared" else dim
@@ -205,6 +205,10 @@ class DirectionalSSM(eqx.Module):
         if u.shape[-1] != self.dim or u.shape[0] < 1:
             raise ValueError(
                 f"u must have shape (length >= 1, dim={self.dim}), got u.shape={u.shape}"
+            )
+        if mask is not None and mask.shape != u.shape[:1]:
+            raise ValueError(
+                f"mask must have shape ({u.shape[0]},) like u, got mask.shape={mask.shape}"
             )
         if mask is None:
             return ssm_conv(u[None], (self,))[0]

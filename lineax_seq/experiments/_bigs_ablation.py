@@ -34,6 +34,7 @@ from ._bigs_train import (
     pretrain_mlm,
     rows_dataset,
     save_json,
+    scaled_init_std,
 )
 
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
@@ -259,6 +260,7 @@ def _finetune_task(
 SETTINGS = (
     "dim",
     "layers",
+    "init_std",
     "length",
     "batch_size",
     "steps",
@@ -410,7 +412,13 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         num_eval=num_eval,
         seed=cfg["seed"],
     )
-    base = dict(vocab_size=tok.vocab_size, dim=cfg["dim"], num_layers=cfg["layers"])
+    cfg["init_std"] = cfg["init_std"] or scaled_init_std(cfg["dim"])
+    base = dict(
+        vocab_size=tok.vocab_size,
+        dim=cfg["dim"],
+        num_layers=cfg["layers"],
+        init_std=cfg["init_std"],
+    )
     target = parameter_counts(eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0))))
     print(
         f"Table 1 ablation: d={cfg['dim']}, {cfg['layers']} layers, length {length}, "
@@ -480,6 +488,7 @@ def _write_ablation(
     )
     (out / f"bigs_ablation{suffix}.md").write_text(
         f"{table}\n\nd={cfg['dim']}, {cfg['layers']} layers, length {cfg['length']}, "
+        f"initial weights' std {cfg['init_std']:.3g}, "
         f"{cfg['tokenizer']} tokens, {cfg['steps']} pretraining steps x {cfg['batch_size']} "
         f"sequences (the same batches for every variant), {cfg['finetune_steps']} fine-tuning "
         f"steps; {payload['total_seconds'] / 60:.0f} min on "

@@ -32,6 +32,13 @@ FINAL_DIR = "final"
 # ---------------------------------------------------------------------------------------
 
 
+def scaled_init_std(dim: int) -> float:
+    """BERT's 0.02 at the paper's width 1,024, scaled by `1 / sqrt(dim)` elsewhere, so a
+    small model's pre-activations have the paper's scale (see `ls.BiGS`'s
+    "Initialisation"): 0.08 at `dim = 64`."""
+    return 0.02 * math.sqrt(1024 / dim)
+
+
 def build_encoder(key: PRNGKeyArray, **config: Any) -> ls.BiGS:
     """`ls.BiGS(**config, key=key)`, built as one compiled program (op-by-op
     construction of the stacked layers compiles dozens of small XLA programs)."""
@@ -46,7 +53,9 @@ class MaskedLM(eqx.Module):
 
     def __init__(self, encoder: ls.BiGS, *, key: PRNGKeyArray):
         self.encoder = encoder
-        self.head = ls.MaskedLMHead(encoder.dim, encoder.vocab_size, key=key)
+        self.head = ls.MaskedLMHead(
+            encoder.dim, encoder.vocab_size, init_std=encoder.init_std, key=key
+        )
 
     def __call__(
         self,
@@ -72,7 +81,11 @@ class Classifier(eqx.Module):
     def __init__(self, encoder: ls.BiGS, num_outputs: int, *, key: PRNGKeyArray):
         self.encoder = encoder
         self.head = ls.SequenceClassificationHead(
-            encoder.dim, num_outputs, dropout=encoder.dropout_rate, key=key
+            encoder.dim,
+            num_outputs,
+            dropout=encoder.dropout_rate,
+            init_std=encoder.init_std,
+            key=key,
         )
 
     def __call__(

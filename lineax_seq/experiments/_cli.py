@@ -14,6 +14,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An `argparse` type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number")
+    return value
+
+
 def fraction(text: str) -> float:
     """An `argparse` type: a number in `[0, 1]`."""
     try:
