@@ -35,8 +35,9 @@ def no_jaxtyping():
     user), so that the library's own argument checks, not the annotations, are tested."""
     import jaxtyping
 
+    before = jaxtyping.config.jaxtyping_disable
     jaxtyping.config.update("jaxtyping_disable", True)
     try:
         yield
     finally:
-        jaxtyping.config.update("jaxtyping_disable", False)
+        jaxtyping.config.update("jaxtyping_disable", before)

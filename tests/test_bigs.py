@@ -532,20 +532,37 @@ def test_init_std(getkey):
     """`init_std` sets the std of every dense weight and embedding (truncated normal at
     2 std: 0.88 std); at d = 64, BERT's 0.02 leaves a fresh GATED/ATT layer's update
     ~1e-12 of its input, 0.02 sqrt(1024 / 64) gives it the paper's d = 1024 scale."""
-    model = ls.BiGS(50, 64, 2, init_std=0.08, max_length=16, key=getkey())
-    assert model.config()["init_std"] == 0.08
     is_weighted = lambda m: isinstance(m, (eqx.nn.Linear, eqx.nn.Embedding))
-    weighted = [m for m in jax.tree.leaves(model, is_leaf=is_weighted) if is_weighted(m)]
-    assert len(weighted) == 2 + 7  # token + position embeddings; 7 projections per layer
-    for m in weighted:
-        np.testing.assert_allclose(np.std(np.asarray(m.weight)), 0.88 * 0.08, rtol=0.1)
+
+    def weights(module):
+        leaves = jax.tree.leaves(module, is_leaf=is_weighted)
+        return [np.asarray(m.weight) for m in leaves if is_weighted(m)]
+
+    # Every architecture x routing, with every embedding (NumPy scalars are accepted).
+    for architecture, routing, count in (
+        ("gated", "ssm", 7),  # W_v, W_f, W_b, W_u1, W_u2, W_u, W_o
+        ("gated", "attention", 13),  # ... and two attentions' q, k, v
+        ("stack", "ssm", 6),  # two SSM blocks' in/out, W_1, W_2
+        ("stack", "attention", 6),  # q, k, v, o, W_1, W_2
+    ):
+        model = ls.BiGS(
+            50, 64, 2, architecture=architecture, routing=routing, num_token_types=2,
+            max_length=16, init_std=np.float64(0.08), key=getkey(),
+        )  # fmt: skip
+        assert model.config()["init_std"] == pytest.approx(0.08)
+        found = weights(model)
+        assert len(found) == 3 + count, (architecture, routing)  # + 3 embeddings
+        for w in found:
+            np.testing.assert_allclose(np.std(w), 0.88 * 0.08, rtol=0.1)
     heads = (
-        ls.MaskedLMHead(64, 50, init_std=0.08, key=getkey()).transform,
-        ls.SequenceClassificationHead(64, 3, init_std=0.08, key=getkey()).pooler,
-        ls.SpanExtractionHead(64, init_std=0.08, key=getkey()).proj,
+        ls.MaskedLMHead(64, 50, init_std=0.08, key=getkey()),
+        ls.SequenceClassificationHead(64, 64, init_std=0.08, key=getkey()),
+        ls.SpanExtractionHead(64, init_std=0.08, key=getkey()),
+        ls.MultipleChoiceHead(64, init_std=0.08, key=getkey()),
     )
-    for m in heads:
-        assert 0.06 < np.std(np.asarray(m.weight)) < 0.08
+    for head in heads:
+        for w in weights(head):
+            assert 0.05 < np.std(w) < 0.09 and w.size >= 64
 
     x = jr.normal(getkey(), (32, 64))
 

@@ -166,6 +166,9 @@ def test_cli_parses_subcommands():
         _parse(["pretrain", "--resume", "--init-from", "x"])
     with pytest.raises(SystemExit):
         _parse([])
+    for bad in (["--dim", "0"], ["--layers", "-1"], ["--init-std", "0"], ["--init-std", "nan"]):
+        with pytest.raises(SystemExit):
+            _parse(["pretrain", *bad])
 
 
 # ----------------------------------------------------------------- models, losses, optimiser
@@ -184,6 +187,15 @@ def tiny_mlm():
     # One compiled program instead of op-by-op construction (much faster to build).
     build = lambda k: ls.BiGS(20, 8, 2, inner_dim=12, state_size=4, dropout=0.0, key=k)
     return _bigs_train.MaskedLM(eqx.filter_jit(build)(jr.key(0)), key=jr.key(1))
+
+
+def test_models_give_their_heads_the_encoders_init_std():
+    build = lambda k: ls.BiGS(20, 64, 1, inner_dim=12, state_size=4, init_std=0.16, key=k)
+    encoder = eqx.filter_jit(build)(jr.key(0))
+    mlm = _bigs_train.MaskedLM(encoder, key=jr.key(1))
+    classifier = _bigs_train.Classifier(encoder, 64, key=jr.key(2))
+    for linear in (mlm.head.transform, classifier.head.pooler, classifier.head.classifier):
+        assert 0.12 < float(jnp.std(linear.weight)) < 0.16  # 0.88 * 0.16 = 0.14
 
 
 def test_mlm_loss_matches_direct_computation(tiny_mlm):
@@ -364,6 +376,8 @@ def test_pretrain_writes_run(pretrained):
     model, tok, config = _bigs_train.load_pretrained(out)
     assert config["pretrain"]["corpus"] is None
     assert config["model"]["dim"] == 16 and tok.vocab_size == model.encoder.vocab_size
+    # The CLI's default initial scale: BERT's 0.02 at d = 1024, 0.02 sqrt(1024 / d) here.
+    assert config["model"]["init_std"] == pytest.approx(0.16)
     # The same weights run at a longer length (kernels are generated for it).
     h = model.encoder(jnp.full((200,), 9, jnp.int32), inference=True)
     assert h.shape == (200, 16)

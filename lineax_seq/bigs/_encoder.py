@@ -113,9 +113,9 @@ class BiGS(eqx.Module):
     0.02, the paper's), biases zero. 0.02 is tuned to widths near 1,024: a pre-activation
     `W x` of a unit-variance `x` has std `init_std * sqrt(d)`, and the GATED layer
     multiplies several such small branches, so at `d = 64` a fresh BiGS layer changes its
-    input by ~1e-7 of its norm and GATED/ATT by ~1e-12 (whose gradients then fall below
-    Adam's `eps`), against ~5e-3 and ~1e-4 at `d = 1024`. `init_std = 0.02 *
-    sqrt(1024 / d)` gives a small model the paper's scales (0.08 at `d = 64`).
+    input by ~1e-7 of its norm and GATED/ATT by ~1e-12 (its attention then hardly
+    trains), against ~5e-3 and ~1e-4 at `d = 1024`. `init_std = 0.02 * sqrt(1024 / d)`
+    gives a small model the paper's scales (0.08 at `d = 64`).
     """
 
     token_embedding: eqx.nn.Embedding
@@ -200,7 +200,7 @@ class BiGS(eqx.Module):
             raise ValueError(f"num_token_types must be >= 0, got {num_token_types!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
-        check_init_std(init_std)
+        init_std = check_init_std(init_std)
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
         _check_positive("inner_dim", inner_dim)

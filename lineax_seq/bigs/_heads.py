@@ -56,7 +56,7 @@ class MaskedLMHead(eqx.Module):
         """
         _check_positive("dim", dim)
         _check_positive("vocab_size", vocab_size)
-        check_init_std(init_std)
+        init_std = check_init_std(init_std)
         self.transform = dense(dim, dim, std=init_std, key=key)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         self.bias = jnp.zeros((vocab_size,))
@@ -119,7 +119,7 @@ class SequenceClassificationHead(eqx.Module):
         _check_positive("num_outputs", num_outputs)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
-        check_init_std(init_std)
+        init_std = check_init_std(init_std)
         pool_key, cls_key = jr.split(key)
         self.pooler = dense(dim, dim, std=init_std, key=pool_key)
         self.dropout = eqx.nn.Dropout(dropout)
@@ -169,7 +169,7 @@ class SpanExtractionHead(eqx.Module):
         - `key`: a `jax.random.key`.
         """
         _check_positive("dim", dim)
-        check_init_std(init_std)
+        init_std = check_init_std(init_std)
         self.proj = dense(dim, 2, std=init_std, key=key)
 
     @jaxtyped(typechecker=beartype)

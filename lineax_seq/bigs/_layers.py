@@ -24,14 +24,15 @@ INIT_STD = 0.02
 """BERT's initialisation: weights truncated normal (at 2 std) with std 0.02."""
 
 
-def check_init_std(init_std: object) -> None:
-    """Reject an `init_std` that is not a positive finite number."""
+def check_init_std(init_std: object) -> float:
+    """`init_std` as a Python float; a `ValueError` unless it is a positive finite number."""
     if (
         isinstance(init_std, bool)
         or not isinstance(init_std, numbers.Real)
         or not 0 < init_std < math.inf
     ):
         raise ValueError(f"init_std must be a positive finite number, got init_std={init_std!r}")
+    return float(init_std)
 
 
 def dense(
@@ -196,7 +197,7 @@ class _Layer(eqx.Module):
         _check("kernel", kernel, KERNELS)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
-        check_init_std(init_std)
+        init_std = check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, init_std, key)

@@ -207,8 +207,12 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
 
 
 def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
-    group.add_argument("--dim", type=int, default=dim, help=f"hidden size d (default {dim})")
-    group.add_argument("--layers", type=int, default=layers, help=f"layers (default {layers})")
+    group.add_argument(
+        "--dim", type=positive_int, default=dim, help=f"hidden size d (default {dim})"
+    )
+    group.add_argument(
+        "--layers", type=positive_int, default=layers, help=f"layers (default {layers})"
+    )
     group.add_argument(
         "--init-std",
         type=positive_float,

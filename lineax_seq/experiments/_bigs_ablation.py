@@ -391,8 +391,8 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     the same optimiser for the same number of tokens, at matched non-embedding
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
-    Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (with a
-    `_quick` suffix for `--quick`, and the backend's name off CPU).
+    Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (with the
+    backend's name off CPU, `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
     """
     cfg = {k: getattr(args, k) for k in SETTINGS}
     if args.quick:
@@ -465,6 +465,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         "environment": _environment(),
     }
     suffix = "" if jax.default_backend() == "cpu" else f"_{jax.default_backend()}"
+    suffix += f"_seed{cfg['seed']}" if cfg["seed"] else ""
     _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix + "_quick" * args.quick)
     return payload
 
