@@ -37,8 +37,9 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
         max_length=512,
         num_token_types=2,
     ),
-    # Small models for tests and CPU experiments.
-    "bigs-tiny": dict(dim=64, num_layers=2, inner_dim=192, architecture="gated"),
+    # Small models for tests and CPU experiments, at the paper's initial scale for their
+    # width (0.02 sqrt(1024 / 64); see `BiGS`'s "Initialisation").
+    "bigs-tiny": dict(dim=64, num_layers=2, inner_dim=192, architecture="gated", init_std=0.08),
     "bert-tiny": dict(
         dim=64,
         num_layers=2,
@@ -46,6 +47,7 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
         architecture="stack",
         routing="attention",
         max_length=512,
+        init_std=0.08,
     ),
 }
 """Named configurations for [`lineax_seq.BiGS.from_config`][] (keyword arguments of
@@ -262,7 +264,8 @@ class BiGS(eqx.Module):
         `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
-        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512).
+        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512;
+        both d 64 with `init_std` 0.08).
 
         **Arguments:**
 
