@@ -135,6 +135,17 @@ def test_plot_kernels_and_ablation_files(tmp_path):
     json.dumps(results)
 
 
+def test_ablation_output_names_do_not_collide():
+    name = lambda backend="cpu", quick=False, **cfg: _bigs_ablation.output_suffix(
+        {"steps": 500, "seed": 0, **cfg}, quick=quick, backend=backend
+    )
+    assert name() == ""  # the committed default run
+    assert name(seed=1) == "_seed1"
+    assert name(steps=2000) == "_2000steps"
+    assert name(steps=2000, seed=2, backend="gpu") == "_gpu_2000steps_seed2"
+    assert name(steps=30, quick=True) == "_quick"
+
+
 def test_smooth_curve():
     assert _bigs_ablation.smooth_curve([]) == []
     assert _bigs_ablation.smooth_curve([1.0, 3.0, 5.0, 7.0], points=2) == [[2.0, 2.0], [4.0, 6.0]]

@@ -27,7 +27,7 @@ import jax.random as jr
 
 import lineax_seq as ls
 
-from ._bigs_ablation import RESULTS_DIR, ablation, unigram_reference
+from ._bigs_ablation import DEFAULT_STEPS, RESULTS_DIR, ablation, unigram_reference
 from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels
 from ._bigs_train import (
     CONFIG_FILE,
@@ -326,7 +326,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _corpus_arguments(abl, tokenizer="byte")
     _size_arguments(abl.add_argument_group("model"), layers=4, dim=64)
-    _optim_arguments(abl, lr=1e-3, steps=500, batch=16, length=128, warmup=0.05)
+    _optim_arguments(abl, lr=1e-3, steps=DEFAULT_STEPS, batch=16, length=128, warmup=0.05)
     g = abl.add_argument_group("fine-tuning")
     g.add_argument(
         "--finetune-task",

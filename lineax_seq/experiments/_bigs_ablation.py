@@ -256,6 +256,8 @@ def _finetune_task(
     return rows_dataset(train), rows_dataset(held), 2, name
 
 
+# Pretraining steps per variant by default (`bigs ablation --steps`).
+DEFAULT_STEPS = 500
 # The settings the ablation records and reads from the command line.
 SETTINGS = (
     "dim",
@@ -392,7 +394,8 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
     Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (with the
-    backend's name off CPU, `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
+    backend's name off CPU, `_<N>steps` for other than the default 500 pretraining steps,
+    `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
     """
     cfg = {k: getattr(args, k) for k in SETTINGS}
     if args.quick:
@@ -464,10 +467,19 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         "total_seconds": round(time.perf_counter() - start, 1),
         "environment": _environment(),
     }
-    suffix = "" if jax.default_backend() == "cpu" else f"_{jax.default_backend()}"
-    suffix += f"_seed{cfg['seed']}" if cfg["seed"] else ""
-    _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix + "_quick" * args.quick)
+    suffix = output_suffix(cfg, quick=args.quick, backend=jax.default_backend())
+    _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix)
     return payload
+
+
+def output_suffix(cfg: dict[str, Any], *, quick: bool, backend: str) -> str:
+    """What the ablation's file names carry after `bigs_ablation`, so that runs with other
+    settings do not overwrite the default run's results."""
+    suffix = "" if backend == "cpu" else f"_{backend}"
+    if quick:
+        return suffix + "_quick"
+    suffix += f"_{cfg['steps']}steps" if cfg["steps"] != DEFAULT_STEPS else ""
+    return suffix + (f"_seed{cfg['seed']}" if cfg["seed"] else "")
 
 
 def _write_ablation(
