@@ -18,6 +18,7 @@ from ._layers import (
     _check,
     _check_positive,
     apply_norm,
+    check_dropout,
     check_init_std,
 )
 
@@ -200,8 +201,7 @@ class BiGS(eqx.Module):
             raise ValueError(f"num_token_types must be an int >= 0, got {num_token_types!r}")
         if num_token_types < 0:
             raise ValueError(f"num_token_types must be >= 0, got {num_token_types!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_dropout(dropout)
         init_std = check_init_std(init_std)
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim

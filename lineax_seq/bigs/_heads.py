@@ -12,6 +12,7 @@ from ._layers import (
     _check_positive,
     apply_dense,
     apply_norm,
+    check_dropout,
     check_init_std,
     dense,
     gelu,
@@ -117,8 +118,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         _check_positive("dim", dim)
         _check_positive("num_outputs", num_outputs)
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_dropout(dropout)
         init_std = check_init_std(init_std)
         pool_key, cls_key = jr.split(key)
         self.pooler = dense(dim, dim, std=init_std, key=pool_key)

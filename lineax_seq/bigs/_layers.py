@@ -13,7 +13,7 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention
-from ._ssm import DirectionalSSM, ssm_conv
+from ._ssm import DirectionalSSM, check_sequence, ssm_conv
 
 ROUTINGS = ("ssm", "attention")
 ARCHITECTURES = ("gated", "stack")
@@ -33,6 +33,12 @@ def check_init_std(init_std: object) -> float:
     ):
         raise ValueError(f"init_std must be a positive finite number, got init_std={init_std!r}")
     return float(init_std)
+
+
+def check_dropout(dropout: object) -> None:
+    """A `ValueError` unless `dropout` is a rate in `[0, 1)`."""
+    if not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
 
 
 def dense(
@@ -86,15 +92,6 @@ def _check(name: str, value: object, allowed: tuple) -> None:
 def _check_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
-
-
-def _check_input(x: Array, mask: Array | None, dim: int) -> None:
-    if x.shape[-1] != dim or x.shape[0] < 1:
-        raise ValueError(f"x must have shape (length >= 1, dim={dim}), got x.shape={x.shape}")
-    if mask is not None and mask.shape != x.shape[:1]:
-        raise ValueError(
-            f"mask must have shape ({x.shape[0]},) like x, got mask.shape={mask.shape}"
-        )
 
 
 def _key_mask(mask: Bool[Array, " length"] | None) -> Bool[Array, "length length"] | None:
@@ -195,8 +192,7 @@ class _Layer(eqx.Module):
         routing = self._default_routing if routing is None else routing
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        check_dropout(dropout)
         init_std = check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
@@ -265,7 +261,7 @@ class _Layer(eqx.Module):
 
         `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
         """
-        _check_input(x, mask, self.dim)
+        check_sequence("x", x, mask, self.dim)
         out = self._apply(x, mask, key, inference)
         return out if mask is None else jnp.where(mask[:, None], out, 0)
 

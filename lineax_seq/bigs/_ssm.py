@@ -9,7 +9,19 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
 from ..ssm import S4DKernel, chunked_conv
-from ..ssm._fft_conv import _fft_size
+from ..ssm._fft_conv import _fft_size, _work_dtype
+
+
+def check_sequence(name: str, x: Array, mask: Array | None, dim: int) -> None:
+    """A `ValueError` unless `x` is `(length >= 1, dim)` and `mask` (if any) `(length,)`."""
+    if x.shape[-1] != dim or x.shape[0] < 1:
+        raise ValueError(
+            f"{name} must have shape (length >= 1, dim={dim}), got {name}.shape={x.shape}"
+        )
+    if mask is not None and mask.shape != x.shape[:1]:
+        raise ValueError(
+            f"mask must have shape ({x.shape[0]},) like {name}, got mask.shape={mask.shape}"
+        )
 
 
 def chunked_ssm_conv(
@@ -72,7 +84,7 @@ def fft_ssm_conv(
     """
     length = u.shape[1]
     n = _fft_size(2 * length)
-    work = jnp.float64 if u.dtype == jnp.float64 else jnp.float32  # what the FFT takes
+    work = _work_dtype(u.dtype)
     u_f = jnp.fft.rfft(u.astype(work), n=n, axis=1)  # (z, n // 2 + 1, channels)
     k_f = jnp.fft.rfft(k.astype(work), n=n, axis=-1)  # (z, kc, n // 2 + 1)
     k_f = jnp.stack([jnp.conj(k_f[i]) if r else k_f[i] for i, r in enumerate(reverse)])
@@ -202,14 +214,7 @@ class DirectionalSSM(eqx.Module):
 
         `K * u + D u`, shape `(length, dim)` (zero at padded positions if `mask`).
         """
-        if u.shape[-1] != self.dim or u.shape[0] < 1:
-            raise ValueError(
-                f"u must have shape (length >= 1, dim={self.dim}), got u.shape={u.shape}"
-            )
-        if mask is not None and mask.shape != u.shape[:1]:
-            raise ValueError(
-                f"mask must have shape ({u.shape[0]},) like u, got mask.shape={mask.shape}"
-            )
+        check_sequence("u", u, mask, self.dim)
         if mask is None:
             return ssm_conv(u[None], (self,))[0]
         y = ssm_conv(jnp.where(mask[:, None], u, 0)[None], (self,))[0]

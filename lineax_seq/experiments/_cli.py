@@ -1,36 +1,31 @@
 """Argument types shared by the command-line experiments."""
 
 import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(text: str, convert: Callable[[str], float], ok: Callable[[float], bool], what: str):
+    """`convert(text)` if it parses and passes `ok`, else an `ArgumentTypeError`."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """An `argparse` type: an integer > 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+    return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
 def positive_float(text: str) -> float:
     """An `argparse` type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number")
-    return value
+    return _number(text, float, lambda v: 0 < v < math.inf, "a positive finite number")
 
 
 def fraction(text: str) -> float:
     """An `argparse` type: a number in `[0, 1]`."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]")
-    return value
+    return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1]")

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float
 
+from ._fft_conv import _work_dtype
 from ._scan import linear_scan
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -127,7 +128,7 @@ def chunked_conv(
     c = _default_chunk(length, kc, modes) if chunk is None else min(chunk, length)
     q = -(-length // c)
     dtype = u.dtype
-    work = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    work = _work_dtype(dtype)
     cdtype = jnp.complex128 if work == jnp.float64 else jnp.complex64
     log_abar = jnp.log(abar.astype(cdtype))[:, :, None]  # (kc, n, 1)
     cb = cb.astype(cdtype)

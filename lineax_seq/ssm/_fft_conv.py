@@ -4,6 +4,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 
+def _work_dtype(dtype) -> type:
+    """The real dtype FFTs and complex arithmetic run in: float64 stays float64, anything
+    else (float32, bfloat16, float16) is computed in float32."""
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
 def _fft_size(minimum: int) -> int:
     """Smallest `2^a 3^b 5^c >= minimum` (sizes the FFT libraries handle fastest)."""
     best = 1 << max(minimum - 1, 0).bit_length()
@@ -79,8 +85,7 @@ def fft_conv(
         # Circular index n - 1 - j is lag -(j + 1).
         pad = jnp.zeros((k.shape[0], n - 2 * length), k.dtype)
         k_full = jnp.concatenate([k, pad, k_backward[:, ::-1]], axis=-1)
-    # The FFT needs float32 or float64: lower precisions are computed in float32.
-    work = jnp.float64 if u.dtype == jnp.float64 else jnp.float32
+    work = _work_dtype(u.dtype)
     u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)
     k_f = jnp.fft.rfft(k_full.astype(work), n=n, axis=-1).T
     y = jnp.fft.irfft(u_f * k_f, n=n, axis=0)[:length]
