@@ -374,6 +374,37 @@ def test_heads_shapes_and_real_token_pooling(mods, getkey):
     np.testing.assert_allclose(r["mlm"], h @ f64(emb).T + f64(mlm.bias), rtol=1e-4, atol=1e-4)
 
 
+def test_inference_mode_disables_dropout(mods, getkey):
+    """`eqx.nn.inference_mode` switches dropout off everywhere (no key needed), as for
+    `eqx.nn.Dropout`; an explicit `inference=` still wins."""
+    tokens = jnp.arange(9) % VOCAB
+    x = jr.normal(getkey(), (9, DIM))
+    model, cls = mods["gated/ssm"], mods["cls"]
+    layer, mc = model.layer(0), mods["mc"]
+    frozen = eqx.nn.inference_mode((model, layer, cls, mc))
+    key = getkey()
+
+    @eqx.filter_jit
+    def run(model, layer, cls, mc, frozen):
+        fm, fl, fc, fmc = frozen
+        return dict(
+            model=(fm(tokens), fm(tokens, key=key), model(tokens, inference=True)),
+            layer=(fl(x), layer(x, inference=True)),
+            cls=(fc(x), cls(x, inference=True)),
+            mc=(fmc(x[None]), mc(x[None], inference=True)),
+            on=(fm(tokens, key=key, inference=False), model(tokens, key=key)),
+        )
+
+    r = run(model, layer, cls, mc, frozen)
+    for name in ("model", "layer", "cls", "mc"):
+        for got in r[name][:-1]:
+            np.testing.assert_array_equal(got, r[name][-1], err_msg=name)
+    np.testing.assert_array_equal(r["on"][0], r["on"][1])
+    assert not np.allclose(r["on"][1], r["model"][-1])
+    with pytest.raises(ValueError, match="key is required"):
+        model(tokens)
+
+
 # ------------------------------------------------------------------ parameters
 
 
@@ -425,6 +456,17 @@ def test_layer_defaults_and_initialisation():
         assert mha.output_proj is None
 
 
+def test_count_parameters_leaf_kinds():
+    tree = {
+        "numpy": np.ones(3),
+        "jax": jnp.ones((2, 2)),
+        "abstract": jax.ShapeDtypeStruct((5,), jnp.float32),
+        "ints": jnp.ones(4, jnp.int32),
+        "static": 7.0,
+    }
+    assert ls.count_parameters(tree) == 3 + 4 + 5
+
+
 def test_named_config_sizes():
     sizes = {
         name: _count(lambda n=name: ls.BiGS.from_config(n, key=jr.key(0)))
@@ -451,6 +493,18 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
         layer.forward_routing(jnp.ones((5, DIM)), jnp.ones(4, bool))
     with pytest.raises(TypeError, match="reverse must be a bool, got reverse='no'"):
         ls.DirectionalSSM(8, reverse="no", key=jr.key(0))
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got dropout=None"):
+        ls.GatedLayer(8, dropout=None, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"mask must have shape \(3,\) like x"):
+        ls.masked_mean(jnp.ones((3, 2)), jnp.ones(1, bool))
+    # Options of the other routing are checked too (a config must rebuild either way).
+    for option, pattern in [
+        (dict(ssm_init="xx"), "ssm_init must be one of"),
+        (dict(state_size=3), "state_size=3"),
+        (dict(dt_min=5.0, dt_max=1.0), "dt_min=5.0"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            ls.BiGS(10, 8, 1, routing="attention", key=jr.key(0), **option)
 
 
 def test_bad_inputs(mods):
@@ -499,6 +553,12 @@ def test_bad_inputs(mods):
         head(jnp.ones((3, DIM)), jnp.ones((VOCAB - 1, DIM)))
     with pytest.raises(ValueError, match=r"i must be an integer in \[-2, 2\), got i=2"):
         model.layer(2)
+    with pytest.raises(ValueError, match="num_heads=-3"):
+        ls.GatedLayer(8, num_heads=-3, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"x must have dim=16 features, got x.shape=\(7, 9\)"):
+        mods["span"](jnp.ones((7, 9)))
+    with pytest.raises(ValueError, match=r"got x.shape=\(3, 7, 15\)"):
+        mods["mc"](jnp.ones((3, 7, 15)), inference=True)
 
 
 def test_directional_ssm_zero_at_padding_and_low_precision(getkey):

@@ -313,3 +313,17 @@ def test_kernel_parameters_follow_x64():
         kernel = ls.S4DKernel(4, 2, key=jr.key(0))
     leaves = jax.tree.leaves(eqx.filter(kernel, eqx.is_array))
     assert {leaf.dtype for leaf in leaves} == {jnp.dtype(jnp.float64)}
+
+
+def test_half_precision_parameters(getkey):
+    """A layer cast to bfloat16 (parameters and input) computes its kernel in float32 and
+    returns bfloat16 close to the float32 layer, in both modes."""
+    layer = ls.S4D(3, state_size=8, key=getkey())
+    x = jr.normal(getkey(), (16, 3))
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, layer)
+    y = half(x.astype(jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(y.astype(jnp.float32), layer(x), atol=0.1, rtol=0.05)
+    state, y0 = half.step(half.init_state(), x[0].astype(jnp.bfloat16))
+    assert state.dtype == jnp.complex64 and y0.dtype == jnp.bfloat16
+    np.testing.assert_allclose(y0.astype(jnp.float32), y[0].astype(jnp.float32), atol=0.05)

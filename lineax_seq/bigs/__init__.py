@@ -8,7 +8,7 @@ Encoder
   kernel="shared"|"per_channel", ssm_init="legs", dt_min=1e-3, dt_max=1e-1, dropout=0.1,
   final_norm=True, key)`.
   `model(tokens: Int[(L,)], mask: Bool[(L,)] | None = None, token_types=None, *, key=None,
-  inference=False) -> Float[(L, dim)]` (padded positions zero; ids out of range raise).
+  inference=None) -> Float[(L, dim)]` (padded positions zero; ids out of range raise).
   `BiGS.from_config(name, *, vocab_size=30522, key, **overrides)` with names in
   `lineax_seq.bigs.BIGS_CONFIGS`: "bigs-large", "bigs-12", "bert-large", "bigs-tiny", "bert-tiny".
   `model.config()` -> dict of constructor args (JSON-able; `BiGS(**cfg, key=k)` rebuilds).
@@ -17,7 +17,7 @@ Encoder
   Layers are stored stacked (leading num_layers axis) and scanned.
 * [`lineax_seq.count_parameters`][]`(tree) -> int` (array elements).
 
-Layers (`layer(x: (L, d), mask: (L,) | None = None, *, key=None, inference=False)`)
+Layers (`layer(x: (L, d), mask: (L,) | None = None, *, key=None, inference=None)`)
 * [`lineax_seq.GatedLayer`][]`(dim, *, inner_dim=3*dim, routing="ssm"|"attention", ...)`:
   GATED/SSM = the BiGS layer; `layer.kernels(length) -> (forward, backward)`.
 * [`lineax_seq.StackLayer`][]`(dim, *, inner_dim=4*dim, routing="attention"|"ssm", ...)`:
@@ -29,7 +29,7 @@ Heads
 * [`lineax_seq.MaskedLMHead`][]`(dim, vocab_size, *, key)`;
   `head(h: (n, d), embedding: (vocab, d)) -> (n, vocab)` (tied decoder + bias).
 * [`lineax_seq.SequenceClassificationHead`][]`(dim, num_outputs, *, dropout=0.1, key)`;
-  `head(h: (L, d), mask=None, *, key=None, inference=False) -> (num_outputs,)`
+  `head(h: (L, d), mask=None, *, key=None, inference=None) -> (num_outputs,)`
   (mean over real tokens, dense, tanh, dropout, dense; num_outputs=1 for regression).
 * [`lineax_seq.SpanExtractionHead`][]`(dim, *, key)`; `head(h, mask=None) -> (start, end)`,
   each `(L,)`.
@@ -40,6 +40,7 @@ Heads
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._encoder import BIGS_CONFIGS, BiGS
 from ._heads import (
@@ -62,7 +63,7 @@ def count_parameters(tree) -> int:
 
     **Arguments:**
 
-    - `tree`: any PyTree (an Equinox module), with arrays or `jax.ShapeDtypeStruct`s.
+    - `tree`: any PyTree (an Equinox module), with JAX or NumPy arrays or `jax.ShapeDtypeStruct`s.
 
     **Returns:**
 
@@ -73,7 +74,7 @@ def count_parameters(tree) -> int:
         sum(
             leaf.size
             for leaf in leaves
-            if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+            if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct | np.ndarray)
             and jnp.issubdtype(leaf.dtype, jnp.inexact)
         )
     )

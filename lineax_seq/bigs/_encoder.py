@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
+from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
 from ._layers import (
     ARCHITECTURES,
@@ -335,12 +335,12 @@ class BiGS(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        tokens: Int[Array, " length"],
+        tokens: Integer[Array, " length"],
         mask: Bool[Array, " length"] | None = None,
-        token_types: Int[Array, " length"] | None = None,
+        token_types: Integer[Array, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, "length {self.dim}"]:
         """Encode one sequence.
 
@@ -351,7 +351,8 @@ class BiGS(eqx.Module):
         - `mask`: optional, `True` at real tokens, `False` at (trailing) padding.
         - `token_types`: optional segment ids in `[0, num_token_types)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
-        - `inference`: disable dropout.
+        - `inference`: disable dropout; `None` (default) defers to the dropout modules'
+          own flag, which `eqx.nn.inference_mode` sets.
 
         **Returns:**
 
@@ -365,8 +366,13 @@ class BiGS(eqx.Module):
                 f"tokens has length {length} > max_length={self.max_length} "
                 "(the absolute position embeddings)"
             )
+        if inference is None:
+            inference = self.dropout.inference
         if not inference and self.dropout_rate > 0 and key is None:
-            raise ValueError("key is required for dropout when inference=False")
+            raise ValueError(
+                "key is required for dropout (dropout > 0) unless inference=True or the "
+                "model is in eqx.nn.inference_mode"
+            )
         tokens = eqx.error_if(
             tokens,
             (tokens < 0) | (tokens >= self.vocab_size),

@@ -33,8 +33,12 @@ def masked_mean(
 
     Shape `(dim,)` (zero if no position is real).
     """
+    if x.ndim != 2:
+        raise ValueError(f"x must have shape (length, dim), got x.shape={x.shape}")
     if mask is None:
         return jnp.mean(x, axis=0)
+    if mask.shape != x.shape[:1]:
+        raise ValueError(f"mask must have shape {x.shape[:1]} like x, got mask.shape={mask.shape}")
     total = jnp.sum(jnp.where(mask[:, None], x, 0), axis=0)
     return total / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
 
@@ -133,7 +137,7 @@ class SequenceClassificationHead(eqx.Module):
         mask: Bool[Array, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, " {self.num_outputs}"]:
         """Predict from one sequence.
 
@@ -141,7 +145,9 @@ class SequenceClassificationHead(eqx.Module):
 
         - `x`: hidden states, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens; only they are pooled.
-        - `key`: dropout key; `inference`: disable dropout.
+        - `key`: dropout key.
+        - `inference`: disable dropout; `None` (default) defers to the dropout module's
+          own flag, which `eqx.nn.inference_mode` sets.
 
         **Returns:**
 
@@ -188,6 +194,10 @@ class SpanExtractionHead(eqx.Module):
 
         `(start_logits, end_logits)`, each of shape `(length,)`.
         """
+        if x.shape[-1] != self.proj.in_features:
+            raise ValueError(
+                f"x must have dim={self.proj.in_features} features, got x.shape={x.shape}"
+            )
         logits = apply_dense(self.proj, x)
         if mask is not None:
             logits = jnp.where(mask[:, None], logits, jnp.finfo(logits.dtype).min)
@@ -221,7 +231,7 @@ class MultipleChoiceHead(eqx.Module):
         mask: Bool[Array, "choices length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, " choices"]:
         """Score every choice.
 
@@ -229,12 +239,18 @@ class MultipleChoiceHead(eqx.Module):
 
         - `x`: hidden states of each (context, choice) sequence, `(choices, length, dim)`.
         - `mask`: optional, `True` at real tokens, `(choices, length)`.
-        - `key`: dropout key; `inference`: disable dropout.
+        - `key`: dropout key.
+        - `inference`: disable dropout; `None` (default) defers to the dropout module's
+          own flag, which `eqx.nn.inference_mode` sets.
 
         **Returns:**
 
         Logits over choices, shape `(choices,)`.
         """
+        if x.shape[-1] != self.scorer.pooler.in_features:
+            raise ValueError(
+                f"x must have dim={self.scorer.pooler.in_features} features, got x.shape={x.shape}"
+            )
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]

@@ -13,6 +13,7 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention
+from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
 
 ROUTINGS = ("ssm", "attention")
@@ -37,7 +38,7 @@ def check_init_std(init_std: object) -> float:
 
 def check_dropout(dropout: object) -> None:
     """A `ValueError` unless `dropout` is a rate in `[0, 1)`."""
-    if not 0 <= dropout < 1:
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
 
 
@@ -195,6 +196,8 @@ class _Layer(eqx.Module):
         check_dropout(dropout)
         init_std = check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
+        _check_positive("num_heads", heads)
+        check_kernel_options(state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init")
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, init_std, key)
         self.dropout = eqx.nn.Dropout(dropout)
@@ -222,7 +225,7 @@ class _Layer(eqx.Module):
         x: Float[Array, "length dim"],
         mask: Bool[Array, " length"] | None,
         key: PRNGKeyArray | None,
-        inference: bool,
+        inference: bool | None,
     ) -> Float[Array, "length dim"]:
         raise NotImplementedError
 
@@ -246,7 +249,7 @@ class _Layer(eqx.Module):
         mask: Bool[Array, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, "length dim"]:
         """Apply the layer.
 
@@ -255,7 +258,8 @@ class _Layer(eqx.Module):
         - `x`: input `X_i`, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens (padding is trailing).
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
-        - `inference`: disable dropout.
+        - `inference`: disable dropout; `None` (default) defers to the dropout modules'
+          own flag, which `eqx.nn.inference_mode` sets.
 
         **Returns:**
 

@@ -240,7 +240,7 @@ class BlockStateTransformerLM(eqx.Module):
         config = variant_config(variant, num_layers) | kwargs
         return cls(vocab_size, dim, num_layers, key=key, **config)
 
-    def _check_tokens(self, tokens: Int[Array, "*length"]) -> Int[Array, "*length"]:
+    def _check_tokens(self, tokens: Integer[Array, "*length"]) -> Integer[Array, "*length"]:
         return eqx.error_if(
             tokens,
             (tokens < 0) | (tokens >= self.vocab_size),
@@ -254,7 +254,7 @@ class BlockStateTransformerLM(eqx.Module):
         return _dense(self.head, x)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, tokens: Int[Array, " length"]) -> Float[Array, "length vocab"]:
+    def __call__(self, tokens: Integer[Array, " length"]) -> Float[Array, "length vocab"]:
         """Next-token logits.
 
         **Arguments:**

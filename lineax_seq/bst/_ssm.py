@@ -9,6 +9,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from ..ssm import HyenaFilter, S4DKernel, chunked_conv, linear_scan
 from ..ssm._fft_conv import _fft_size
+from ..ssm._kernel import complex_
 
 SSMS = ("s4", "unstruct")
 
@@ -195,7 +196,7 @@ class ContextSSM(eqx.Module):
         channels = self.streams * self.features
         if self.ssm == "s4":
             modes = self.kernel.state_size // 2
-            dtype = jax.lax.complex(self.kernel.c_real, self.kernel.c_imag).dtype
+            dtype = complex_(self.kernel.c_real, self.kernel.c_imag).dtype
             return {"s4": jnp.zeros((channels, modes), dtype)}
         return {
             "inputs": jnp.zeros((max_length, self.features)),

@@ -64,7 +64,7 @@ class MaskedLM(eqx.Module):
         positions: Int[Array, " n"],
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, "n vocab"]:
         """Vocabulary logits at `positions` only (the masked ones): the tied decoder is
         the largest matrix product, so it is applied to the predicted tokens alone."""
@@ -94,7 +94,7 @@ class Classifier(eqx.Module):
         mask: Bool[Array, " length"],
         *,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, " outputs"]:
         """Logits (or the regression value) of one sequence."""
         k1, k2 = (None, None) if key is None else jr.split(key)
@@ -116,7 +116,7 @@ def mlm_loss(
     key: PRNGKeyArray,
     *,
     max_masked: int,
-    inference: bool = False,
+    inference: bool | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """Mean cross-entropy over the masked tokens of a batch, and their accuracy.
 
@@ -129,7 +129,8 @@ def mlm_loss(
         (`lineax_seq.IGNORE_INDEX`) elsewhere.
     - `key`: dropout key.
     - `max_masked`: predictions scored per sequence (see `max_predictions`).
-    - `inference`: disable dropout.
+    - `inference`: disable dropout; `None` (default) defers to the dropout modules'
+      own flag, which `eqx.nn.inference_mode` sets.
 
     **Returns:**
 
@@ -159,7 +160,7 @@ def classification_loss(
     batch: dict[str, Any],
     key: PRNGKeyArray,
     *,
-    inference: bool = False,
+    inference: bool | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """Cross-entropy and accuracy (integer `label`) or squared error (float `label`,
     regression with one output) of a batch of `tokens`/`padding_mask`/`label`, as

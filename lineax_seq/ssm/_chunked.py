@@ -130,7 +130,11 @@ def chunked_conv(
     dtype = u.dtype
     work = _work_dtype(dtype)
     cdtype = jnp.complex128 if work == jnp.float64 else jnp.complex64
-    log_abar = jnp.log(abar.astype(cdtype))[:, :, None]  # (kc, n, 1)
+    # Abar = 0 (exp(dt A) underflowed) is a valid system, but log(0) = -inf would give
+    # Abar^0 = exp(-inf * 0) = nan: a finite stand-in keeps Abar^0 = 1, Abar^e = 0.
+    abar = abar.astype(cdtype)
+    zero = abar == 0
+    log_abar = jnp.where(zero, -1e4, jnp.log(jnp.where(zero, 1, abar)))[:, :, None]
     cb = cb.astype(cdtype)
     x = jnp.pad(u.astype(work), ((0, q * c - length), (0, 0))).reshape(q, c, channels)
 

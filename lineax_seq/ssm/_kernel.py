@@ -10,6 +10,8 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
+from ._fft_conv import _work_dtype
+
 _INITS = ("lin", "inv", "real", "legs")
 _DISCRETIZATIONS = ("zoh", "bilinear")
 
@@ -60,6 +62,46 @@ def _random_init(
     c = jr.normal(c_key, (2, channels, modes)) * math.sqrt(0.5)
     log_dt = jr.uniform(dt_key, (channels,), minval=log_dt_min, maxval=log_dt_max)
     return c[0], c[1], log_dt
+
+
+def check_kernel_options(
+    state_size: int,
+    init: str,
+    discretization: str,
+    dt_min: float,
+    dt_max: float,
+    *,
+    init_name: str = "init",
+) -> None:
+    """A `ValueError` naming the argument unless the `S4DKernel` options are valid."""
+    if (
+        isinstance(state_size, bool)
+        or not isinstance(state_size, int)
+        or state_size < 2
+        or state_size % 2
+    ):
+        raise ValueError(
+            f"state_size must be a positive even integer (N/2 complex modes are "
+            f"stored), got state_size={state_size!r}"
+        )
+    if init not in _INITS:
+        raise ValueError(f"{init_name} must be one of {_INITS}, got {init_name}={init!r}")
+    if discretization not in _DISCRETIZATIONS:
+        raise ValueError(
+            f"discretization must be one of {_DISCRETIZATIONS}, "
+            f"got discretization={discretization!r}"
+        )
+    if not (0 < dt_min < dt_max):
+        raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
+
+
+def complex_(
+    real: Float[Array, "*shape"], imag: Float[Array, "*shape"]
+) -> Complex[Array, "*shape"]:
+    """`real + i imag` in complex64, or complex128 if both parts are float64 (half-precision
+    parameters, e.g. of a model cast to bfloat16, are computed in float32)."""
+    work = _work_dtype(jnp.result_type(real, imag))
+    return jax.lax.complex(real.astype(work), imag.astype(work))
 
 
 class S4DKernel(eqx.Module):
@@ -125,27 +167,9 @@ class S4DKernel(eqx.Module):
             `0 < dt_min < dt_max`.
         - `key`: a `jax.random.key` for `C` and `dt`.
         """
-        if (
-            isinstance(state_size, bool)
-            or not isinstance(state_size, int)
-            or state_size < 2
-            or state_size % 2
-        ):
-            raise ValueError(
-                f"state_size must be a positive even integer (N/2 complex modes are "
-                f"stored), got state_size={state_size!r}"
-            )
+        check_kernel_options(state_size, init, discretization, dt_min, dt_max)
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(f"channels must be a positive integer, got channels={channels!r}")
-        if init not in _INITS:
-            raise ValueError(f"init must be one of {_INITS}, got init={init!r}")
-        if discretization not in _DISCRETIZATIONS:
-            raise ValueError(
-                f"discretization must be one of {_DISCRETIZATIONS}, "
-                f"got discretization={discretization!r}"
-            )
-        if not (0 < dt_min < dt_max):
-            raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
         modes = state_size // 2
         real_a, imag_a = _init_a(init, state_size)
         shape = (channels, modes)
@@ -168,9 +192,9 @@ class S4DKernel(eqx.Module):
         self,
     ) -> tuple[Complex[Array, "channels modes"], Complex[Array, "channels modes"]]:
         """`(log Abar, C Bbar)`: `Abar^l = exp(l log Abar)` is exact in `l`."""
-        a = jax.lax.complex(-jnp.exp(self.log_neg_real_a), self.imag_a)
-        b = jax.lax.complex(self.b_real, self.b_imag)
-        c = jax.lax.complex(self.c_real, self.c_imag)
+        a = complex_(-jnp.exp(self.log_neg_real_a), self.imag_a)
+        b = complex_(self.b_real, self.b_imag)
+        c = complex_(self.c_real, self.c_imag)
         dt = jnp.exp(self.log_dt)[:, None].astype(a.dtype)
         dta = dt * a
         if self.discretization == "zoh":

@@ -12,7 +12,7 @@ from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
 from ._chunked import chunked_conv
 from ._fft_conv import fft_conv
-from ._kernel import S4DKernel
+from ._kernel import S4DKernel, complex_
 
 _CONVS = ("auto", "fft", "chunked")
 
@@ -146,7 +146,7 @@ class S4D(eqx.Module):
         else:
             length = x.shape[0]
             k = self.kernel(length)
-            k = k if skip is None else k.at[:, 0].add(skip)
+            k = k if skip is None else k.at[:, 0].add(skip.astype(k.dtype))
             k_backward = None if self.kernel_backward is None else self.kernel_backward(length)
             y = fft_conv(x, k, k_backward)
         if shared:
@@ -166,7 +166,7 @@ class S4D(eqx.Module):
                 "needs the future inputs)"
             )
         modes = self.kernel.state_size // 2
-        dtype = jax.lax.complex(self.kernel.c_real, self.kernel.c_imag).dtype
+        dtype = complex_(self.kernel.c_real, self.kernel.c_imag).dtype
         return jnp.zeros((self.dim, modes), dtype)
 
     @jaxtyped(typechecker=beartype)
@@ -202,5 +202,6 @@ class S4D(eqx.Module):
             )
         abar, cb = self.kernel.discretize()
         state = abar * state + x_t.astype(state.dtype)[:, None]
-        y = 2 * jnp.sum((cb * state).real, axis=-1) + self.skip * x_t.astype(self.skip.dtype)
+        y = 2 * jnp.sum((cb * state).real, axis=-1)
+        y = y + (self.skip * x_t.astype(self.skip.dtype)).astype(y.dtype)
         return state, self._output(y.astype(x_t.dtype))
