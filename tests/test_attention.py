@@ -90,6 +90,22 @@ def test_multi_head_attention_gradients(getkey):
     jax.test_util.check_grads(lambda x: mha(jnp.asarray(x), mask=mask), (x,), order=1, modes="rev")
 
 
+def test_multi_head_attention_float64_is_float64(getkey):
+    """float64 inputs are attended in float64 (`jax.nn.dot_product_attention` would
+    compute float32 logits): the result is a float64 reference's to rounding."""
+    with jax.enable_x64(True):
+        mha = ls.MultiHeadAttention(8, 2, key=getkey())
+        mha = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, mha)
+        x = jr.normal(getkey(), (5, 8), jnp.float64)
+        mask = jnp.tril(jnp.ones((5, 5), bool))
+        bias = jr.normal(getkey(), (2, 5, 5), jnp.float64)
+        got = mha(x, mask=mask, bias=bias)
+        k, v = mha.keys_values(x)
+        want = mha.merge_heads(softmax_attention(mha.queries(x), k, v, mask, bias))
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("window", [1, 3, 4])
 def test_sliding_window_attention_matches_dense_reference(getkey, window):
     length, heads, d = 12, 2, 3
@@ -141,7 +157,7 @@ def test_attention_bad_input(key):
         ls.MultiHeadAttention(10, 3, key=key)
     with pytest.raises(ValueError, match="num_buckets"):
         ls.RelativePositionBias(2, num_buckets=5, bidirectional=True, key=key)
-    with pytest.raises(ValueError, match="window"):
+    with pytest.raises(ValueError, match="window=0"):
         ls.SlidingWindowAttention(8, 2, 0, key=key)
     layer = ls.SlidingWindowAttention(8, 2, 4, key=key)
     with pytest.raises(ValueError, match="multiple of `window`=4"):
@@ -169,8 +185,14 @@ def test_sliding_window_attention_checks_without_jaxtyping(no_jaxtyping):
     # The annotations reject some of these first when jaxtyping checks.
     q = jnp.zeros((8, 2, 4))
     unchecked = ls.sliding_window_attention
+    for window in (2.0, True):
+        with pytest.raises(ValueError, match=f"got window={window!r}"):
+            ls.SlidingWindowAttention(8, 2, window, key=jr.key(0))
+    assert ls.SlidingWindowAttention(8, 2, np.int64(4), key=jr.key(0)).window == 4
     with pytest.raises(ValueError, match="window=0"):
         unchecked(q, q, q, window=0)
+    with pytest.raises(ValueError, match=r"\(length, heads, head_dim\), got q.shape=\(8, 4\)"):
+        unchecked(q[:, 0], q[:, 0], q[:, 0], window=4)
     with pytest.raises(ValueError, match=r"one shape .* k.shape=\(16, 2, 4\)"):
         unchecked(q, jnp.zeros((16, 2, 4)), q, window=4)
     with pytest.raises(

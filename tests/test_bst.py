@@ -234,6 +234,39 @@ def test_generate_narrow_prompt_dtypes(getkey):
         ls.generate(lm, jnp.array([3, 300]), 4, key=getkey(), temperature=0.0)
 
 
+def test_generate_arguments(sh_lm, getkey):
+    """`steps=0` returns the prompt; NumPy integers are accepted; non-integers named."""
+    prompt = jr.randint(getkey(), (3,), 0, VOCAB)
+    np.testing.assert_array_equal(ls.generate(sh_lm, prompt, 0, key=getkey()), prompt)
+    out = ls.generate(sh_lm, prompt, np.int64(2), key=getkey(), top_k=np.int64(1))
+    np.testing.assert_array_equal(out, ls.generate(sh_lm, prompt, 2, key=getkey(), top_k=1))
+    for kw, name in [(dict(steps=2.0), "steps"), (dict(steps=2, top_k=2.5), "top_k")]:
+        with pytest.raises(TypeError, match=name):  # jaxtyping's, or the function's own
+            ls.generate(sh_lm, prompt, kw.pop("steps"), key=getkey(), **kw)
+
+
+@pytest.mark.parametrize("variant", ["BST:SH:S4", "BST:MF:UNSTRUCT"])
+def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
+    """The decoding caches take the model's dtype: a model cast to bfloat16 decodes in
+    bfloat16 (close to its forward pass), and a float32 model decodes under x64."""
+    tokens = jr.randint(getkey(), (L,), 0, VOCAB)
+    lm = ls.BlockStateTransformerLM.from_variant(
+        variant, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(0,), max_length=L,
+        key=getkey(),
+    )  # fmt: skip
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, lm)
+    # jax.nn.dot_product_attention itself promotes bfloat16 to float32 implicitly.
+    with jax.numpy_dtype_promotion("standard"):
+        steps = _decode(half, tokens)
+        full = _forward_pair(half, tokens[None])[0]
+    assert steps.dtype == full.dtype == jnp.bfloat16
+    np.testing.assert_allclose(steps.astype(jnp.float32), full.astype(jnp.float32), atol=0.1)
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):  # int32/int64 mixes
+        steps = _decode(lm, tokens)
+    assert steps.dtype == jnp.float32
+    np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
+
+
 def test_tied_head_starts_near_uniform(sh_lm, getkey):
     """Embeddings of std 0.02 (GPT-2) and an unscaled tied head: initial loss ~ log(vocab)."""
     logits = _forward_pair(sh_lm, jr.randint(getkey(), (2, L), 0, VOCAB))
@@ -350,6 +383,19 @@ def test_bad_input(sh_lm, key):
         ls.bst_variant_config.__wrapped__(3)  # as called without jaxtyping's hook
     # No BST layer, so no UNSTRUCT filter needs a training length: a list says so too.
     build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct", bst_layers=[])
+
+
+def test_numpy_integers_accepted(key, no_jaxtyping):
+    """NumPy integers work as window sizes and layer indices (as for users who do not
+    run jaxtyping's checks on constructors)."""
+    assert ls.SlidingWindowLayer(DIM, HEADS, np.int64(W), key=key).window == W
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, DIM, 2, num_heads=HEADS, window=np.int64(W), bst_layers=np.array([1]), key=key
+    )
+    assert [type(layer).__name__ for layer in lm.layers] == [
+        "SlidingWindowLayer",
+        "BlockStateTransformerLayer",
+    ]
 
 
 def test_unstruct_decoding_stops_at_the_cache_length(zoo):

@@ -2,10 +2,13 @@
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
+
+from ._core import head_major_attention
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -18,7 +21,8 @@ class MultiHeadAttention(eqx.Module):
 
     Queries come from `x` (`dim` features); keys and values from `context` (`kv_dim`
     features, default `dim`), or from `x` itself for self-attention. The attention
-    itself is `jax.nn.dot_product_attention`, so GPUs get fused kernels.
+    itself is `jax.nn.dot_product_attention`, so GPUs get fused kernels (float32
+    logits); float64 inputs are computed in float64 throughout.
 
     The projections are also available one by one (`queries`, `keys_values`,
     `merge_heads`) for layers that arrange heads themselves (sliding-window blocks, the
@@ -133,5 +137,11 @@ class MultiHeadAttention(eqx.Module):
                 )
         q = self.queries(x)
         k, v = self.keys_values(context)
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+        if q.dtype == jnp.float64:  # dot_product_attention computes float32 logits
+            blocked = None if mask is None else jnp.where(mask, 0.0, -1e30)
+            total = blocked if bias is None else bias if blocked is None else bias + blocked
+            hm = lambda a: rearrange(a, "t h d -> h t d")
+            out = rearrange(head_major_attention(hm(q), hm(k), hm(v), total), "h t d -> t h d")
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
         return self.merge_heads(out)

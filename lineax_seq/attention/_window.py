@@ -1,6 +1,6 @@
 """Causal sliding-window attention computed block by block, all blocks at once."""
 
-import math
+import numbers
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -10,13 +10,20 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from ._bias import RelativePositionBias
+from ._core import head_major_attention, masked_bias
 from ._mha import MultiHeadAttention
+
+
+def check_window(window: object) -> int:
+    """`window` as an `int` (NumPy integers accepted), or a clear error."""
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
+    return int(window)
 
 
 def check_blocks(length: int, window: int, name: str = "x") -> int:
     """Return the number of blocks of `window` in `length`, or raise a clear error."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
+    window = check_window(window)
     if length < window:
         raise ValueError(
             f"`window`={window} is larger than the sequence length {length} of `{name}`."
@@ -40,17 +47,6 @@ def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
     r = jnp.arange(window)[:, None]
     c = jnp.arange(2 * window)[None, :]
     return (c > r) & (c <= window + r)
-
-
-def masked_bias(
-    mask: Bool[Array, "q k"], bias: Float[Array, "heads q k"] | None = None
-) -> Float[Array, "#heads q k"]:
-    """Fold a boolean mask into an additive bias (`-1e30` where `mask` is `False`).
-
-    Every query must see at least one key.
-    """
-    blocked = jnp.where(mask, 0.0, -1e30)[None]
-    return blocked if bias is None else bias + blocked
 
 
 def sliding_window_attention(
@@ -84,6 +80,10 @@ def sliding_window_attention(
 
     Attention outputs, shape `(length, heads, head_dim)`.
     """
+    if q.ndim != 3:
+        raise ValueError(
+            f"`q`, `k` and `v` must have shape (length, heads, head_dim), got q.shape={q.shape}."
+        )
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(
             f"`q`, `k` and `v` must have one shape (length, heads, head_dim), got "
@@ -110,29 +110,6 @@ def sliding_window_attention(
     frame_bias = frame_bias + jnp.where(no_previous, -1e30, 0.0)[None, :, None]
     out = head_major_attention(q, k_frame, v_frame, frame_bias)
     return rearrange(out, "h n w d -> (n w) h d")
-
-
-def head_major_attention(
-    q: Float[Array, "*batch q d"],
-    k: Float[Array, "*batch k d"],
-    v: Float[Array, "*batch k d"],
-    bias: Float[Array, "*#batch #q #k"] | None = None,
-) -> Float[Array, "*batch q d"]:
-    """Softmax attention with leading batch axes (e.g. `(heads, blocks)`).
-
-    Logits and the softmax are float32 (the outputs are cast back to `v`'s dtype);
-    normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
-    `bias` is additive (use `-1e30` to block a key); every query must see a key.
-    """
-    scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
-    logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=jnp.float32)
-    if bias is not None:
-        logits = logits + bias
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-    out = jnp.einsum(
-        "...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
-    return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
 
 
 def block_attention(
@@ -182,8 +159,7 @@ class SlidingWindowAttention(eqx.Module):
         - `output_projection`: as in [`lineax_seq.MultiHeadAttention`][].
         - `key`: PRNG key.
         """
-        if window < 1:
-            raise ValueError(f"`window` must be >= 1, got {window}.")
+        window = check_window(window)
         ka, kb = jr.split(key)
         self.attention = MultiHeadAttention(
             dim, num_heads, output_projection=output_projection, key=ka

@@ -22,7 +22,7 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention, SlidingWindowAttention
-from ..attention._window import block_attention, check_blocks, masked_bias
+from ..attention._window import block_attention, check_blocks, check_window, masked_bias
 from ._ssm import ContextSSM
 
 CONTEXTS = ("sh", "mh", "mf")
@@ -62,11 +62,6 @@ class _MLP(eqx.Module):
         return _dense(self.down, jax.nn.relu(_dense(self.up, x)))
 
 
-def _check_window(window: int) -> None:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
-
-
 def _check_input(x: Array, window: int, dim: int) -> None:
     if x.shape[-1] != dim:
         raise ValueError(f"`x` must have dim={dim} features, got shape {x.shape}.")
@@ -88,7 +83,8 @@ def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
 def _init_frame(attention: SlidingWindowAttention) -> Cache:
     mha = attention.attention
     shape = (2 * attention.window, mha.num_heads, mha.head_dim)
-    return {"k": jnp.zeros(shape), "v": jnp.zeros(shape)}
+    dtype = mha.key_proj.weight.dtype  # the keys' dtype (float64 params under x64, bf16...)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
 def _self_attention_step(
@@ -111,7 +107,7 @@ def _self_attention_step(
         "k": jax.lax.dynamic_update_slice_in_dim(frame["k"], k, w + r, axis=0),
         "v": jax.lax.dynamic_update_slice_in_dim(frame["v"], v, w + r, axis=0),
     }
-    c = jnp.arange(2 * w)
+    c = jnp.arange(2 * w, dtype=jnp.result_type(r))
     mask = (c > r) & (c <= w + r) & ((t >= w) | (c >= w))
     bias = attention.relative_bias(1, 2 * w, query_offset=w + r)
     out = jax.nn.dot_product_attention(q, frame["k"], frame["v"], bias=bias, mask=mask[None])
@@ -144,7 +140,7 @@ class SlidingWindowLayer(eqx.Module):
         - `mlp_dim`: hidden size of the ReLU MLP (default `4 * dim`).
         - `key`: PRNG key.
         """
-        _check_window(window)
+        window = check_window(window)
         ka, km = jr.split(key)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.attention = SlidingWindowAttention(dim, num_heads, window, key=ka)
@@ -229,7 +225,8 @@ class _PositionContext(eqx.Module):
     def init_cache(self, window: int, head_dim: int) -> Cache:
         heads = self.key_proj.shape[0 if self.multi_head else 1]
         shape = (window, heads, head_dim)
-        return {"k": jnp.zeros(shape), "v": jnp.zeros(shape)}
+        dtype = self.key_proj.dtype
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
     def step(self, cache: Cache, y_t, t: Int[Array, ""], window: int):
         r = t % window
@@ -238,7 +235,7 @@ class _PositionContext(eqx.Module):
             "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k, r, axis=0),
             "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v, r, axis=0),
         }
-        return cache, jnp.arange(window) <= r
+        return cache, jnp.arange(window, dtype=jnp.result_type(r)) <= r
 
 
 class _MultiFilterContext(eqx.Module):
@@ -364,7 +361,7 @@ class BlockStateTransformerLayer(eqx.Module):
           are normalised by it).
         - `key`: PRNG key.
         """
-        _check_window(window)
+        window = check_window(window)
         if context not in CONTEXTS:
             raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
         ka, ks, kc, kq, ko, km = jr.split(key, 6)
@@ -519,7 +516,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
         - `key`: PRNG key.
         """
-        _check_window(window)
+        window = check_window(window)
         num_states = window if num_states is None else num_states
         if num_states < 1:
             raise ValueError(f"`num_states` must be >= 1, got num_states={num_states}.")

@@ -1,6 +1,9 @@
 """Block-State Transformer language model and the SLIDE / BRECT baselines."""
 
+import numbers
+import operator
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 import equinox as eqx
 import jax
@@ -9,7 +12,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Float, Int, Integer, PRNGKeyArray, jaxtyped
 
-from ..attention._window import check_blocks
+from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
     BlockRecurrentTransformerLayer,
@@ -44,12 +47,13 @@ def _scaled_paper_layers(num_layers: int) -> tuple[int, ...]:
 
 def _check_indices(name: str, indices: Sequence[int], num_layers: int) -> tuple[int, ...]:
     indices = tuple(indices)
-    bad = [i for i in indices if not (isinstance(i, int) and 0 <= i < num_layers)]
+    ok = lambda i: isinstance(i, numbers.Integral) and not isinstance(i, bool)
+    bad = [i for i in indices if not (ok(i) and 0 <= i < num_layers)]
     if bad or len(set(indices)) != len(indices):
         raise ValueError(
             f"`{name}` must be distinct layer indices in [0, {num_layers}), got {name}={indices}."
         )
-    return indices
+    return tuple(int(i) for i in indices)
 
 
 def variant_config(variant: str, num_layers: int = 12) -> dict:
@@ -159,6 +163,7 @@ class BlockStateTransformerLM(eqx.Module):
             raise ValueError(
                 f"`vocab_size` and `num_layers` must be >= 1, got {vocab_size}, {num_layers}."
             )
+        window = check_window(window)
         if num_heads < 1:
             raise ValueError(f"`num_heads`={num_heads} must be >= 1.")
         if dim % num_heads:
@@ -315,9 +320,10 @@ class BlockStateTransformerLM(eqx.Module):
 
 
 @eqx.filter_jit
-def _generate(lm, prompt, steps: int, key, temperature, top_k):
+def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
     # The prompt is checked once; sampled tokens are in range by construction, so the
-    # per-token check of `step` is left out of the loop.
+    # per-token check of `step` is left out of the loop. `temperature` is traced (one
+    # compilation serves every value); only greedy-or-not and `top_k` are static.
     prompt = lm._check_tokens(prompt)
     cache = lm.init_cache(prompt.shape[0] + steps)
     cache, logits = jax.lax.scan(lambda c, token: lm._step(c, token), cache, prompt)
@@ -328,10 +334,10 @@ def _generate(lm, prompt, steps: int, key, temperature, top_k):
         if top_k is not None:
             kth = jax.lax.top_k(logits, top_k)[0][-1]
             logits = jnp.where(logits < kth, -jnp.inf, logits)
-        if temperature == 0:
+        if greedy:
             token = jnp.argmax(logits)
         else:
-            token = jr.categorical(k, logits / temperature)
+            token = jr.categorical(k, logits / temperature.astype(logits.dtype))
         cache, logits = lm._step(cache, token)
         return (cache, logits), token
 
@@ -339,14 +345,24 @@ def _generate(lm, prompt, steps: int, key, temperature, top_k):
     return jnp.concatenate([prompt, tokens.astype(prompt.dtype)])
 
 
+def _index(name: str, value: object) -> int:
+    """`value` as an `int` (NumPy integers accepted), or a `TypeError` naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"`{name}` must be an integer, got {name}={value!r}.")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be an integer, got {name}={value!r}.") from None
+
+
 def generate(
     lm: BlockStateTransformerLM,
     prompt: Integer[Array, " prompt"],
-    steps: int,
+    steps: SupportsIndex,
     *,
     key: PRNGKeyArray,
     temperature: float = 1.0,
-    top_k: int | None = None,
+    top_k: SupportsIndex | None = None,
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
@@ -360,7 +376,7 @@ def generate(
 
     - `lm`: the model.
     - `prompt`: integer tokens in `[0, vocab_size)`, shape `(prompt,)`, at least one.
-    - `steps`: number of tokens to sample.
+    - `steps`: number of tokens to sample (`0` returns `prompt`).
     - `key`: PRNG key.
     - `temperature`: softmax temperature; `0` means greedy (argmax).
     - `top_k`: if given, sample among the `top_k` most likely tokens only.
@@ -377,11 +393,17 @@ def generate(
         raise ValueError(f"`prompt` must be a non-empty 1-d token array, got shape {prompt.shape}.")
     if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
         prompt = prompt.astype(jnp.int32)
-    if steps < 1:
-        raise ValueError(f"`steps` must be >= 1, got steps={steps}.")
+    steps = _index("steps", steps)
+    if steps < 0:
+        raise ValueError(f"`steps` must be >= 0, got steps={steps}.")
+    if steps == 0:
+        return lm._check_tokens(prompt)
     temperature = float(temperature)
     if not temperature >= 0:  # NaN too
         raise ValueError(f"`temperature` must be >= 0, got temperature={temperature}.")
-    if top_k is not None and not 1 <= top_k <= lm.vocab_size:
-        raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
-    return _generate(lm, prompt, steps, key, temperature, top_k)
+    if top_k is not None:
+        top_k = _index("top_k", top_k)
+        if not 1 <= top_k <= lm.vocab_size:
+            raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
+    greedy = temperature == 0
+    return _generate(lm, prompt, steps, key, jnp.asarray(temperature), greedy, top_k)

@@ -8,7 +8,7 @@ from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from ..ssm import HyenaFilter, S4DKernel, chunked_conv, linear_scan
-from ..ssm._fft_conv import _fft_size
+from ..ssm._fft_conv import _fft_size, _work_dtype
 from ..ssm._kernel import complex_
 
 SSMS = ("s4", "unstruct")
@@ -123,8 +123,9 @@ class ContextSSM(eqx.Module):
         # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
         # its transform is computed once (not `streams` times).
         n = _fft_size(2 * length)
-        u_f = jnp.fft.rfft(u, n=n, axis=0)  # (n // 2 + 1, features)
-        k = rearrange(self.kernel(length), "(s f) l -> s f l", s=self.streams)
+        work = _work_dtype(u.dtype)  # FFTs in float32 at least (bfloat16 has none)
+        u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)  # (n // 2 + 1, features)
+        k = rearrange(self.kernel(length), "(s f) l -> s f l", s=self.streams).astype(work)
         k_f = jnp.moveaxis(jnp.fft.rfft(k, n=n, axis=-1), -1, 0)  # (n // 2 + 1, s, f)
         y = jnp.fft.irfft(u_f[:, None, :] * k_f, n=n, axis=0)[:length].astype(u.dtype)
         skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
@@ -199,7 +200,7 @@ class ContextSSM(eqx.Module):
             dtype = complex_(self.kernel.c_real, self.kernel.c_imag).dtype
             return {"s4": jnp.zeros((channels, modes), dtype)}
         return {
-            "inputs": jnp.zeros((max_length, self.features)),
+            "inputs": jnp.zeros((max_length, self.features), self.down.weight.dtype),
             "filter": self.kernel(max_length),
         }
 
@@ -235,10 +236,10 @@ class ContextSSM(eqx.Module):
                 "max_length); decode no further, or start from a larger max_length",
             )
             inputs = state["inputs"].at[t].set(u)
-            lag = t - jnp.arange(filt.shape[1])
+            lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
             taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
             history = repeat(inputs, "T f -> T (s f)", s=self.streams)
             y = jnp.einsum("cT,Tc->c", taps, history)
             state = {"inputs": inputs, "filter": filt}
-        y = y + self._skip() * u_all
+        y = y.astype(u.dtype) + self._skip() * u_all
         return state, rearrange(y, "(s f) -> s f", s=self.streams)

@@ -1,0 +1,40 @@
+"""Softmax attention kernels shared by the attention modules and the BST cell."""
+
+import math
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+
+def masked_bias(
+    mask: Bool[Array, "q k"], bias: Float[Array, "heads q k"] | None = None
+) -> Float[Array, "#heads q k"]:
+    """Fold a boolean mask into an additive bias (`-1e30` where `mask` is `False`).
+
+    Every query must see at least one key.
+    """
+    blocked = jnp.where(mask, 0.0, -1e30)[None]
+    return blocked if bias is None else bias + blocked
+
+
+def head_major_attention(
+    q: Float[Array, "*batch q d"],
+    k: Float[Array, "*batch k d"],
+    v: Float[Array, "*batch k d"],
+    bias: Float[Array, "*#batch #q #k"] | None = None,
+) -> Float[Array, "*batch q d"]:
+    """Softmax attention with leading batch axes (e.g. `(heads, blocks)`).
+
+    Logits and the softmax are float32, or float64 for float64 inputs (the outputs are
+    cast back to `v`'s dtype);
+    normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
+    `bias` is additive (use `-1e30` to block a key); every query must see a key.
+    """
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=acc)
+    if bias is not None:
+        logits = logits + bias
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)
+    return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
