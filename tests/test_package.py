@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from types import ModuleType
 
 import jax
 import pytest
@@ -13,14 +14,16 @@ def test_host_devices_available():
 
 
 def test_public_names_documented():
-    missing = [
+    assert len(set(lineax_seq.__all__)) == len(lineax_seq.__all__)
+    missing = [name for name in lineax_seq.__all__ if not getattr(lineax_seq, name).__doc__]
+    assert missing == []
+    # Every public name at the top level is listed (modules aside).
+    public = {
         name
         for name in dir(lineax_seq)
-        if not name.startswith("_")
-        and callable(getattr(lineax_seq, name))
-        and not getattr(lineax_seq, name).__doc__
-    ]
-    assert missing == []
+        if not name.startswith("_") and not isinstance(getattr(lineax_seq, name), ModuleType)
+    }
+    assert public == set(lineax_seq.__all__)
 
 
 def test_cli_help():
