@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -380,8 +381,9 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         ls.unroll(controlled, x0, jnp.full((3, 1), jnp.nan), steps=3)
     with pytest.raises((ValueError, TypeError), match="steps"):
         ls.unroll_latents(model, x0, steps=2.0)
-    with pytest.raises(ValueError, match="steps=2.0 must be a positive int"):
-        ls.unroll_latents.__wrapped__(model, x0, steps=2.0)  # without jaxtyping's hook
+    # Type-checked without jaxtyping's import hook too, like `unroll`.
+    with pytest.raises(jaxtyping.TypeCheckError, match="steps"):
+        ls.unroll_latents.__wrapped__(model, x0, steps=2.0)
     with pytest.raises(TypeError, match="KoopmanAutoencoder"):
         ls.unroll_latents(ls.MLPBaseline(2, width=4, key=jr.key(0)), x0, steps=2)
     with pytest.raises(ValueError, match=r"x must have shape \(2,\), got x.shape=\(4,\)"):
@@ -427,3 +429,92 @@ def test_parameters_follow_x64():
     # train step compiles once.
     dynamics = ls.LinearKoopmanDynamics(3, key=jr.key(0))
     assert not dynamics.log_delta.weak_type
+
+
+def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
+    with pytest.raises(ValueError, match="steps=2.0 must be a positive int"):
+        ls.unroll_latents(model, jnp.array([0.1, 0.2]), steps=2.0)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_unroll_continuous_jit_with_later_start(x64):
+    """Traced `ts` with `ts[0] != 0`: save times are clipped against the very `t0`, `t1`
+    of each solve (clipped against reencoding times computed outside the scan, which
+    XLA rounded differently, diffrax rejected them: "saveat.ts must lie between")."""
+    with jax.enable_x64(x64):
+        m = ls.KoopmanAutoencoder(2, 6, width=8, key=jr.key(0))
+        x0, grid = jnp.array([0.3, -0.2]), jnp.linspace(0.0, 3.0, 31)
+        run = eqx.filter_jit(
+            lambda ts: ls.unroll_continuous(m, x0, ts, reencode_dt=0.2, num_segments=15)
+        )
+        # Autonomous dynamics: the eager prediction from ts[0] = 0 is the one at any ts[0].
+        eager = ls.unroll_continuous(m, x0, grid, reencode_dt=0.2)
+        for t0 in (0.1, 0.123):
+            np.testing.assert_allclose(run(t0 + grid), eager, rtol=1e-4, atol=1e-5)
+
+
+def test_time_just_past_a_reencoding_time_is_reencoded(model):
+    """`ts[1] = 1.0` equals the reencoding time: decoded before reencoding; `ts[2]` is
+    5e-5 later (hundreds of float32 ulps): reencoded first, on every path. (A tolerance
+    of 1e-4 segments counted it as equal.)"""
+    x0, ts = jnp.array([0.5, -0.4]), jnp.array([0.0, 1.0, 1.00005])
+    G = model.dynamics.generator()
+    x1 = model.decode(jsl.expm(G) @ model.encode(x0))
+    x2 = model.decode(jsl.expm((ts[2] - ts[1]) * G) @ model.encode(x1))
+    expected = jnp.stack([model(x0), x1, x2])
+
+    @jax.jit
+    def predictions(traced_ts):
+        # Closed-over (concrete) times take the host path; an argument is traced.
+        return (
+            ls.unroll_continuous(model, x0, ts, reencode_dt=1.0, exact=True),
+            ls.unroll_continuous(model, x0, ts, reencode_dt=1.0),
+            ls.unroll_continuous(model, x0, traced_ts, reencode_dt=1.0, num_segments=2),
+        )
+
+    for got in predictions(ts):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynamics):
+    """`vector_field` (what diffrax calls) and `step` check `z` and `v` like `__call__`;
+    the baseline and the action encoder check shapes; constructors reject bad sizes."""
+    z = jnp.zeros(6)
+    dynamics = controlled.dynamics
+    for f in (dynamics.vector_field, dynamics.step, dynamics):
+        with pytest.raises(ValueError, match=r"v must have shape \(3,\).*got v=None"):
+            f(z)
+    with pytest.raises(ValueError, match="autonomous: pass v=None"):
+        mlp_dynamics.dynamics.vector_field(z, jnp.zeros(1))
+    with pytest.raises(ValueError, match=r"z must have shape \(6,\), got z.shape=\(4,\)"):
+        model.dynamics.vector_field(jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"u must have shape \(1,\), got u.shape=\(2,\)"):
+        controlled.encode_action(jnp.zeros(2))
+    base = ls.MLPBaseline(2, 1, width=4, layers=2, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"u must have shape \(1,\).*got u=None"):
+        base(jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"x must have shape \(2,\), got x.shape=\(3,\)"):
+        base(jnp.zeros(3), jnp.zeros(1))
+    with pytest.raises(ValueError, match="autonomous: pass u=None"):
+        ls.MLPBaseline(2, width=4, key=jr.key(0))(jnp.zeros(2), jnp.zeros(1))
+    for width in (0, -3):
+        with pytest.raises(ValueError, match=f"width={width} must be a positive int"):
+            ls.MLPBaseline(2, width=width, key=jr.key(0))
+    with pytest.raises(ValueError, match="discretization='exact' applies to linear dynamics"):
+        ls.KoopmanAutoencoder(2, 4, dynamics="mlp", discretization="exact", key=jr.key(0))
+    with pytest.raises(ValueError, match="dt=inf must be positive and finite"):
+        ls.KoopmanAutoencoder(2, 4, dt=float("inf"), key=jr.key(0))
+    with pytest.raises(ValueError, match="latent_dim=True must be a positive int"):
+        ls.KoopmanAutoencoder(2, True, key=jr.key(0))
+
+
+def test_nan_checks_name_the_argument(model, controlled):
+    x0 = jnp.array([0.1, 0.2])
+    # Traced actions are checked at run time, like x0.
+    with pytest.raises(Exception, match="actions contains NaN or inf values"):
+        eqx.filter_jit(lambda u: ls.unroll(controlled, x0, u, steps=3))(jnp.full((3, 1), jnp.nan))
+    xs = jnp.zeros((5, 2)).at[0, 1].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"xs contains NaN .*\(1 of 10; the first is xs\[0, 1\]"):
+        ls.koopman_loss(model, xs)
+    with pytest.raises(Exception, match="xs contains NaN or inf values"):
+        eqx.filter_jit(lambda xs: ls.koopman_loss(model, xs))(xs)

@@ -1,12 +1,29 @@
 """Dynamical systems: samplers, simulation accuracy against closed forms and invariants."""
 
 import math
+from typing import ClassVar
 
+import diffrax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import pytest
 
 import lineax_seq as ls
+
+
+class Ramp(ls.DynamicalSystem):
+    """`x' = t + u`, time-dependent: `x(t) = t^2 / 2 + int_0^t u`."""
+
+    state_dim: ClassVar[int] = 1
+    action_dim: ClassVar[int] = 1
+    dt: float = 0.1
+
+    def vector_field(self, t, x, args):
+        return jnp.stack([t + args[0]])
+
+    def sample_initial(self, key, num):
+        return jnp.zeros((num, 1))
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +88,32 @@ def test_controlled_pendulum_uses_the_torque(key):
     assert jnp.allclose(rest, 0.0, atol=1e-6)
     # Small angles: theta'' ~ u, so theta(t) ~ t^2 / 2 early on.
     assert jnp.allclose(pushed[10, 0], 0.5 * (10 * system.dt) ** 2, rtol=0.02)
-    xs, us = ls.sample_trajectories(system, key, 2, 20)
+    # NumPy integers are counts too (they were traced, as jit arguments).
+    xs, us = ls.sample_trajectories(system, key, np.int64(2), np.int64(20))
     assert xs.shape == (2, 21, 2) and us.shape == (2, 20, 1)
+
+
+def test_controlled_intervals_keep_the_time():
+    """Interval `i` is integrated over `[i dt, (i + 1) dt]` (time restarted at 0 in every
+    interval), with adaptive and with fixed-step solvers."""
+    us = jnp.linspace(-1.0, 1.0, 10)[:, None]
+    t = 0.1 * jnp.arange(11.0)
+    zero = jnp.zeros(1)
+    xs = ls.simulate(Ramp(), zero, 10, actions=us)
+    assert jnp.allclose(xs[:, 0], t**2 / 2 + jnp.concatenate([zero, jnp.cumsum(0.1 * us[:, 0])]))
+    # Euler has no error estimate: one fixed step per interval, x_{i+1} = x_i + dt (t_i + u_i).
+    euler = ls.simulate(Ramp(), zero, 10, actions=us, solver=diffrax.Euler())
+    expected = jnp.concatenate([zero, jnp.cumsum(0.1 * (t[:-1] + us[:, 0]))])
+    assert jnp.allclose(euler[:, 0], expected, atol=1e-6)
+
+
+def test_fixed_step_solver_steps_on_the_sampling_times():
+    system, x = ls.Duffing(), jnp.array([0.5, 0.2])
+    expected = [x]
+    for _ in range(5):
+        expected.append(expected[-1] + system.dt * system.vector_field(0.0, expected[-1], None))
+    xs = ls.simulate(system, x, 5, solver=diffrax.Euler())
+    assert jnp.allclose(xs, jnp.stack(expected), atol=1e-6)
 
 
 def test_simulate_bad_inputs():
@@ -93,3 +134,11 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
     with pytest.raises(ValueError, match="num=0 must be a positive int"):
         ls.sample_trajectories(ls.Duffing(), jr.key(0), 0, 10)
+    with pytest.raises(ValueError, match=r"num=np.int64\(0\) must be a positive int"):
+        ls.sample_trajectories(ls.Duffing(), jr.key(0), np.int64(0), 10)
+    nan_actions = jnp.zeros((10, 1)).at[3, 0].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"actions contains NaN .*actions\[3, 0\] = nan"):
+        ls.simulate(ls.ControlledPendulum(), jnp.zeros(2), 10, actions=nan_actions)
+    for tolerance in ("rtol", "atol"):
+        with pytest.raises(ValueError, match=f"{tolerance}=-1.0 must be >= 0 and finite"):
+            ls.simulate(ls.Duffing(), jnp.zeros(2), 10, **{tolerance: -1.0})

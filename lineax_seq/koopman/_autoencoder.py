@@ -6,7 +6,15 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._dynamics import _DISCRETIZATIONS, AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
+from .._checks import check_state_control
+from ._dynamics import (
+    _DISCRETIZATIONS,
+    AbstractLatentDynamics,
+    LinearKoopmanDynamics,
+    MLPDynamics,
+    _check_dt,
+    _check_int,
+)
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
@@ -29,6 +37,8 @@ class UnitNormLinear(eqx.Module):
 
     def __init__(self, in_dim: int, out_dim: int, *, key: PRNGKeyArray):
         """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
+        _check_int("in_dim", in_dim)
+        _check_int("out_dim", out_dim)
         self.weight = jr.normal(key, (out_dim, in_dim))
         self.bias = jnp.zeros((out_dim,))
 
@@ -93,25 +103,33 @@ class KoopmanAutoencoder(eqx.Module):
         - `dynamics_width`: hidden width of the MLP dynamics (default `width`).
         - `action_head`: add an MLP decoding actions from the latent.
         - `dt`: the data's sampling interval; initialises the trainable step `delta`.
-        - `discretization`: `"bilinear"` or `"exact"` (linear dynamics only).
+        - `discretization`: `"bilinear"` or `"exact"`; linear dynamics only (MLP
+            dynamics step by explicit Euler: leave the default).
         - `key`: PRNG key.
         """
-        for name, value in [("state_dim", state_dim), ("latent_dim", latent_dim), ("width", width)]:
-            if value <= 0:
-                raise ValueError(f"{name}={value} must be positive")
-        if action_dim < 0:
-            raise ValueError(f"action_dim={action_dim} must be >= 0")
-        for name, value in [("encoder_layers", encoder_layers), ("decoder_layers", decoder_layers)]:
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
+        for name, value in [
+            ("state_dim", state_dim),
+            ("latent_dim", latent_dim),
+            ("width", width),
+            ("encoder_layers", encoder_layers),
+            ("decoder_layers", decoder_layers),
+        ]:
+            _check_int(name, value)
+        _check_int("action_dim", action_dim, minimum=0)
+        _check_dt(dt)
         if decoder not in _DECODERS:
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
         if dynamics not in _DYNAMICS:
             raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
         if discretization not in _DISCRETIZATIONS:
             raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
-        if dynamics_width is not None and dynamics_width <= 0:
-            raise ValueError(f"dynamics_width={dynamics_width} must be positive or None")
+        if dynamics == "mlp" and discretization != "bilinear":
+            raise ValueError(
+                f"discretization={discretization!r} applies to linear dynamics only; "
+                "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
+            )
+        if dynamics_width is not None:
+            _check_int("dynamics_width", dynamics_width)
         if action_dim == 0 and action_latent_dim is not None:
             raise ValueError(
                 f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
@@ -123,8 +141,8 @@ class KoopmanAutoencoder(eqx.Module):
             if action_dim == 0
             else (latent_dim if action_latent_dim is None else action_latent_dim)
         )
-        if action_dim > 0 and m <= 0:
-            raise ValueError(f"action_latent_dim={action_latent_dim} must be positive")
+        if action_dim > 0:
+            _check_int("action_latent_dim", m)
         ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
         self.encoder = _mlp(state_dim, latent_dim, width, encoder_layers, key=ekey)
         if decoder == "linear":
@@ -170,6 +188,8 @@ class KoopmanAutoencoder(eqx.Module):
         """`omega(u)`: control `(action_dim,)` -> encoded control `(action_latent_dim,)`."""
         if self.action_encoder is None:
             raise ValueError("this model has action_dim=0: it takes no actions")
+        if u.shape != (self.action_dim,):
+            raise ValueError(f"u must have shape ({self.action_dim},), got u.shape={u.shape}")
         return self.action_encoder(u)
 
     def predict_action(self, z: Float[Array, " latent_dim"]) -> Float[Array, " action_dim"]:
@@ -220,12 +240,10 @@ class MLPBaseline(eqx.Module):
     ):
         """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`
         (number of linear layers), `key`."""
-        if state_dim <= 0:
-            raise ValueError(f"state_dim={state_dim} must be positive")
-        if action_dim < 0:
-            raise ValueError(f"action_dim={action_dim} must be >= 0")
-        if layers < 1:
-            raise ValueError(f"layers={layers} must be >= 1")
+        _check_int("state_dim", state_dim)
+        _check_int("action_dim", action_dim, minimum=0)
+        _check_int("width", width)
+        _check_int("layers", layers)
         self.mlp = _mlp(state_dim + action_dim, state_dim, width, layers, key=key)
         self.state_dim = state_dim
         self.action_dim = action_dim
@@ -244,5 +262,6 @@ class MLPBaseline(eqx.Module):
 
         The next state `(state_dim,)`.
         """
+        check_state_control(("x", x, self.state_dim), ("u", u, self.action_dim), "model")
         inp = x if u is None else jnp.concatenate([x, u])
         return x + self.mlp(inp)

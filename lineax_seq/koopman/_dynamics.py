@@ -2,6 +2,7 @@
 
 import abc
 import math
+import numbers
 
 import equinox as eqx
 import jax
@@ -11,19 +12,27 @@ import jax.scipy.linalg as jsl
 import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._checks import check_state_control
+
 _DISCRETIZATIONS = ("bilinear", "exact")
 
 
-def _check_positive(name: str, value: int | float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name}={value} must be positive")
+def _check_int(name: str, value: object, minimum: int = 1) -> None:
+    """`value` must be an int (not a bool) `>= minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name}={value!r} must be {kind}")
+
+
+def _check_dt(dt: float) -> None:
+    if not 0 < dt < math.inf:
+        raise ValueError(f"dt={dt!r} must be positive and finite")
 
 
 def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> None:
-    _check_positive("latent_dim", latent_dim)
-    if action_latent_dim < 0:
-        raise ValueError(f"action_latent_dim={action_latent_dim} must be >= 0")
-    _check_positive("dt", dt)
+    _check_int("latent_dim", latent_dim)
+    _check_int("action_latent_dim", action_latent_dim, minimum=0)
+    _check_dt(dt)
 
 
 class AbstractLatentDynamics(eqx.Module):
@@ -56,10 +65,22 @@ class AbstractLatentDynamics(eqx.Module):
     ) -> Float[Array, " latent"]:
         """One discrete step `z_{t+1}` `(latent,)` from `z_t` and the encoded control `v_t`."""
 
+    def _check(self, z: Array, v: Array | None) -> None:
+        """`z` must have shape `(latent_dim,)`; `v` shape `(action_latent_dim,)`, or
+        `None` exactly when the dynamics are autonomous."""
+        check_state_control(
+            ("z", z, self.latent_dim), ("v", v, self.action_latent_dim), "latent dynamics"
+        )
+
     def vector_field(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`dz/dt = (delta / dt) f(z, v)` in the data's time units (for diffrax)."""
+        """`dz/dt = (delta / dt) f(z, v)` in the data's time units (for diffrax).
+
+        Same arguments as `__call__`: `v` is required exactly when the dynamics are
+        controlled.
+        """
+        self._check(z, v)
         return (self.delta / self.dt) * self.rate(z, v)
 
     def __call__(
@@ -76,16 +97,7 @@ class AbstractLatentDynamics(eqx.Module):
 
         The next latent state `(latent_dim,)`.
         """
-        if z.shape != (self.latent_dim,):
-            raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
-        if self.action_latent_dim == 0 and v is not None:
-            raise ValueError(f"these dynamics are autonomous: pass v=None, got v.shape={v.shape}")
-        if self.action_latent_dim > 0 and (v is None or v.shape != (self.action_latent_dim,)):
-            got = None if v is None else v.shape
-            raise ValueError(
-                f"v must have shape ({self.action_latent_dim},) (the encoded control), "
-                f"got {'v=None' if got is None else f'v.shape={got}'}"
-            )
+        self._check(z, v)
         return self.step(z, v)
 
 
@@ -194,6 +206,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
         """One discrete step `Kbar z + Lbar v`."""
+        self._check(z, v)
         Kbar, Lbar = self.discretize()
         out = Kbar @ z
         if v is not None and Lbar is not None:
@@ -234,7 +247,7 @@ class MLPDynamics(AbstractLatentDynamics):
         - `key`: PRNG key.
         """
         _check_sizes(latent_dim, action_latent_dim, dt)
-        _check_positive("width", width)
+        _check_int("width", width)
         self.mlp = eqx.nn.MLP(
             latent_dim + action_latent_dim,
             latent_dim,
@@ -261,4 +274,5 @@ class MLPDynamics(AbstractLatentDynamics):
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
         """One discrete step `z + delta * mlp([z, v])` (explicit Euler over `dt`)."""
+        self._check(z, v)
         return z + self.delta * self.rate(z, v)

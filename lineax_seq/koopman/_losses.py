@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._checks import check_finite
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
 from ._unroll import unroll, unroll_latents
 
@@ -13,15 +14,15 @@ def _norms(a: Array) -> Array:
     return jnp.sqrt(jnp.sum(a**2, axis=-1) + 1e-12)
 
 
-def _check_window(model: KoopmanAutoencoder | MLPBaseline, xs: Array) -> int:
-    """The number of steps in the window `xs`, or a clear error."""
+def _check_window(model: KoopmanAutoencoder | MLPBaseline, xs: Array) -> tuple[Array, int]:
+    """`(xs, steps)`: the window, checked to be finite, and its number of steps."""
     if xs.ndim != 2 or xs.shape[1] != model.state_dim:
         raise ValueError(
             f"xs must have shape (window, state_dim={model.state_dim}), got xs.shape={xs.shape}"
         )
     if xs.shape[0] < 2:
         raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
-    return xs.shape[0] - 1
+    return check_finite("xs", xs), xs.shape[0] - 1
 
 
 def koopman_loss(
@@ -54,7 +55,7 @@ def koopman_loss(
     **Arguments:**
 
     - `model`: the autoencoder.
-    - `xs`: states `(T + 1, state_dim)`.
+    - `xs`: states `(T + 1, state_dim)`, finite.
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
         (Python numbers or arrays, e.g. traced under `jit`).
@@ -67,7 +68,7 @@ def koopman_loss(
     `(loss, terms)`: the weighted scalar loss and a dict of the unweighted terms
     (every term, whatever its weight; `"action"` only with an action head and actions).
     """
-    steps = _check_window(model, xs)
+    xs, steps = _check_window(model, xs)
     zs = jax.vmap(model.encode)(xs)
     zhat = unroll_latents(
         model, xs[0], actions, steps=steps, reencode_every=reencode_every, method=method
@@ -101,13 +102,13 @@ def mlp_baseline_loss(
     **Arguments:**
 
     - `model`: the baseline.
-    - `xs`: states `(T + 1, state_dim)`.
+    - `xs`: states `(T + 1, state_dim)`, finite.
     - `actions`: controls `(T, action_dim)`, or `None`.
 
     **Returns:**
 
     The scalar loss.
     """
-    steps = _check_window(model, xs)
+    xs, steps = _check_window(model, xs)
     pred = unroll(model, xs[0], actions, steps=steps)
     return jnp.sum(_norms(xs[1:] - pred))

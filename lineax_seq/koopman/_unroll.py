@@ -11,6 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
+from .._checks import check_finite
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import LinearKoopmanDynamics
 
@@ -32,22 +33,17 @@ def _check_x0(model, x0: Array) -> Array:
             f"x0 has shape {x0.shape}, but the model's state_dim is {model.state_dim}: "
             f"expected shape ({model.state_dim},)"
         )
-    host = _concrete(x0)
-    if host is None:
-        return eqx.error_if(x0, ~jnp.all(jnp.isfinite(x0)), "x0 contains NaN or inf values")
-    if not np.all(np.isfinite(host)):
-        raise ValueError(f"x0 contains NaN or inf values: {host}")
-    return x0
+    return check_finite("x0", x0)
 
 
-def _check_actions(model, actions: Array | None, steps: int) -> None:
+def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
     if model.action_dim == 0:
         if actions is not None:
             raise ValueError(
                 f"actions has shape {actions.shape}, but the model has action_dim=0 "
                 "(autonomous): pass actions=None"
             )
-        return
+        return None
     if actions is None:
         raise ValueError(f"the model has action_dim={model.action_dim}: actions are required")
     if actions.shape != (steps, model.action_dim):
@@ -55,9 +51,7 @@ def _check_actions(model, actions: Array | None, steps: int) -> None:
             f"actions has shape {actions.shape}, expected (steps, action_dim) = "
             f"{(steps, model.action_dim)}"
         )
-    host = _concrete(actions)
-    if host is not None and not np.all(np.isfinite(host)):
-        raise ValueError("actions contains NaN or inf values")
+    return check_finite("actions", actions)
 
 
 def _powers(Kbar: Array, length: int) -> Array:
@@ -188,20 +182,22 @@ def _check_reencode(reencode_every: int | None) -> None:
         )
 
 
-def _check_unroll(model, x0, actions, steps, reencode_every, method) -> Array:
+def _check_unroll(model, x0, actions, steps, reencode_every, method) -> tuple[Array, Array | None]:
+    """`(x0, actions)`, checked (traced ones are checked for NaN at run time)."""
     _check_reencode(reencode_every)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps={steps!r} must be a positive int")
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not one of {_METHODS}")
-    _check_actions(model, actions, steps)
-    return _check_x0(model, x0)
+    actions = _check_actions(model, actions, steps)
+    return _check_x0(model, x0), actions
 
 
 def _encode_actions(model: KoopmanAutoencoder, actions: Array | None) -> Array | None:
     return None if actions is None else jax.vmap(model.encode_action)(actions)
 
 
+@jaxtyped(typechecker=beartype)
 def unroll_latents(
     model: KoopmanAutoencoder,
     x0: Float[Array, " state_dim"],
@@ -221,7 +217,7 @@ def unroll_latents(
         raise TypeError(
             f"model must be a KoopmanAutoencoder (the one with latents), got {type(model).__name__}"
         )
-    x0 = _check_unroll(model, x0, actions, steps, reencode_every, method)
+    x0, actions = _check_unroll(model, x0, actions, steps, reencode_every, method)
     vs = _encode_actions(model, actions)
     return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
 
@@ -274,7 +270,7 @@ def unroll(
                 f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
                 "(it has no latent space): pass None"
             )
-        x0 = _check_unroll(model, x0, actions, steps, None, method)
+        x0, actions = _check_unroll(model, x0, actions, steps, None, method)
 
         def one(x, u):
             x = model(x, u)
@@ -289,7 +285,7 @@ def unroll(
         and isinstance(model.decoder, UnitNormLinear)
     ):
         # Decoding fused into the powers of Kbar: O(d n) per step.
-        x0 = _check_unroll(model, x0, actions, steps, reencode_every, method)
+        x0, _ = _check_unroll(model, x0, actions, steps, reencode_every, method)
         return _readout_rollout(model, model.encode(x0), steps, reencode_every)
     zs = unroll_latents(
         model, x0, actions, steps=steps, reencode_every=reencode_every, method=method
@@ -329,13 +325,21 @@ def _segments(
     return ts, num
 
 
+# Reencoding times computed as `jnp.linspace` or `t0 + dt * arange` land up to ~1.5 units
+# in the last place of `max |ts|` past the exact ones, ~3 with the arithmetic on a traced
+# `ts` (in its own dtype). 16 leaves a margin: 1.9e-6 at `max |ts| = 1` in float32, 3.6e-15
+# in float64 (the former `1e-4` segments merged times far apart in float64).
+_ULPS = 16
+
+
 def _tolerance(ts, reencode_dt: float):
     """How far past a reencoding time, in segments, a time still belongs to the segment
-    that ends there: 1e-4, or 4 units in the last place of `max |ts|` if larger (the
-    rounding of the times). Used both to count segments and to assign times to them."""
+    that ends there: `_ULPS` units in the last place of `max |ts|` (in `ts`'s dtype),
+    the rounding of computed times, and no more (a later time is reencoded). Used both
+    to count segments and to assign times to them."""
     xp = np if isinstance(ts, np.ndarray) else jnp
     ulp = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
-    return xp.maximum(1e-4, 4 * ulp / reencode_dt)
+    return _ULPS * ulp / reencode_dt
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
@@ -415,9 +419,11 @@ def unroll_continuous(
     dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
     `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
-    `ts`; a time equal to a reencoding time is decoded *before* reencoding, as in
-    [`unroll`][lineax_seq.unroll]. Differentiable (diffrax's adjoint, default
-    recursive checkpointing), so models can be trained through it.
+    `ts`; a time equal to a reencoding time (up to 16 units in the last place of
+    `max |ts|`, the rounding of computed times such as `jnp.linspace`) is decoded
+    *before* reencoding, as in [`unroll`][lineax_seq.unroll]. Differentiable
+    (diffrax's adjoint, default recursive checkpointing), so models can be trained
+    through it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
@@ -519,17 +525,20 @@ def unroll_continuous(
         extra["progress_meter"] = progress_meter
 
     if ts_host is None:
-        # Every segment saves at all of ts, clipped into it (shapes cannot depend on ts).
-        save_ts = jax.vmap(lambda t0, t1: jnp.clip(ts, t0, t1))(taus[:-1], taus[1:])
+        # Every segment saves at all of ts (shapes cannot depend on ts).
+        save_ts = jnp.broadcast_to(ts, (num, ts.shape[0]))
         position = jnp.arange(ts.shape[0])
     else:
         # Each segment saves only at its own times (padded), then at its end.
         save_ts, host_position = _segment_times(host_taus, host_seg, ts_host)
-        save_ts = jnp.clip(jnp.asarray(save_ts, ts.dtype), taus[:-1, None], taus[1:, None])
+        save_ts = jnp.asarray(save_ts, ts.dtype)
         position = jnp.asarray(host_position)
 
     def segment(z, inputs):
         t0, t1, saves = inputs
+        # Clipped here, against the very t0 and t1 diffrax gets: outside the scan, XLA
+        # may recompute `taus` with a different rounding (saves then fall outside).
+        saves = jnp.clip(saves, t0, t1)
         sol = diffrax.diffeqsolve(
             term,
             solver,

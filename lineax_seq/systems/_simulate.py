@@ -1,15 +1,18 @@
 """Trajectory simulation with diffrax at tight tolerance."""
 
 import math
+import numbers
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_finite
 from ._systems import DynamicalSystem
 
 
@@ -19,18 +22,26 @@ def _check_state(system: DynamicalSystem, x0: Array) -> Array:
             f"x0 has shape {x0.shape}, but {type(system).__name__} needs shape "
             f"({system.state_dim},)"
         )
-    if isinstance(x0, jax.core.Tracer):
-        return eqx.error_if(x0, ~jnp.all(jnp.isfinite(x0)), "x0 contains NaN or inf values")
-    if not bool(jnp.all(jnp.isfinite(x0))):
-        raise ValueError(f"x0 contains NaN or inf values: {x0}")
-    return x0
+    return check_finite("x0", x0)
 
 
-def _check_steps(steps: int, dt: float | None) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps={steps!r} must be a positive int")
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+
+
+def _check_steps(steps: object, dt: float | None) -> None:
+    _check_count("steps", steps)
     if dt is not None and not 0 < dt < math.inf:
         raise ValueError(f"dt={dt!r} must be positive and finite (or None: system.dt)")
+
+
+def _check_tolerances(rtol: float, atol: float) -> None:
+    for name, value in [("rtol", rtol), ("atol", atol)]:
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{name}={value!r} must be >= 0 and finite")
+    if rtol == 0 and atol == 0:
+        raise ValueError("rtol=0 and atol=0: at least one tolerance must be positive")
 
 
 @jaxtyped(typechecker=beartype)
@@ -49,19 +60,24 @@ def simulate(
     """Integrate `system` from `x0` and sample the state every `dt`.
 
     Adaptive Runge-Kutta (default `diffrax.Dopri8`) with a PID step-size controller at
-    tight tolerance. With `actions`, the control is held constant over each sampling
-    interval (zero-order hold) and the intervals are integrated one after another, so the
-    solver never steps across a discontinuity.
+    tight tolerance; a solver without an error estimate (e.g. `diffrax.Euler()`) takes
+    fixed steps, one per sampling interval. With `actions`, the control is held constant
+    over each sampling interval (zero-order hold) and the intervals
+    `[i dt, (i + 1) dt]` are integrated one after another, so the solver never steps
+    across a discontinuity.
 
     **Arguments:**
 
     - `system`: the dynamical system.
     - `x0`: initial state, shape `(state_dim,)`, finite.
     - `steps`: number of sampling intervals, positive.
-    - `actions`: control inputs `(steps, action_dim)`, one per interval, for controlled
-        systems; must be `None` for autonomous ones.
+    - `actions`: control inputs `(steps, action_dim)`, one per interval, finite, for
+        controlled systems; must be `None` for autonomous ones.
     - `dt`: sampling interval, positive (default `system.dt`).
-    - `solver`, `rtol`, `atol`, `max_steps`: passed to `diffrax.diffeqsolve`.
+    - `solver`: a diffrax solver (default `diffrax.Dopri8()`).
+    - `rtol`, `atol`: tolerances of the PID controller (adaptive solvers only), `>= 0`
+        and not both 0.
+    - `max_steps`: passed to `diffrax.diffeqsolve`.
 
     **Returns:**
 
@@ -69,6 +85,7 @@ def simulate(
     """
     x0 = _check_state(system, x0)
     _check_steps(steps, dt)
+    _check_tolerances(rtol, atol)
     if (actions is None) != (system.action_dim == 0):
         raise ValueError(
             f"actions must be given exactly when the system is controlled; "
@@ -80,50 +97,49 @@ def simulate(
             f"actions has shape {actions.shape}, expected (steps, action_dim) = "
             f"{(steps, system.action_dim)}"
         )
+    if actions is not None:
+        actions = check_finite("actions", actions)
     dt = system.dt if dt is None else dt
     solver = diffrax.Dopri8() if solver is None else solver
+    adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
     term = diffrax.ODETerm(system.vector_field)
-    controller = diffrax.PIDController(rtol=rtol, atol=atol)
-    if actions is None:
-        ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
-        sol = diffrax.diffeqsolve(
-            term,
-            solver,
-            t0=0.0,
-            t1=ts[-1],
-            dt0=dt,
-            y0=x0,
-            saveat=diffrax.SaveAt(ts=ts),
-            stepsize_controller=controller,
-            max_steps=max_steps,
-        )
-        return sol.ys
+    ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
 
-    def interval(x, u):
-        sol = diffrax.diffeqsolve(
+    def solve(x, times, args, saveat):
+        # A solver without an error estimate steps exactly onto the sampling times.
+        return diffrax.diffeqsolve(
             term,
             solver,
-            t0=0.0,
-            t1=dt,
-            dt0=dt,
+            t0=times[0],
+            t1=times[-1],
+            dt0=dt if adaptive else None,
             y0=x,
-            args=u,
-            stepsize_controller=controller,
+            args=args,
+            saveat=saveat,
+            stepsize_controller=(
+                diffrax.PIDController(rtol=rtol, atol=atol) if adaptive else diffrax.StepTo(times)
+            ),
             max_steps=max_steps,
-        )
-        x_next = sol.ys[-1]
+        ).ys
+
+    if actions is None:
+        return solve(x0, ts, None, diffrax.SaveAt(ts=ts))
+
+    def interval(x, inputs):
+        t0, t1, u = inputs
+        x_next = solve(x, jnp.stack([t0, t1]), u, diffrax.SaveAt(t1=True))[-1]
         return x_next, x_next
 
-    _, xs = jax.lax.scan(interval, x0, actions)
+    # Interval i runs from t_i = i dt to t_{i+1}, so time-dependent fields see the time.
+    _, xs = jax.lax.scan(interval, x0, (ts[:-1], ts[1:], actions))
     return jnp.concatenate([x0[None], xs])
 
 
-@eqx.filter_jit
 def sample_trajectories(
     system: DynamicalSystem,
     key: PRNGKeyArray,
-    num: int,
-    steps: int,
+    num: int | np.integer,
+    steps: int | np.integer,
     *,
     dt: float | None = None,
 ) -> tuple[Float[Array, "num times state_dim"], Float[Array, "num intervals action_dim"] | None]:
@@ -134,8 +150,8 @@ def sample_trajectories(
     - `system`: the dynamical system; its `sample_initial` (and, for controlled systems,
         `sample_actions`) provide the randomness.
     - `key`: PRNG key.
-    - `num`: number of trajectories.
-    - `steps`: number of sampling intervals per trajectory.
+    - `num`: number of trajectories, a positive int.
+    - `steps`: number of sampling intervals per trajectory, a positive int.
     - `dt`: sampling interval (default `system.dt`).
 
     **Returns:**
@@ -143,9 +159,15 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
-    if isinstance(num, bool) or not isinstance(num, int) or num <= 0:
-        raise ValueError(f"num={num!r} must be a positive int")
+    _check_count("num", num)
     _check_steps(steps, dt)
+    # Static Python numbers (NumPy scalars would be traced as jit arguments).
+    dt = None if dt is None else float(dt)
+    return _sample_trajectories(system, key, int(num), int(steps), dt)
+
+
+@eqx.filter_jit
+def _sample_trajectories(system, key, num, steps, dt):
     init_key, action_key = jr.split(key)
     x0 = system.sample_initial(init_key, num)
     if system.action_dim == 0:
