@@ -1,8 +1,8 @@
 """`python -m lineax_seq <command>`: the demo and the papers' experiments.
 
 Each command lives in `lineax_seq/experiments/_<name>.py`, which provides
-`add_arguments(parser)` and `run(args)`; it is imported only when chosen, so
-`--help` stays fast.
+`add_arguments(parser)` and `run(args)`. Only the chosen command's module is imported
+(to build its options), so `python -m lineax_seq --help` loads no experiment.
 """
 
 import argparse
@@ -16,25 +16,33 @@ _COMMANDS = {
     "bigs": ("_bigs", "BiGS masked-LM pretraining, fine-tuning and the Table 1 ablation."),
 }
 
+_DESCRIPTION = (
+    "Run the lineax_seq demo or reproduce the papers' experiments "
+    "(Koopman autoencoders, Block-State Transformer, BiGS). "
+    "`python -m lineax_seq COMMAND --help` lists a command's options."
+)
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lineax_seq", description=__doc__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m lineax_seq", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
+    # The command is the first argument that is not an option (the parser has no others).
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    module = None
     for name, (module_name, help_text) in _COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name != chosen:
+            continue
         try:
             module = importlib.import_module(f"lineax_seq.experiments.{module_name}")
         except ModuleNotFoundError as e:
             if e.name != f"lineax_seq.experiments.{module_name}":
                 raise
-            continue
+            parser.error(f"command {name!r} is not available in this build")
         module.add_arguments(command_parser)
-        modules[name] = module
     args = parser.parse_args(argv)
-    if args.command not in modules:
-        parser.error(f"command {args.command!r} is not available in this build")
-    return modules[args.command].run(args) or 0
+    return module.run(args) or 0
 
 
 if __name__ == "__main__":

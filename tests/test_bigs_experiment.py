@@ -3,11 +3,13 @@
 import argparse
 import csv
 import json
+import pathlib
+import re
 
 import numpy as np
 import pytest
 
-from lineax_seq.experiments import _bigs, _bigs_ablation, _bigs_kernels, _bigs_train
+from lineax_seq.experiments import _bigs, _bigs_ablation, _bigs_kernels, _bigs_train, _cli
 
 TEXTS = [
     "def alpha(x):\n    return x + 1\n" * 6,
@@ -180,6 +182,39 @@ def test_cli_parses_subcommands():
     for bad in (["--dim", "0"], ["--layers", "-1"], ["--init-std", "0"], ["--init-std", "nan"]):
         with pytest.raises(SystemExit):
             _parse(["pretrain", *bad])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pretrain", "--max-files", "-1"], "'-1' is not a positive integer"),
+        (["pretrain", "--eval-every", "-1"], "'-1' is not a non-negative integer"),
+        (["pretrain", "--mask-rate", "0"], r"'0' is not a number in \(0, 1\]"),
+        (["pretrain", "--ssm-lr", "nan"], "'nan' is not a non-negative finite number"),
+        (["kernels", "--checkpoint", "a", "--radius", "-1"], "'-1' is not a positive integer"),
+    ],
+)
+def test_cli_rejects_bad_numbers(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        _parse(argv)
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_pretrain_checks_the_length_before_writing(tmp_path):
+    out = tmp_path / "run"
+    args = _parse(["pretrain", "--tokenizer", "byte", "--length", "2", "--out", str(out)])
+    with pytest.raises(ValueError, match="--length 2: masked-LM sequences need at least 3"):
+        _bigs.pretrain(args)
+    assert not out.exists()
+
+
+def test_ablation_default_out_is_the_checkouts_results(tmp_path):
+    # A source checkout: its benchmarks/results (the committed results are rerun in place).
+    assert _bigs_ablation.RESULTS_DIR == _cli.results_dir()
+    (tmp_path / "benchmarks").mkdir()
+    assert _cli.results_dir(tmp_path) == tmp_path / "benchmarks" / "results"
+    # Installed without a checkout: under the current directory, as `koopman` does.
+    assert _cli.results_dir(tmp_path / "site-packages") == pathlib.Path("benchmarks/results")
 
 
 # ----------------------------------------------------------------- models, losses, optimiser

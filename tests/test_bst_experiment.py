@@ -86,6 +86,24 @@ def test_flags_override_small_defaults():
     assert cfg.seeds == (3, 4)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "'0' is not a positive integer"),
+        (["--eval-multipliers", "1", "0"], "'0' is not a positive finite number"),
+        (["--eval-tokens", "0"], "'0' is not a positive integer"),
+        (["--lr", "nan"], "'nan' is not a positive finite number"),
+        (["--warmup-steps", "-1"], "'-1' is not a non-negative integer"),
+    ],
+)
+def test_bad_flags(argv, message, capsys):
+    parser = argparse.ArgumentParser()
+    _bst.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
 def test_s4_step_sizes_follow_the_training_length():
     """The slowest S4D mode's time constant 2 / dt_min is half the training length."""
     cfg = _bst.small_config()  # train_length 256

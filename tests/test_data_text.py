@@ -87,6 +87,25 @@ def test_corpus_bad_inputs(tmp_path, corpus_dir):
         ls.text_corpus(bad, split="all")
 
 
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        ([{"text": None}], r"n.jsonl:1: field 'text' must be a string, got None"),
+        ([{"text": "a"}, {"text": 5}], r"n.jsonl:2: field 'text' must be a string, got 5"),
+        ([{"id": None, "text": "a"}], r"n.jsonl:1: field 'id' must be a string or an integer"),
+        (
+            [{"id": "x", "text": "a"}, {"id": "x", "text": "b"}],
+            r"n.jsonl:2: duplicate document id 'x' \(first at .*n.jsonl:1\)",
+        ),
+    ],
+)
+def test_corpus_jsonl_bad_records(tmp_path, records, message):
+    path = tmp_path / "n.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match=message):
+        ls.text_corpus(path, split="all")
+
+
 # -------------------------------------------------------------------------- tokenizers
 
 
@@ -140,6 +159,20 @@ def test_bpe_train_save_load(tmp_path):
         ls.BPETokenizer.load(tmp_path / "nope.json")
 
 
+def test_tokenizer_protocol_needs_the_special_ids():
+    class Incomplete:
+        vocab_size = 263
+        special_ids = tuple(range(7))
+        encode = ls.ByteTokenizer.encode
+        encode_batch = ls.ByteTokenizer.encode_batch
+        decode = ls.ByteTokenizer.decode
+
+    assert not isinstance(Incomplete(), ls.Tokenizer)
+    for name in ("pad_id", "bos_id", "eos_id", "cls_id", "sep_id", "mask_id"):
+        setattr(Incomplete, name, getattr(ls.ByteTokenizer, name))
+    assert isinstance(Incomplete(), ls.Tokenizer)
+
+
 # ---------------------------------------------------------------------- causal-LM windows
 
 
@@ -188,6 +221,8 @@ def test_lm_bad_inputs():
         ls.lm_dataset(DOCS, tok, length=8, batch_size=0)
     with pytest.raises(ValueError, match="batch_size=1000 is larger"):
         ls.lm_dataset(DOCS, tok, length=8, batch_size=1000, num_epochs=1)
+    with pytest.raises(TypeError, match="texts must be a sequence of documents, got a single"):
+        ls.lm_windows("abcdefghijkl", tok, length=4)
 
 
 # --------------------------------------------------------------------------------- MLM
@@ -291,6 +326,20 @@ def test_mlm_dataset_examples_and_masking_modes():
         ls.mlm_examples(DOCS, tok, length=2)
 
 
+def test_mlm_rejects_no_masking_and_no_tokens():
+    tok = ls.ByteTokenizer()
+    for texts in ([], ["", ""]):
+        with pytest.raises(ValueError, match="texts contain no tokens"):
+            ls.mlm_examples(texts, tok, length=8)
+    with pytest.raises(ValueError, match=r"mask_prob must be in \(0, 1\] .*mask_prob=0"):
+        ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, mask_prob=0.0)
+    with pytest.raises(ValueError, match=r"mask_prob must be in \(0, 1\]"):
+        ls.mask_tokens(
+            np.array([9, 10]), np.random.default_rng(0), vocab_size=263, mask_id=6,
+            special_ids=range(7), mask_prob=0.0,
+        )  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ loader
 
 
@@ -356,6 +405,23 @@ def test_sharding_partitions_the_data(drop):
     assert _ids(num, None, seed=5) != _ids(num, None, seed=6)
 
 
+def test_shards_draw_their_own_masks_and_shuffles():
+    tok = ls.ByteTokenizer()
+    docs = ["abcdefghijklmn"] * 8  # identical examples: only the randomness differs
+
+    def batches(index):
+        shard = grain.sharding.ShardOptions(index, 2)
+        return _epochs(ls.mlm_dataset(docs, tok, length=16, batch_size=4, shard_options=shard), 3)
+
+    first, second = batches(0), batches(1)
+    assert any((a["labels"] != b["labels"]).any() for a, b in zip(first, second, strict=True))
+    _assert_batches_equal(batches(0), first)  # each shard is still deterministic
+    # Shard 1 holds examples 1, 3, ... next to shard 0's 0, 2, ...: not in the same order.
+    ids = [_ids(20, grain.sharding.ShardOptions(i, 2), seed=5) for i in range(2)]
+    assert [i - 1 for i in ids[1]] != ids[0]
+    assert _ids(20, grain.sharding.ShardOptions(0, 2), seed=5) == ids[0]
+
+
 def test_loader_bad_inputs():
     ds = grain.MapDataset.range(10)
     with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
@@ -366,3 +432,5 @@ def test_loader_bad_inputs():
         ls.batch_examples(ds, batch_size=2, num_epochs=0)
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
         ls.batch_examples(ds, batch_size=2, num_workers=-1)
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got seed=-1"):
+        ls.batch_examples(ds, batch_size=2, seed=-1)

@@ -1,6 +1,7 @@
 """The `koopman` experiment runner: a tiny CLI run, period selection, table, bad options."""
 
 import argparse
+import importlib
 import json
 import math
 import re
@@ -145,12 +146,29 @@ def test_format_table_ours_beside_paper():
         (["--periods", "ten"], "--periods='ten' must be a comma-separated list"),
         (["--horizons", "100,100"], "--horizons='100,100' must be distinct"),
         (["--steps", "-3"], "'-3' is not a positive integer"),
+        (["--prediction", "-1"], "'-1' is not a non-negative finite number"),
     ],
 )
 def test_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(["koopman", *argv])
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_main_imports_only_the_chosen_command(monkeypatch, capsys):
+    imported = []
+    real = importlib.import_module
+    monkeypatch.setattr(
+        importlib, "import_module", lambda name: imported.append(name) or real(name)
+    )
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert imported == []
+    assert "reproduce the papers' experiments" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["koopman", "--help"])
+    assert imported == ["lineax_seq.experiments._koopman"]
+    assert "--prediction" in capsys.readouterr().out
 
 
 def test_window_longer_than_trajectories(tmp_path):

@@ -7,6 +7,7 @@ import shutil
 
 import _training_sharding_common as common
 import equinox as eqx
+import grain
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -159,6 +160,37 @@ def test_nonfinite_loss_stops_and_names_step(data, tmp_path):
         )
 
 
+def _grain_batches(data, **kwargs):
+    examples = grain.MapDataset.source(
+        [(x, y) for xs, ys in data for x, y in zip(xs, ys, strict=True)]
+    )
+    return ls.batch_examples(examples, batch_size=8, shuffle=False, **kwargs)
+
+
+def test_finite_grain_eval_data_is_evaluated_whole(data):
+    result = ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data, steps=1,
+        key=jr.key(0), eval_data=_grain_batches(data[:2], num_epochs=1), progress=False,
+    )  # fmt: skip
+    assert [r["step"] for r in result.history if r["split"] == "eval"] == [1]
+    # With eval_batches, an endless eval_data is fine too.
+    result = ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data, steps=1,
+        key=jr.key(0), eval_data=_grain_batches(data), eval_batches=2, progress=False,
+    )  # fmt: skip
+    assert [r["step"] for r in result.history if r["split"] == "eval"] == [1]
+
+
+def test_resume_with_another_data_layout_says_so(data, tmp_path):
+    args = (common.make_model(), common.optimizer(), common.loss_fn)
+    kw = dict(steps=2, key=jr.key(0), out_dir=tmp_path, checkpoint_every=1, progress=False)
+    ls.train(*args, _grain_batches(data), **kw)
+    workers = _grain_batches(data, num_workers=2)
+    with pytest.raises(ValueError, match=r"data pipeline's layout changed .* num_workers"):
+        ls.train(*args, workers, **{**kw, "steps": 3})
+    assert ls.list_checkpoints(tmp_path / "checkpoints")[-1].name.endswith("2")  # untouched
+
+
 def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
     with pytest.raises(ValueError, match=r"steps=-1 must be"):
@@ -176,6 +208,9 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path / "k", keep_checkpoints=0)
     with pytest.raises(ValueError, match=r"eval_data must be re-iterable .* generator"):
         ls.train(*args, steps=1, key=jr.key(0), eval_data=(b for b in data))
+    forever = _grain_batches(data)  # num_epochs=None; checked up front (steps=0 never evaluates)
+    with pytest.raises(ValueError, match=r"eval_data repeats forever .* eval_batches=None"):
+        ls.train(*args, steps=0, key=jr.key(0), eval_data=forever)
     mesh = jax.make_mesh((1,), ("data",))
     with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
         ls.train(*args, steps=1, key=jr.key(0), mesh=mesh)

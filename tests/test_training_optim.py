@@ -136,6 +136,18 @@ def test_param_group_bad_input(toy):
     for name, value in (("b1", 2.0), ("b2", -0.1), ("eps", -1)):
         with pytest.raises(ValueError, match=f"{name}={value}"):
             ls.make_optimizer(total_steps=10, **{name: value})
+    nan, inf = float("nan"), float("inf")
+    for name, value in (
+        ("learning_rate", nan), ("learning_rate", inf), ("weight_decay", nan),
+        ("clip_norm", nan), ("clip_norm", inf), ("eps", inf), ("eps", nan),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name}={value} must be a finite number"):
+            ls.make_optimizer(total_steps=10, **{name: value})
+    for name in ("learning_rate", "weight_decay"):
+        with pytest.raises(ValueError, match=f"{name}=nan must be a finite number"):
+            ls.ParamGroup(match="a", **{name: nan})
+    with pytest.raises(ValueError, match="peak_lr=inf must be a finite number"):
+        ls.make_schedule(inf, schedule="constant")
     with pytest.raises(ValueError, match="learning_rate='1e-3' must be a number"):
         ls.make_optimizer.__wrapped__("1e-3", total_steps=10)  # as without the hook
     with pytest.raises(ValueError, match="total_steps=10.5 must be an integer"):

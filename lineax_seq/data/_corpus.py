@@ -54,10 +54,20 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                     raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
                 if not isinstance(record, dict) or text_field not in record:
                     raise ValueError(f"{path}:{lineno}: JSON object has no {text_field!r} field")
-                doc_id = str(record.get("id", f"{rel}:{lineno}"))
-                yield doc_id, str(record[text_field])
+                text = record[text_field]
+                if not isinstance(text, str):
+                    raise ValueError(
+                        f"{path}:{lineno}: field {text_field!r} must be a string, got {text!r}"
+                    )
+                doc_id = record.get("id", f"{rel}:{lineno}")
+                if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+                    raise ValueError(
+                        f"{path}:{lineno}: field 'id' must be a string or an integer, "
+                        f"got {doc_id!r}"
+                    )
+                yield str(doc_id), text, f"{path}:{lineno}"
     else:
-        yield rel, path.read_text(encoding="utf-8", errors="replace")
+        yield rel, path.read_text(encoding="utf-8", errors="replace"), str(path)
 
 
 def read_documents(
@@ -100,9 +110,14 @@ def _read_documents_uncached(source, text_field):
                 raise ValueError(
                     f"source {str(source)!r} is a directory with no {'/'.join(_SUFFIXES)} files"
                 )
-    docs = {}
+    docs, seen = {}, {}
     for path in sorted(files):
-        for doc_id, text in _read_documents(path, root, text_field):
+        for doc_id, text, where in _read_documents(path, root, text_field):
+            if doc_id in seen:
+                raise ValueError(
+                    f"{where}: duplicate document id {doc_id!r} (first at {seen[doc_id]})"
+                )
+            seen[doc_id] = where
             if text.strip():
                 docs[doc_id] = text
     if not docs:
@@ -123,8 +138,10 @@ def text_corpus(
     The default corpus needs no download: the Python standard library's own `.py`
     sources (found through `sysconfig`; about 1,800 files, 30 MB of real code), one
     document per file. A user `source` may be a `.txt`/`.py` file (one document), a
-    `.jsonl` file (one document per line, its `text_field`; an `"id"` field, if present,
-    names the document), or a directory searched recursively for such files.
+    `.jsonl` file (one document per line, its `text_field`, a string; an `"id"` field,
+    a string or an integer, if present, names the document), or a directory searched
+    recursively for such files. Files are read as UTF-8; invalid bytes become the
+    replacement character U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
     path relative to `source`, or `path:line` for JSONL), so the split never depends
@@ -145,7 +162,9 @@ def text_corpus(
     **Raises:**
 
     `FileNotFoundError` for a missing path; `ValueError` for an empty source, an
-    unknown `split`, bad fractions, or a split with no documents.
+    unknown `split`, bad fractions, a split with no documents, or a JSONL line that is
+    not an object with a string `text_field` (naming the file and line), and for two
+    documents with the same id.
     """
     check_split(split, valid_fraction, test_fraction)
     docs = read_documents(source, text_field=text_field)

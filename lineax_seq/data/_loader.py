@@ -30,6 +30,14 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size}")
 
 
+def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
+    """The pipeline seed of one shard: `seed` itself when there is a single shard, else
+    one drawn from `(seed, shard_index)`, so that processes shuffle and mask independently."""
+    if shard.shard_count == 1:
+        return seed
+    return int(np.random.SeedSequence([seed, shard.shard_index]).generate_state(1)[0])
+
+
 def batch_examples(
     examples: grain.MapDataset,
     *,
@@ -52,7 +60,8 @@ def batch_examples(
         so that every process sees the same number of examples and takes the same
         number of steps);
     2. **shuffle** globally within the shard, differently (but deterministically) each
-        epoch, seeded by `seed`;
+        epoch, seeded by `seed` (with several shards, by `seed` and the shard index, so
+        that every process draws its own permutations and random transforms);
     3. **repeat** for `num_epochs` (`None`: forever);
     4. apply `random_transform(example, rng)` (a per-position `np.random.Generator`,
         so a transform applied here, like dynamic MLM masking, differs every epoch);
@@ -62,12 +71,14 @@ def batch_examples(
 
     `iter(dataset)` gives a grain `DatasetIterator` whose `get_state()` /
     `set_state(state)` save and restore its exact position (a small JSON-able dict).
+    The state's layout depends on `num_workers`: restore it into a pipeline built
+    with the same `num_workers`.
 
     **Arguments:**
 
     - `examples`: a `grain.MapDataset` of examples (PyTrees of NumPy arrays).
     - `batch_size`: examples per batch, per process (positive).
-    - `seed`: seed of the shuffle and of `random_transform`.
+    - `seed`: seed of the shuffle and of `random_transform` (a non-negative integer).
     - `shuffle`: whether to shuffle.
     - `num_epochs`: passes over the data; `None` repeats forever.
     - `drop_remainder`: drop a last incomplete batch (keeps shapes static under `jit`).
@@ -85,6 +96,8 @@ def batch_examples(
     check_batch_size(batch_size)
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
         raise ValueError(f"num_epochs must be None or a positive integer, got {num_epochs!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got seed={seed!r}")
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got num_workers={num_workers}")
     if num_threads < 0:
@@ -103,7 +116,7 @@ def batch_examples(
             f"batch_size={batch_size} is larger than the {len(ds) * num_epochs} examples "
             "available (per process) with drop_remainder=True"
         )
-    ds = ds.seed(seed)
+    ds = ds.seed(_shard_seed(seed, shard))
     if shuffle:
         ds = ds.shuffle()
     if num_epochs != 1:

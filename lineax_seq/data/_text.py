@@ -16,6 +16,11 @@ IGNORE_INDEX = -100
 
 
 def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
+    if isinstance(texts, str):  # a `Sequence[str]` too: each character would be a document
+        raise TypeError(
+            f"texts must be a sequence of documents, got a single str {texts[:30]!r}; "
+            "pass [text] for one document"
+        )
     # Random access: iterating a MapDataset would start grain's threaded reader.
     return [str(texts[i]) for i in range(len(texts))]
 
@@ -87,15 +92,20 @@ def lm_windows(
 ) -> grain.MapDataset:
     """Causal-LM windows of `length + 1` tokens taken within documents.
 
-    Each document is tokenized as `<bos> text <eos>`; window `k` of a document starts at
-    token `k * stride` and is split into `inputs = w[:-1]` and `targets = w[1:]`. With the
-    default `stride = length` the targets tile each document once, so any `length`
-    works for training and for long-context evaluation (4x-16x the training length)
-    as long as some document has `length + 1` tokens; shorter documents are skipped.
+    Each document is tokenized as `<bos> text <eos>` (`n` tokens); window `k` of a
+    document starts at token `k * stride`, for every `k` with `k * stride + length + 1 <= n`,
+    and is split into `inputs = w[:-1]` and `targets = w[1:]`. With the default
+    `stride = length` the windows do not overlap and the targets cover every token after
+    `<bos>` exactly once, except the document's last `(n - 1) % length` tokens (those
+    that would only fill part of a window, `<eos>` among them), which no window
+    contains. Any `length` works, for training and for long-context evaluation (4x-16x
+    the training length), as long as some document has `length + 1` tokens; shorter
+    documents are skipped.
 
     **Arguments:**
 
-    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][].
+    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][] (a sequence of strings: a
+        single `str` is a `TypeError`).
     - `tokenizer`: any [`lineax_seq.Tokenizer`][].
     - `length`: `L`, the model's input length.
     - `stride`: distance between window starts (default `length`).
@@ -179,13 +189,15 @@ def mask_tokens(
     - `tokens`: int token ids of one sequence.
     - `rng`: a NumPy generator (the only source of randomness).
     - `vocab_size`, `mask_id`, `special_ids`: from the tokenizer.
-    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates.
+    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates: `mask_prob`
+        in `(0, 1]`, the other two in `[0, 1]` with a sum of at most 1.
 
     **Returns:**
 
     `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
     token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
     """
+    _check_rates(mask_prob, mask_token_prob, random_token_prob)
     tokens = check_ids(tokens, vocab_size, "tokens").astype(np.int32)
     is_special = np.zeros(vocab_size, dtype=bool)
     is_special[list(special_ids)] = True
@@ -199,6 +211,22 @@ def mask_tokens(
         mask_token_prob,
         random_token_prob,
     )
+
+
+def _check_rates(mask_prob: float, mask_token_prob: float, random_token_prob: float) -> None:
+    if not 0 < mask_prob <= 1:
+        raise ValueError(
+            f"mask_prob must be in (0, 1] (every sequence with a non-special token gets at "
+            f"least one mask), got mask_prob={mask_prob}"
+        )
+    for name, p in (("mask_token_prob", mask_token_prob), ("random_token_prob", random_token_prob)):
+        if not 0 <= p <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {name}={p}")
+    if mask_token_prob + random_token_prob > 1:
+        raise ValueError(
+            "mask_token_prob + random_token_prob must be <= 1, got "
+            f"{mask_token_prob} + {random_token_prob}"
+        )
 
 
 def _mask(tokens, rng, is_special, normal_ids, mask_id, mask_prob, mask_token_prob, random_prob):
@@ -287,6 +315,8 @@ def mlm_examples(
     """
     _check_length(length, 3)
     tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=False)
+    if tokens.size == 0:
+        raise ValueError("texts contain no tokens")
     body = length - 2
     starts, stops = [], []
     for a, b in zip(offsets[:-1], offsets[1:], strict=True):
@@ -302,8 +332,6 @@ def mlm_examples(
         tokenizer.sep_id,
         tokenizer.pad_id,
     )
-    if len(source) == 0:
-        raise ValueError("texts contain no tokens")
     return grain.MapDataset.source(source)
 
 
@@ -337,7 +365,8 @@ def mlm_dataset(
     **Arguments:**
 
     - `masking`: `"dynamic"` or `"fixed"`.
-    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates.
+    - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates, as for
+        [`lineax_seq.mask_tokens`][].
     - the others as for [`lineax_seq.mlm_examples`][] and [`lineax_seq.batch_examples`][].
 
     **Returns:**
@@ -347,18 +376,7 @@ def mlm_dataset(
     """
     if masking not in ("dynamic", "fixed"):
         raise ValueError(f"masking must be 'dynamic' or 'fixed', got {masking!r}")
-    for name, p in (
-        ("mask_prob", mask_prob),
-        ("mask_token_prob", mask_token_prob),
-        ("random_token_prob", random_token_prob),
-    ):
-        if not 0 <= p <= 1:
-            raise ValueError(f"{name} must be in [0, 1], got {name}={p}")
-    if mask_token_prob + random_token_prob > 1:
-        raise ValueError(
-            "mask_token_prob + random_token_prob must be <= 1, got "
-            f"{mask_token_prob} + {random_token_prob}"
-        )
+    _check_rates(mask_prob, mask_token_prob, random_token_prob)
     examples = mlm_examples(texts, tokenizer, length=length)
     mask = _Mask(
         tokenizer.vocab_size,

@@ -64,6 +64,36 @@ class Tokenizer(Protocol):
         """The ids of the special tokens, `(0, 1, ..., 6)`."""
         ...
 
+    @property
+    def pad_id(self) -> int:
+        """Id of `<pad>` (0): padding of MLM and classification sequences."""
+        ...
+
+    @property
+    def bos_id(self) -> int:
+        """Id of `<bos>` (1): starts every causal-LM document."""
+        ...
+
+    @property
+    def eos_id(self) -> int:
+        """Id of `<eos>` (2): ends every causal-LM document."""
+        ...
+
+    @property
+    def cls_id(self) -> int:
+        """Id of `<cls>` (4): starts every MLM and classification sequence."""
+        ...
+
+    @property
+    def sep_id(self) -> int:
+        """Id of `<sep>` (5): ends a segment."""
+        ...
+
+    @property
+    def mask_id(self) -> int:
+        """Id of `<mask>` (6): the masked-LM mask token."""
+        ...
+
     def encode(self, text: str) -> np.ndarray:
         """Token ids of `text` (int32, shape `(n,)`), without special tokens."""
         ...

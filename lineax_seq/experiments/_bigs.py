@@ -51,7 +51,14 @@ from ._bigs_train import (
     scaled_init_std,
     split_records,
 )
-from ._cli import fraction, positive_float, positive_int
+from ._cli import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_fraction,
+    positive_int,
+)
 
 # ---------------------------------------------------------------------------------------
 # Subcommands
@@ -62,6 +69,11 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
     curves, the final model and (SSM routing) the kernel heat map into `--out`."""
     out: pathlib.Path = args.out
+    if args.length < 3:  # checked here: the data pipeline would fail after config.json is written
+        raise ValueError(
+            f"--length {args.length}: masked-LM sequences need at least 3 tokens "
+            "(<cls>, text, <sep>)"
+        )
     if not args.resume and (out / CONFIG_FILE).exists():
         # Checked before anything is written: the existing run stays resumable.
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or a new --out")
@@ -199,11 +211,15 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
     g.add_argument("--routing", choices=("ssm", "attention"), default="ssm")
     _size_arguments(g, layers=layers, dim=dim)
     g.add_argument(
-        "--inner", type=int, default=None, help="inner width (default 3d gated, 4d stack)"
+        "--inner", type=positive_int, default=None, help="inner width (default 3d gated, 4d stack)"
     )
-    g.add_argument("--heads", type=int, default=4, help="attention heads (routing=attention)")
-    g.add_argument("--state-size", type=int, default=64, help="SSM state size N (default 64)")
-    g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument(
+        "--heads", type=positive_int, default=4, help="attention heads (routing=attention)"
+    )
+    g.add_argument(
+        "--state-size", type=positive_int, default=64, help="SSM state size N (default 64)"
+    )
+    g.add_argument("--dropout", type=fraction, default=0.1)
 
 
 def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
@@ -240,20 +256,24 @@ def _optim_arguments(
     g.add_argument(
         "--length", type=positive_int, default=length, help=f"sequence length ({length})"
     )
-    g.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
+    g.add_argument(
+        "--lr", type=positive_float, default=lr, help=f"peak learning rate (default {lr:g})"
+    )
     g.add_argument(
         "--ssm-lr",
-        type=float,
+        type=non_negative_float,
         default=1e-3,
         help="peak learning rate of the SSM parameter group, no weight decay (default 1e-3)",
     )
-    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.01)
     g.add_argument(
         "--warmup", type=fraction, default=warmup, help=f"warmup fraction of the steps ({warmup:g})"
     )
     g.add_argument("--schedule", choices=("cosine", "linear"), default=schedule)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: end)")
+    g.add_argument("--seed", type=non_negative_int, default=0)
+    g.add_argument(
+        "--eval-every", type=non_negative_int, default=0, help="evaluate every N steps (0: end)"
+    )
 
 
 def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -270,11 +290,11 @@ def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> Non
         default=None,
         help="a text file or a directory of text files (default: the stdlib .py sources)",
     )
-    g.add_argument("--max-files", type=int, default=400, help="use at most N files (400)")
+    g.add_argument("--max-files", type=positive_int, default=400, help="use at most N files (400)")
     g.add_argument(
         "--tokenizer", choices=("bpe", "byte"), default=tokenizer, help=f"default {tokenizer}"
     )
-    g.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary (2048)")
+    g.add_argument("--vocab-size", type=positive_int, default=2048, help="BPE vocabulary (2048)")
 
 
 def _path(parser: Any, flag: str, help: str, **kwargs: Any) -> None:
@@ -294,7 +314,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _model_arguments(pre, layers=4, dim=128)
     _optim_arguments(pre, lr=1e-3, steps=2000, batch=32, length=128)
     _path(pre, "--out", "run directory", default=pathlib.Path("outputs/bigs/pretrain"))
-    pre.add_argument("--mask-rate", type=fraction, default=0.15)
+    pre.add_argument(
+        "--mask-rate",
+        type=positive_fraction,
+        default=0.15,
+        help="fraction of the tokens masked, in (0, 1] (default 0.15)",
+    )
     init = pre.add_mutually_exclusive_group()
     init.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
@@ -313,7 +338,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fin.add_argument(
         "--regression", action="store_true", help="real-valued labels (default: classes)"
     )
-    fin.add_argument("--listops-examples", type=int, default=4000)
+    fin.add_argument("--listops-examples", type=positive_int, default=4000)
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")
     _path(fin, "--out", "output directory", default=pathlib.Path("outputs/bigs/finetune"))
 
@@ -334,9 +359,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="listops",
         help="ListOps (default) or the corpus continuation task (does B continue A?)",
     )
-    g.add_argument("--finetune-steps", type=int, default=300)
-    g.add_argument("--finetune-lr", type=float, default=1e-3)
-    g.add_argument("--finetune-examples", type=int, default=4000, help="training rows")
+    g.add_argument("--finetune-steps", type=positive_int, default=300)
+    g.add_argument("--finetune-lr", type=positive_float, default=1e-3)
+    g.add_argument("--finetune-examples", type=positive_int, default=4000, help="training rows")
     abl.add_argument(
         "--quick", action="store_true", help="a smoke run: tiny sizes (overrides the size options)"
     )
@@ -349,7 +374,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "positions -radius..radius (min-max scaled |K| per layer).",
     )
     _path(ker, "--checkpoint", "`bigs pretrain --out` directories", required=True, nargs="+")
-    ker.add_argument("--radius", type=int, default=KERNEL_RADIUS)
+    ker.add_argument(
+        "--radius",
+        type=positive_int,
+        default=KERNEL_RADIUS,
+        help=f"largest |relative position| shown (default {KERNEL_RADIUS})",
+    )
     _path(ker, "--out", "the PNG to write", default=pathlib.Path("outputs/bigs/kernels.png"))
 
 

@@ -36,6 +36,7 @@ from ._bigs_train import (
     save_json,
     scaled_init_std,
 )
+from ._cli import results_dir
 
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
 VARIANT_NAMES = {
@@ -44,7 +45,7 @@ VARIANT_NAMES = {
     ("gated", "attention"): "GATED / ATT",
     ("stack", "attention"): "STACK / ATT (BERT)",
 }
-RESULTS_DIR = pathlib.Path(__file__).parents[2] / "benchmarks" / "results"
+RESULTS_DIR = results_dir()
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,7 +394,8 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     the same optimiser for the same number of tokens, at matched non-embedding
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
-    Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (with the
+    Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (default: the
+    source checkout's `benchmarks/results/`, else `./benchmarks/results/`; with the
     backend's name off CPU, `_<N>steps` for other than the default 500 pretraining steps,
     `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
     """

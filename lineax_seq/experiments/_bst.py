@@ -14,7 +14,8 @@ seed by seed (the same batches for both).
     python -m lineax_seq bst --corpus path/to/texts   # any text corpus (file or directory)
 
 Writes `bst_lm.json`, `bst_lm.png` and `bst_lm.md` (a README table) under `--out`
-(default `benchmarks/results/`).
+(default `benchmarks/results/` of the source checkout, or of the current directory when
+the package is installed without one).
 """
 
 import argparse
@@ -33,6 +34,8 @@ import jax.random as jr
 import numpy as np
 import optax
 from jaxtyping import Array, Float, Int
+
+from ._cli import non_negative_int, positive_float, positive_int, results_dir
 
 LOG_EVERY = 5
 MODELS = ("SLIDE", "BRECT", "BST:SH:S4", "BST:MH:S4", "BST:MF:UNSTRUCT")
@@ -513,30 +516,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--corpus", default=None, help="text file or directory (default: stdlib)")
     flag("--models", nargs="+", choices=MODELS)
-    flag("--train-length", type=int)
-    flag("--window", type=int)
-    flag("--dim", type=int)
-    flag("--layers", type=int)
-    flag("--heads", type=int)
-    flag("--bst-layers", type=int, nargs="+")
-    flag("--state-size", type=int)
+    flag("--train-length", type=positive_int)
+    flag("--window", type=positive_int)
+    flag("--dim", type=positive_int)
+    flag("--layers", type=positive_int)
+    flag("--heads", type=positive_int)
+    flag("--bst-layers", type=non_negative_int, nargs="+")
+    flag("--state-size", type=positive_int)
     parser.add_argument(
-        "--dt-min", type=float, default=None, help="default 4 / train length (S4D init)"
+        "--dt-min", type=positive_float, default=None, help="default 4 / train length (S4D init)"
     )
-    flag("--dt-max", type=float)
-    flag("--steps", type=int)
-    flag("--batch-size", type=int)
-    flag("--lr", type=float)
-    flag("--warmup-steps", type=int)
-    flag("--eval-multipliers", type=float, nargs="+")
-    flag("--eval-tokens", type=int)
-    flag("--seeds", type=int, nargs="+")
+    flag("--dt-max", type=positive_float)
+    flag("--steps", type=positive_int)
+    flag("--batch-size", type=positive_int)
+    flag("--lr", type=positive_float)
+    flag("--warmup-steps", type=non_negative_int)
+    flag("--eval-multipliers", type=positive_float, nargs="+")
+    flag("--eval-tokens", type=positive_int)
+    flag("--seeds", type=non_negative_int, nargs="+")
     parser.add_argument("--no-match", action="store_true", help="do not match parameter counts")
     parser.add_argument(
         "--out",
         type=pathlib.Path,
-        default=pathlib.Path(__file__).parents[2] / "benchmarks" / "results",
-        help="directory for bst_lm.json/png/md (default: benchmarks/results)",
+        default=results_dir(),
+        help="directory for bst_lm.json/png/md (default: the checkout's benchmarks/results, "
+        "else ./benchmarks/results)",
     )
     parser.add_argument(
         "--small", action="store_true", help="tiny sizes (smoke tests); explicit flags still win"

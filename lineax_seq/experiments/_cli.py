@@ -2,7 +2,10 @@
 
 import argparse
 import math
+import pathlib
 from collections.abc import Callable
+
+_CHECKOUT = pathlib.Path(__file__).parents[2]
 
 
 def _number(text: str, convert: Callable[[str], float], ok: Callable[[float], bool], what: str):
@@ -21,11 +24,36 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
+def non_negative_int(text: str) -> int:
+    """An `argparse` type: an integer >= 0."""
+    return _number(text, int, lambda v: v >= 0, "a non-negative integer")
+
+
 def positive_float(text: str) -> float:
     """An `argparse` type: a finite number > 0."""
     return _number(text, float, lambda v: 0 < v < math.inf, "a positive finite number")
 
 
+def non_negative_float(text: str) -> float:
+    """An `argparse` type: a finite number >= 0."""
+    return _number(text, float, lambda v: 0 <= v < math.inf, "a non-negative finite number")
+
+
 def fraction(text: str) -> float:
     """An `argparse` type: a number in `[0, 1]`."""
     return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def positive_fraction(text: str) -> float:
+    """An `argparse` type: a number in `(0, 1]`."""
+    return _number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
+    """Default `--out` of the experiments whose results the README quotes: the source
+    checkout's `benchmarks/results/` (rerunning them there updates the committed files),
+    or `benchmarks/results` under the current directory when the package is installed
+    without one."""
+    if (checkout / "benchmarks").is_dir():
+        return checkout / "benchmarks" / "results"
+    return pathlib.Path("benchmarks/results")

@@ -37,7 +37,7 @@ import numpy as np
 
 import lineax_seq as ls
 
-from ._cli import positive_int
+from ._cli import non_negative_float, positive_float, positive_int
 
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
 PERIODS = (1, 10, 25, 50, 100)
@@ -578,11 +578,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="training window (steps; paper: 10; 50 with --batch-size 512 --steps 6000 "
         "nears its figures)",
     )
-    parser.add_argument("--lr", type=float, default=3e-3, help="paper: 1e-4 (longer runs)")
-    parser.add_argument("--dynamics-lr", type=float, default=3e-3, help="paper: 1e-5")
-    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--lr", type=positive_float, default=3e-3, help="paper: 1e-4 (longer runs)")
+    parser.add_argument("--dynamics-lr", type=positive_float, default=3e-3, help="paper: 1e-5")
+    parser.add_argument("--weight-decay", type=non_negative_float, default=1e-4)
     parser.add_argument(
-        "--prediction", type=float, default=1.0, help="prediction-loss weight (paper: 0)"
+        "--prediction",
+        type=non_negative_float,
+        default=1.0,
+        help="prediction-loss weight, >= 0 (paper: 0)",
     )
     parser.add_argument(
         "--k-scale",

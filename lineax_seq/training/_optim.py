@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -55,8 +56,9 @@ def make_schedule(
     integer = isinstance(warmup_steps, numbers.Integral) and not isinstance(warmup_steps, bool)
     if not integer or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r} must be an integer >= 0.")
-    if peak_lr < 0:
-        raise ValueError(f"peak_lr={peak_lr} must be >= 0.")
+    for name, value in (("peak_lr", peak_lr), ("init_lr", init_lr), ("end_lr", end_lr)):
+        if not _finite(value) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
     if schedule == "constant":
         if warmup_steps == 0:
             return optax.constant_schedule(peak_lr)
@@ -146,10 +148,15 @@ class ParamGroup:
             raise ValueError(
                 f"instance_of={self.instance_of!r} must be a class or a tuple of classes."
             )
-        if self.learning_rate is not None and self.learning_rate < 0:
-            raise ValueError(f"learning_rate={self.learning_rate} must be >= 0.")
-        if self.weight_decay is not None and self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0.")
+        for name in ("learning_rate", "weight_decay"):
+            value = getattr(self, name)
+            if value is not None and (not _finite(value) or value < 0):
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0 or None.")
+
+
+def _finite(value: Any) -> bool:
+    """Whether `value` is a real number (not a bool), neither NaN nor infinite."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
@@ -290,17 +297,16 @@ def make_optimizer(
     for name, value in (("learning_rate", learning_rate), ("end_lr_ratio", end_lr_ratio)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name}={value!r} must be a number.")
-    if learning_rate < 0:
-        raise ValueError(f"learning_rate={learning_rate} must be >= 0.")
+    for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
+        if not _finite(value) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
     for name, value in (("b1", b1), ("b2", b2)):
         if not 0 <= value < 1:
             raise ValueError(f"{name}={value} must be in [0, 1).")
-    if not eps > 0:
-        raise ValueError(f"eps={eps} must be > 0.")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay={weight_decay} must be >= 0.")
-    if clip_norm is not None and clip_norm <= 0:
-        raise ValueError(f"clip_norm={clip_norm} must be > 0 or None.")
+    if not _finite(eps) or eps <= 0:
+        raise ValueError(f"eps={eps!r} must be a finite number > 0.")
+    if clip_norm is not None and (not _finite(clip_norm) or clip_norm <= 0):
+        raise ValueError(f"clip_norm={clip_norm!r} must be a finite number > 0 or None.")
     if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
         raise ValueError(f"accumulate_steps={accumulate_steps!r} must be an integer >= 1.")
     if not 0.0 <= end_lr_ratio <= 1.0:

@@ -8,12 +8,14 @@ import json
 import math
 import os
 import pathlib
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
+import grain
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -253,11 +255,42 @@ class _DataIterator:
         if self.grain:
             if "grain" not in state:
                 raise ValueError("the checkpoint holds no grain iterator state for `data`.")
+            saved, now = _layout(state["grain"]), _layout(self.it.get_state())
+            if saved != now:
+                raise ValueError(
+                    "the data pipeline's layout changed since the checkpoint (e.g. another "
+                    f"num_workers): its iterator state has the layout {saved}, but `data` "
+                    f"now has {now}. Resume with the pipeline the run was started with."
+                )
             self.it.set_state(state["grain"])
             self.consumed = state["consumed"]
             return
         for _ in range(state["consumed"] - self.consumed):  # replay a plain iterator
             next(self)
+
+
+def _layout(state: Any) -> Any:
+    """The layout of a grain iterator state: its keys and the lengths of its lists (one
+    entry per worker with `num_workers > 0`), without the positions."""
+    if not isinstance(state, Mapping):
+        return type(state).__name__
+    return {k: len(v) if isinstance(v, list | tuple) else None for k, v in state.items()}
+
+
+def _repeats_forever(data: Any) -> bool:
+    """Whether `data` is a grain dataset built on a `repeat(None)`, e.g. a
+    `lineax_seq.*_dataset` with the default `num_epochs=None`."""
+    todo, seen = [data], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in seen or not isinstance(node, grain.MapDataset | grain.IterDataset):
+            continue
+        seen.add(id(node))
+        if isinstance(node, grain.MapDataset) and len(node) >= sys.maxsize:
+            return True
+        todo.extend(node.parents)
+        todo.extend(getattr(node, "_datasets", ()))  # `mp_prefetch`'s per-worker datasets
+    return False
 
 
 def train(
@@ -314,7 +347,8 @@ def train(
     - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`).
     - `eval_every`: evaluate every this many steps and at the end (0: only at the end,
         if `eval_data` is given).
-    - `eval_batches`: number of evaluation batches per evaluation (default: all).
+    - `eval_batches`: number of evaluation batches per evaluation (default: all, which
+        needs a finite `eval_data`, e.g. a `lineax_seq.*_dataset` with `num_epochs=1`).
     - `log_every`: write a train record (metrics averaged over the last `log_every`
         steps) and refresh the progress bar every this many steps.
     - `out_dir`: directory for metrics, checkpoints and plots (`None`: nothing written).
@@ -365,6 +399,12 @@ def train(
         )
     if eval_batches is not None and eval_batches < 1:
         raise ValueError(f"eval_batches={eval_batches!r} must be >= 1 or None.")
+    if eval_batches is None and eval_data is not None and _repeats_forever(eval_data):
+        raise ValueError(
+            "eval_data repeats forever (a grain dataset with num_epochs=None) and "
+            "eval_batches=None asks for all of its batches: pass eval_batches=N, or build "
+            "eval_data with num_epochs=1."
+        )
     if unit not in UNITS:
         raise ValueError(f"unit={unit!r} is not one of {UNITS}.")
     if checkpoint_every and out_dir is None:
