@@ -190,6 +190,7 @@ def test_cli_parses_subcommands():
         (["pretrain", "--max-files", "-1"], "'-1' is not a positive integer"),
         (["pretrain", "--eval-every", "-1"], "'-1' is not a non-negative integer"),
         (["pretrain", "--mask-rate", "0"], r"'0' is not a number in \(0, 1\]"),
+        (["pretrain", "--dropout", "1"], r"'1' is not a dropout rate in \[0, 1\)"),
         (["pretrain", "--ssm-lr", "nan"], "'nan' is not a non-negative finite number"),
         (["kernels", "--checkpoint", "a", "--radius", "-1"], "'-1' is not a positive integer"),
     ],
@@ -210,8 +211,12 @@ def test_pretrain_checks_the_length_before_writing(tmp_path):
 
 def test_ablation_default_out_is_the_checkouts_results(tmp_path):
     # A source checkout: its benchmarks/results (the committed results are rerun in place).
-    assert _bigs_ablation.RESULTS_DIR == _cli.results_dir()
+    checkout = pathlib.Path(_cli.__file__).parents[2]
+    assert _bigs_ablation.RESULTS_DIR == checkout / "benchmarks" / "results"
     (tmp_path / "benchmarks").mkdir()
+    # A `benchmarks/` directory alone (another wheel's, in site-packages) is not one.
+    assert _cli.results_dir(tmp_path) == pathlib.Path("benchmarks/results")
+    (tmp_path / "pyproject.toml").touch()
     assert _cli.results_dir(tmp_path) == tmp_path / "benchmarks" / "results"
     # Installed without a checkout: under the current directory, as `koopman` does.
     assert _cli.results_dir(tmp_path / "site-packages") == pathlib.Path("benchmarks/results")

@@ -434,6 +434,9 @@ def test_parameters_follow_x64():
 def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
     with pytest.raises(ValueError, match="steps=2.0 must be a positive int"):
         ls.unroll_latents(model, jnp.array([0.1, 0.2]), steps=2.0)
+    for dt in (True, "0.1"):
+        with pytest.raises(ValueError, match=f"dt={dt!r} must be positive and finite"):
+            ls.KoopmanAutoencoder(2, 4, dt=dt, key=jr.key(0))
 
 
 @pytest.mark.parametrize("x64", [False, True])
@@ -474,6 +477,19 @@ def test_time_just_past_a_reencoding_time_is_reencoded(model):
 
     for got in predictions(ts):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_times_with_a_float32_reencoding_interval(model):
+    """float64 times and a `reencode_dt` rounded to float32 (as from float32 data) give
+    the 4 segments they mean, not a fifth of 2e-8."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):  # float32 model
+        ts = jnp.asarray(0.01 * np.arange(101))
+        reencode_dt = 25 * float(np.float32(0.01))  # 0.2499999944
+        out = ls.unroll_continuous(
+            model, jnp.array([0.5, -0.4]), ts, reencode_dt=reencode_dt, num_segments=4,
+            exact=True,
+        )  # fmt: skip
+    assert out.shape == (101, 2) and bool(jnp.isfinite(out).all())
 
 
 def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynamics):

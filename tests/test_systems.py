@@ -114,6 +114,15 @@ def test_fixed_step_solver_steps_on_the_sampling_times():
         expected.append(expected[-1] + system.dt * system.vector_field(0.0, expected[-1], None))
     xs = ls.simulate(system, x, 5, solver=diffrax.Euler())
     assert jnp.allclose(xs, jnp.stack(expected), atol=1e-6)
+    # Finer fixed steps on request: 4 Euler steps per sampling interval.
+    fine = [x]
+    for _ in range(20):
+        fine.append(fine[-1] + system.dt / 4 * system.vector_field(0.0, fine[-1], None))
+    xs = ls.simulate(
+        system, x, 5, solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=system.dt / 4,
+    )  # fmt: skip
+    assert jnp.allclose(xs, jnp.stack(fine[::4]), atol=1e-6)
 
 
 def test_simulate_bad_inputs():
@@ -132,6 +141,8 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.Duffing(), jnp.array([0.0, jnp.nan]), 10)
     with pytest.raises(ValueError, match="steps=0"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
+    with pytest.raises(ValueError, match="dt0=-0.1 must be positive"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt0=-0.1)
     with pytest.raises(ValueError, match="num=0 must be a positive int"):
         ls.sample_trajectories(ls.Duffing(), jr.key(0), 0, 10)
     with pytest.raises(ValueError, match=r"num=np.int64\(0\) must be a positive int"):

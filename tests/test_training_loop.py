@@ -172,6 +172,17 @@ def test_finite_grain_eval_data_is_evaluated_whole(data):
         common.make_model(), common.optimizer(), common.loss_fn, data, steps=1,
         key=jr.key(0), eval_data=_grain_batches(data[:2], num_epochs=1), progress=False,
     )  # fmt: skip
+    (record,) = [r for r in result.history if r["split"] == "eval"]
+    assert record["step"] == 1
+    # Both batches are evaluated (they have equal sizes: the mean of the two losses).
+    want = np.mean([float(common.loss_fn(result.model, b, None)[0]) for b in data[:2]])
+    np.testing.assert_allclose(record["loss"], want, rtol=1e-5)
+    # A finite slice of an endless dataset is finite.
+    finite = grain.MapDataset.range(4).repeat()[:8].map(lambda i: data[i % 2]).batch(1)
+    result = ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data, steps=1,
+        key=jr.key(0), eval_data=finite.map(lambda b: (b[0][0], b[1][0])), progress=False,
+    )  # fmt: skip
     assert [r["step"] for r in result.history if r["split"] == "eval"] == [1]
     # With eval_batches, an endless eval_data is fine too.
     result = ls.train(

@@ -22,7 +22,8 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from ..attention import MultiHeadAttention, SlidingWindowAttention
-from ..attention._window import block_attention, check_blocks, check_window, masked_bias
+from ..attention._core import masked_bias
+from ..attention._window import block_attention, check_blocks, check_window
 from ._ssm import ContextSSM
 
 CONTEXTS = ("sh", "mh", "mf")

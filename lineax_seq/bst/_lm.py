@@ -376,7 +376,7 @@ def generate(
 
     - `lm`: the model.
     - `prompt`: integer tokens in `[0, vocab_size)`, shape `(prompt,)`, at least one.
-    - `steps`: number of tokens to sample (`0` returns `prompt`).
+    - `steps`: number of tokens to sample (`0` returns `prompt`, as int32 or int64).
     - `key`: PRNG key.
     - `temperature`: softmax temperature; `0` means greedy (argmax).
     - `top_k`: if given, sample among the `top_k` most likely tokens only.

@@ -52,6 +52,7 @@ from ._bigs_train import (
     split_records,
 )
 from ._cli import (
+    dropout_rate,
     fraction,
     non_negative_float,
     non_negative_int,
@@ -219,7 +220,7 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
     g.add_argument(
         "--state-size", type=positive_int, default=64, help="SSM state size N (default 64)"
     )
-    g.add_argument("--dropout", type=fraction, default=0.1)
+    g.add_argument("--dropout", type=dropout_rate, default=0.1)
 
 
 def _size_arguments(group: Any, *, layers: int, dim: int) -> None:

@@ -44,6 +44,11 @@ def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
+def dropout_rate(text: str) -> float:
+    """An `argparse` type: a number in `[0, 1)`."""
+    return _number(text, float, lambda v: 0 <= v < 1, "a dropout rate in [0, 1)")
+
+
 def positive_fraction(text: str) -> float:
     """An `argparse` type: a number in `(0, 1]`."""
     return _number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
@@ -53,7 +58,7 @@ def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
     """Default `--out` of the experiments whose results the README quotes: the source
     checkout's `benchmarks/results/` (rerunning them there updates the committed files),
     or `benchmarks/results` under the current directory when the package is installed
-    without one."""
-    if (checkout / "benchmarks").is_dir():
+    without one (a checkout has `pyproject.toml` beside `benchmarks/`)."""
+    if (checkout / "benchmarks").is_dir() and (checkout / "pyproject.toml").is_file():
         return checkout / "benchmarks" / "results"
     return pathlib.Path("benchmarks/results")

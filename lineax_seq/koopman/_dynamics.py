@@ -25,7 +25,7 @@ def _check_int(name: str, value: object, minimum: int = 1) -> None:
 
 
 def _check_dt(dt: float) -> None:
-    if not 0 < dt < math.inf:
+    if isinstance(dt, bool) or not isinstance(dt, numbers.Real) or not 0 < dt < math.inf:
         raise ValueError(f"dt={dt!r} must be positive and finite")
 
 

@@ -320,26 +320,27 @@ def _segments(
     if num_segments is not None and num_segments != num:
         raise ValueError(
             f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
-            f"reencode_dt={reencode_dt:g} (num_segments is needed only for a traced ts)"
+            f"reencode_dt={reencode_dt!r} (num_segments is needed only for a traced ts)"
         )
     return ts, num
 
 
 # Reencoding times computed as `jnp.linspace` or `t0 + dt * arange` land up to ~1.5 units
 # in the last place of `max |ts|` past the exact ones, ~3 with the arithmetic on a traced
-# `ts` (in its own dtype). 16 leaves a margin: 1.9e-6 at `max |ts| = 1` in float32, 3.6e-15
-# in float64 (the former `1e-4` segments merged times far apart in float64).
+# `ts`. Units of float32 even for float64 times, whose `reencode_dt` often comes from
+# float32 data: 16 of them is 1.9e-6 at `max |ts| = 1` (the former `1e-4` merged times
+# far apart).
 _ULPS = 16
 
 
 def _tolerance(ts, reencode_dt: float):
     """How far past a reencoding time, in segments, a time still belongs to the segment
-    that ends there: `_ULPS` units in the last place of `max |ts|` (in `ts`'s dtype),
-    the rounding of computed times, and no more (a later time is reencoded). Used both
-    to count segments and to assign times to them."""
+    that ends there: `_ULPS` float32 units in the last place of `max |ts|` (the rounding
+    of computed times), and no more (a later time is reencoded). Used both to count
+    segments and to assign times to them."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    ulp = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
-    return _ULPS * ulp / reencode_dt
+    eps = max(float(xp.finfo(ts.dtype).eps), float(np.finfo(np.float32).eps))
+    return _ULPS * eps * xp.max(xp.abs(ts)) / reencode_dt
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
@@ -419,8 +420,8 @@ def unroll_continuous(
     dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
     `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
-    `ts`; a time equal to a reencoding time (up to 16 units in the last place of
-    `max |ts|`, the rounding of computed times such as `jnp.linspace`) is decoded
+    `ts`; a time equal to a reencoding time (up to 16 float32 units in the last place
+    of `max |ts|`, the rounding of computed times such as `jnp.linspace`) is decoded
     *before* reencoding, as in [`unroll`][lineax_seq.unroll]. Differentiable
     (diffrax's adjoint, default recursive checkpointing), so models can be trained
     through it.

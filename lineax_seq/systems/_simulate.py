@@ -56,12 +56,16 @@ def simulate(
     rtol: float = 1e-7,
     atol: float = 1e-9,
     max_steps: int = 100_000,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    dt0: float | None = None,
 ) -> Float[Array, "times state_dim"]:
     """Integrate `system` from `x0` and sample the state every `dt`.
 
     Adaptive Runge-Kutta (default `diffrax.Dopri8`) with a PID step-size controller at
-    tight tolerance; a solver without an error estimate (e.g. `diffrax.Euler()`) takes
-    fixed steps, one per sampling interval. With `actions`, the control is held constant
+    tight tolerance; a solver without an error estimate (e.g. `diffrax.Euler()`) takes,
+    by default, one fixed step per sampling interval (pass
+    `stepsize_controller=diffrax.ConstantStepSize()` and a smaller `dt0` for finer
+    steps). With `actions`, the control is held constant
     over each sampling interval (zero-order hold) and the intervals
     `[i dt, (i + 1) dt]` are integrated one after another, so the solver never steps
     across a discontinuity.
@@ -78,6 +82,9 @@ def simulate(
     - `rtol`, `atol`: tolerances of the PID controller (adaptive solvers only), `>= 0`
         and not both 0.
     - `max_steps`: passed to `diffrax.diffeqsolve`.
+    - `stepsize_controller`: overrides the default controller (`PIDController(rtol,
+        atol)` for adaptive solvers, `StepTo` the sampling times otherwise).
+    - `dt0`: the initial (or constant) step, positive (default `dt`; none with `StepTo`).
 
     **Returns:**
 
@@ -86,6 +93,8 @@ def simulate(
     x0 = _check_state(system, x0)
     _check_steps(steps, dt)
     _check_tolerances(rtol, atol)
+    if dt0 is not None and not 0 < dt0 < math.inf:
+        raise ValueError(f"dt0={dt0!r} must be positive and finite (or None: dt)")
     if (actions is None) != (system.action_dim == 0):
         raise ValueError(
             f"actions must be given exactly when the system is controlled; "
@@ -106,19 +115,20 @@ def simulate(
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
 
     def solve(x, times, args, saveat):
-        # A solver without an error estimate steps exactly onto the sampling times.
+        controller = stepsize_controller
+        if controller is None:  # without an error estimate: step onto the sampling times
+            pid = diffrax.PIDController(rtol=rtol, atol=atol)
+            controller = pid if adaptive else diffrax.StepTo(times)
         return diffrax.diffeqsolve(
             term,
             solver,
             t0=times[0],
             t1=times[-1],
-            dt0=dt if adaptive else None,
+            dt0=None if isinstance(controller, diffrax.StepTo) else (dt0 or dt),
             y0=x,
             args=args,
             saveat=saveat,
-            stepsize_controller=(
-                diffrax.PIDController(rtol=rtol, atol=atol) if adaptive else diffrax.StepTo(times)
-            ),
+            stepsize_controller=controller,
             max_steps=max_steps,
         ).ys
 

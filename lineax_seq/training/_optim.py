@@ -48,8 +48,8 @@ def make_schedule(
 
     **Raises:**
 
-    `ValueError` for an unknown `schedule`, a negative `warmup_steps`, or a missing or
-    too small `total_steps`.
+    `ValueError` for an unknown `schedule`, a negative `warmup_steps`, a missing or
+    too small `total_steps`, or a negative or non-finite `peak_lr`, `init_lr` or `end_lr`.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import pathlib
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -278,19 +277,15 @@ def _layout(state: Any) -> Any:
 
 
 def _repeats_forever(data: Any) -> bool:
-    """Whether `data` is a grain dataset built on a `repeat(None)`, e.g. a
-    `lineax_seq.*_dataset` with the default `num_epochs=None`."""
-    todo, seen = [data], set()
-    while todo:
-        node = todo.pop()
-        if id(node) in seen or not isinstance(node, grain.MapDataset | grain.IterDataset):
-            continue
-        seen.add(id(node))
-        if isinstance(node, grain.MapDataset) and len(node) >= sys.maxsize:
-            return True
-        todo.extend(node.parents)
-        todo.extend(getattr(node, "_datasets", ()))  # `mp_prefetch`'s per-worker datasets
-    return False
+    """Whether `data` is a grain dataset that repeats forever, e.g. a
+    `lineax_seq.*_dataset` with the default `num_epochs=None`: its first map dataset,
+    reached through `parents`, has a length no finite data has (`repeat(None)` gives
+    `sys.maxsize`, its batches half that). Pipelines whose parents are hidden (worker
+    processes) are not inspected."""
+    node = data
+    while isinstance(node, grain.IterDataset) and len(node.parents) == 1:
+        node = node.parents[0]
+    return isinstance(node, grain.MapDataset) and len(node) > 2**40
 
 
 def train(
