@@ -1,5 +1,7 @@
 """Input checks shared across subpackages."""
 
+import numbers
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -39,3 +41,12 @@ def check_state_control(
     if dim > 0 and (c is None or c.shape != (dim,)):
         got = f"{name}=None" if c is None else f"{name}.shape={c.shape}"
         raise ValueError(f"{name} must have shape ({dim},) (the {owner}'s control), got {got}")
+
+
+def check_int(name: str, value: object, minimum: int = 1) -> int:
+    """`value` as an `int` (NumPy integers accepted, bools not), `>= minimum`, or a
+    `ValueError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {kind}, got {name}={value!r}")
+    return int(value)

@@ -143,9 +143,9 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
     with pytest.raises(ValueError, match="dt0=-0.1 must be positive"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt0=-0.1)
-    with pytest.raises(ValueError, match="num=0 must be a positive int"):
+    with pytest.raises(ValueError, match="num must be a positive integer, got num=0"):
         ls.sample_trajectories(ls.Duffing(), jr.key(0), 0, 10)
-    with pytest.raises(ValueError, match=r"num=np.int64\(0\) must be a positive int"):
+    with pytest.raises(ValueError, match=r"got num=np.int64\(0\)"):
         ls.sample_trajectories(ls.Duffing(), jr.key(0), np.int64(0), 10)
     nan_actions = jnp.zeros((10, 1)).at[3, 0].set(jnp.nan)
     with pytest.raises(ValueError, match=r"actions contains NaN .*actions\[3, 0\] = nan"):

@@ -1,7 +1,5 @@
 """Causal sliding-window attention computed block by block, all blocks at once."""
 
-import numbers
-
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
@@ -9,6 +7,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ._bias import RelativePositionBias
 from ._core import head_major_attention, masked_bias
 from ._mha import MultiHeadAttention
@@ -16,9 +15,7 @@ from ._mha import MultiHeadAttention
 
 def check_window(window: object) -> int:
     """`window` as an `int` (NumPy integers accepted), or a clear error."""
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"`window` must be a positive integer, got window={window!r}.")
-    return int(window)
+    return check_int("window", window)
 
 
 def check_blocks(length: int, window: int, name: str = "x") -> int:

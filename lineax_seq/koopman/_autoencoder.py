@@ -6,14 +6,13 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_state_control
+from .._checks import check_int, check_state_control
 from ._dynamics import (
     _DISCRETIZATIONS,
     AbstractLatentDynamics,
     LinearKoopmanDynamics,
     MLPDynamics,
     _check_dt,
-    _check_int,
 )
 
 _DECODERS = ("linear", "mlp")
@@ -37,8 +36,8 @@ class UnitNormLinear(eqx.Module):
 
     def __init__(self, in_dim: int, out_dim: int, *, key: PRNGKeyArray):
         """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
-        _check_int("in_dim", in_dim)
-        _check_int("out_dim", out_dim)
+        check_int("in_dim", in_dim)
+        check_int("out_dim", out_dim)
         self.weight = jr.normal(key, (out_dim, in_dim))
         self.bias = jnp.zeros((out_dim,))
 
@@ -114,8 +113,8 @@ class KoopmanAutoencoder(eqx.Module):
             ("encoder_layers", encoder_layers),
             ("decoder_layers", decoder_layers),
         ]:
-            _check_int(name, value)
-        _check_int("action_dim", action_dim, minimum=0)
+            check_int(name, value)
+        check_int("action_dim", action_dim, minimum=0)
         _check_dt(dt)
         if decoder not in _DECODERS:
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
@@ -129,7 +128,7 @@ class KoopmanAutoencoder(eqx.Module):
                 "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
             )
         if dynamics_width is not None:
-            _check_int("dynamics_width", dynamics_width)
+            check_int("dynamics_width", dynamics_width)
         if action_dim == 0 and action_latent_dim is not None:
             raise ValueError(
                 f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
@@ -142,7 +141,7 @@ class KoopmanAutoencoder(eqx.Module):
             else (latent_dim if action_latent_dim is None else action_latent_dim)
         )
         if action_dim > 0:
-            _check_int("action_latent_dim", m)
+            check_int("action_latent_dim", m)
         ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
         self.encoder = _mlp(state_dim, latent_dim, width, encoder_layers, key=ekey)
         if decoder == "linear":
@@ -240,10 +239,10 @@ class MLPBaseline(eqx.Module):
     ):
         """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`
         (number of linear layers), `key`."""
-        _check_int("state_dim", state_dim)
-        _check_int("action_dim", action_dim, minimum=0)
-        _check_int("width", width)
-        _check_int("layers", layers)
+        check_int("state_dim", state_dim)
+        check_int("action_dim", action_dim, minimum=0)
+        check_int("width", width)
+        check_int("layers", layers)
         self.mlp = _mlp(state_dim + action_dim, state_dim, width, layers, key=key)
         self.state_dim = state_dim
         self.action_dim = action_dim

@@ -12,16 +12,9 @@ import jax.scipy.linalg as jsl
 import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_state_control
+from .._checks import check_int, check_state_control
 
 _DISCRETIZATIONS = ("bilinear", "exact")
-
-
-def _check_int(name: str, value: object, minimum: int = 1) -> None:
-    """`value` must be an int (not a bool) `>= minimum`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name}={value!r} must be {kind}")
 
 
 def _check_dt(dt: float) -> None:
@@ -30,8 +23,8 @@ def _check_dt(dt: float) -> None:
 
 
 def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> None:
-    _check_int("latent_dim", latent_dim)
-    _check_int("action_latent_dim", action_latent_dim, minimum=0)
+    check_int("latent_dim", latent_dim)
+    check_int("action_latent_dim", action_latent_dim, minimum=0)
     _check_dt(dt)
 
 
@@ -247,7 +240,7 @@ class MLPDynamics(AbstractLatentDynamics):
         - `key`: PRNG key.
         """
         _check_sizes(latent_dim, action_latent_dim, dt)
-        _check_int("width", width)
+        check_int("width", width)
         self.mlp = eqx.nn.MLP(
             latent_dim + action_latent_dim,
             latent_dim,

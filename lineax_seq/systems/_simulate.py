@@ -1,7 +1,6 @@
 """Trajectory simulation with diffrax at tight tolerance."""
 
 import math
-import numbers
 
 import diffrax
 import equinox as eqx
@@ -12,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_finite
+from .._checks import check_finite, check_int
 from ._systems import DynamicalSystem
 
 
@@ -25,13 +24,8 @@ def _check_state(system: DynamicalSystem, x0: Array) -> Array:
     return check_finite("x0", x0)
 
 
-def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive int")
-
-
 def _check_steps(steps: object, dt: float | None) -> None:
-    _check_count("steps", steps)
+    check_int("steps", steps)
     if dt is not None and not 0 < dt < math.inf:
         raise ValueError(f"dt={dt!r} must be positive and finite (or None: system.dt)")
 
@@ -169,7 +163,7 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
-    _check_count("num", num)
+    check_int("num", num)
     _check_steps(steps, dt)
     # Static Python numbers (NumPy scalars would be traced as jit arguments).
     dt = None if dt is None else float(dt)
