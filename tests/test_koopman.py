@@ -514,13 +514,15 @@ def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynami
     with pytest.raises(ValueError, match="autonomous: pass u=None"):
         ls.MLPBaseline(2, width=4, key=jr.key(0))(jnp.zeros(2), jnp.zeros(1))
     for width in (0, -3):
-        with pytest.raises(ValueError, match=f"width must be a positive integer, got width={width}"):
+        with pytest.raises(
+            ValueError, match=f"width must be a positive integer, got width={width}$"
+        ):
             ls.MLPBaseline(2, width=width, key=jr.key(0))
     with pytest.raises(ValueError, match="discretization='exact' applies to linear dynamics"):
         ls.KoopmanAutoencoder(2, 4, dynamics="mlp", discretization="exact", key=jr.key(0))
     with pytest.raises(ValueError, match="dt=inf must be positive and finite"):
         ls.KoopmanAutoencoder(2, 4, dt=float("inf"), key=jr.key(0))
-    with pytest.raises(ValueError, match="latent_dim must be a positive integer, got latent_dim=True"):
+    with pytest.raises(ValueError, match="got latent_dim=True"):
         ls.KoopmanAutoencoder(2, True, key=jr.key(0))
 
 
