@@ -490,6 +490,24 @@ def test_float64_times_with_a_float32_reencoding_interval(model):
             exact=True,
         )  # fmt: skip
     assert out.shape == (101, 2) and bool(jnp.isfinite(out).all())
+    # Far from 0 float64 times keep their own (small) rounding: 10 segments, not 9, and
+    # the same unroll as from 0 (the model is autonomous).
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        x0, offsets = jnp.array([0.5, -0.4]), 0.005 * np.arange(21)
+        run = lambda t: ls.unroll_continuous(
+            model, x0, jnp.asarray(t), reencode_dt=0.01, num_segments=10, exact=True
+        )
+        np.testing.assert_allclose(run(1e4 + offsets), run(offsets), atol=1e-5)
+
+
+def test_numpy_sizes_become_ints(no_jaxtyping):
+    """NumPy integers are taken as ints (static fields must hold Python values)."""
+    n = np.int64
+    m = ls.KoopmanAutoencoder(n(2), n(4), n(1), width=n(8), key=jr.key(0))
+    sizes = (m.state_dim, m.latent_dim, m.action_dim, m.dynamics.latent_dim)
+    assert all(type(size) is int for size in sizes), sizes
+    base = ls.MLPBaseline(n(2), n(1), width=n(4), layers=n(2), key=jr.key(0))
+    assert type(base.state_dim) is int and type(base.action_dim) is int
 
 
 def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynamics):

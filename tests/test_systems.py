@@ -143,6 +143,13 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
     with pytest.raises(ValueError, match="dt0=-0.1 must be positive"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt0=-0.1)
+    with pytest.raises(ValueError, match="dt0=0.01 has no effect with StepTo"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 10, solver=diffrax.Euler(), dt0=0.01)
+    with pytest.raises(ValueError, match=r"StepTo\(...\) cannot be used with actions"):
+        ls.simulate(
+            ls.ControlledPendulum(), jnp.zeros(2), 3, actions=jnp.zeros((3, 1)),
+            solver=diffrax.Euler(), stepsize_controller=diffrax.StepTo(jnp.arange(4.0)),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="num must be a positive integer, got num=0"):
         ls.sample_trajectories(ls.Duffing(), jr.key(0), 0, 10)
     with pytest.raises(ValueError, match=r"got num=np.int64\(0\)"):

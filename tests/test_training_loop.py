@@ -219,9 +219,11 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path / "k", keep_checkpoints=0)
     with pytest.raises(ValueError, match=r"eval_data must be re-iterable .* generator"):
         ls.train(*args, steps=1, key=jr.key(0), eval_data=(b for b in data))
-    forever = _grain_batches(data)  # num_epochs=None; checked up front (steps=0 never evaluates)
-    with pytest.raises(ValueError, match=r"eval_data repeats forever .* eval_batches=None"):
-        ls.train(*args, steps=0, key=jr.key(0), eval_data=forever)
+    # num_epochs=None, also behind worker processes; checked up front (steps=0 never
+    # evaluates).
+    for forever in (_grain_batches(data), _grain_batches(data, num_workers=2)):
+        with pytest.raises(ValueError, match=r"eval_data repeats forever .* eval_batches=None"):
+            ls.train(*args, steps=0, key=jr.key(0), eval_data=forever)
     mesh = jax.make_mesh((1,), ("data",))
     with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
         ls.train(*args, steps=1, key=jr.key(0), mesh=mesh)

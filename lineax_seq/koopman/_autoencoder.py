@@ -36,8 +36,7 @@ class UnitNormLinear(eqx.Module):
 
     def __init__(self, in_dim: int, out_dim: int, *, key: PRNGKeyArray):
         """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
-        check_int("in_dim", in_dim)
-        check_int("out_dim", out_dim)
+        in_dim, out_dim = check_int("in_dim", in_dim), check_int("out_dim", out_dim)
         self.weight = jr.normal(key, (out_dim, in_dim))
         self.bias = jnp.zeros((out_dim,))
 
@@ -106,15 +105,12 @@ class KoopmanAutoencoder(eqx.Module):
             dynamics step by explicit Euler: leave the default).
         - `key`: PRNG key.
         """
-        for name, value in [
-            ("state_dim", state_dim),
-            ("latent_dim", latent_dim),
-            ("width", width),
-            ("encoder_layers", encoder_layers),
-            ("decoder_layers", decoder_layers),
-        ]:
-            check_int(name, value)
-        check_int("action_dim", action_dim, minimum=0)
+        state_dim = check_int("state_dim", state_dim)
+        latent_dim = check_int("latent_dim", latent_dim)
+        width = check_int("width", width)
+        encoder_layers = check_int("encoder_layers", encoder_layers)
+        decoder_layers = check_int("decoder_layers", decoder_layers)
+        action_dim = check_int("action_dim", action_dim, minimum=0)
         _check_dt(dt)
         if decoder not in _DECODERS:
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
@@ -128,7 +124,7 @@ class KoopmanAutoencoder(eqx.Module):
                 "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
             )
         if dynamics_width is not None:
-            check_int("dynamics_width", dynamics_width)
+            dynamics_width = check_int("dynamics_width", dynamics_width)
         if action_dim == 0 and action_latent_dim is not None:
             raise ValueError(
                 f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
@@ -141,7 +137,7 @@ class KoopmanAutoencoder(eqx.Module):
             else (latent_dim if action_latent_dim is None else action_latent_dim)
         )
         if action_dim > 0:
-            check_int("action_latent_dim", m)
+            m = check_int("action_latent_dim", m)
         ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
         self.encoder = _mlp(state_dim, latent_dim, width, encoder_layers, key=ekey)
         if decoder == "linear":
@@ -239,10 +235,9 @@ class MLPBaseline(eqx.Module):
     ):
         """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`
         (number of linear layers), `key`."""
-        check_int("state_dim", state_dim)
-        check_int("action_dim", action_dim, minimum=0)
-        check_int("width", width)
-        check_int("layers", layers)
+        state_dim = check_int("state_dim", state_dim)
+        action_dim = check_int("action_dim", action_dim, minimum=0)
+        width, layers = check_int("width", width), check_int("layers", layers)
         self.mlp = _mlp(state_dim + action_dim, state_dim, width, layers, key=key)
         self.state_dim = state_dim
         self.action_dim = action_dim

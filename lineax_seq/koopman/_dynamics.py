@@ -22,10 +22,12 @@ def _check_dt(dt: float) -> None:
         raise ValueError(f"dt={dt!r} must be positive and finite")
 
 
-def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> None:
-    check_int("latent_dim", latent_dim)
-    check_int("action_latent_dim", action_latent_dim, minimum=0)
+def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> tuple[int, int]:
+    """`(latent_dim, action_latent_dim)` as ints, checked, and `dt` checked."""
     _check_dt(dt)
+    return check_int("latent_dim", latent_dim), check_int(
+        "action_latent_dim", action_latent_dim, minimum=0
+    )
 
 
 class AbstractLatentDynamics(eqx.Module):
@@ -138,7 +140,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`.
         - `key`: PRNG key.
         """
-        _check_sizes(latent_dim, action_latent_dim, dt)
+        latent_dim, action_latent_dim = _check_sizes(latent_dim, action_latent_dim, dt)
         if discretization not in _DISCRETIZATIONS:
             raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
         k_key, l_key = jr.split(key)
@@ -239,8 +241,8 @@ class MLPDynamics(AbstractLatentDynamics):
         - `dt`: the data's sampling interval; initialises `delta`.
         - `key`: PRNG key.
         """
-        _check_sizes(latent_dim, action_latent_dim, dt)
-        check_int("width", width)
+        latent_dim, action_latent_dim = _check_sizes(latent_dim, action_latent_dim, dt)
+        width = check_int("width", width)
         self.mlp = eqx.nn.MLP(
             latent_dim + action_latent_dim,
             latent_dim,

@@ -327,20 +327,22 @@ def _segments(
 
 # Reencoding times computed as `jnp.linspace` or `t0 + dt * arange` land up to ~1.5 units
 # in the last place of `max |ts|` past the exact ones, ~3 with the arithmetic on a traced
-# `ts`. Units of float32 even for float64 times, whose `reencode_dt` often comes from
-# float32 data: 16 of them is 1.9e-6 at `max |ts| = 1` (the former `1e-4` merged times
-# far apart).
+# `ts`; and a `reencode_dt` from float32 data is off by float32 units of the span, even
+# for float64 times. 16 of each: 1.9e-6 at `max |ts| = 1` in float32 (the former `1e-4`
+# merged times far apart).
 _ULPS = 16
 
 
 def _tolerance(ts, reencode_dt: float):
     """How far past a reencoding time, in segments, a time still belongs to the segment
-    that ends there: `_ULPS` float32 units in the last place of `max |ts|` (the rounding
-    of computed times), and no more (a later time is reencoded). Used both to count
-    segments and to assign times to them."""
+    that ends there: `_ULPS` units in the last place of `max |ts|` (the rounding of
+    computed times) plus `_ULPS` float32 units of the span (a float32 `reencode_dt`), and
+    no more (a later time is reencoded). Used both to count segments and to assign
+    times to them."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    eps = max(float(xp.finfo(ts.dtype).eps), float(np.finfo(np.float32).eps))
-    return _ULPS * eps * xp.max(xp.abs(ts)) / reencode_dt
+    rounding = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
+    span = float(np.finfo(np.float32).eps) * (ts[-1] - ts[0])  # a float32 reencode_dt
+    return _ULPS * (rounding + span) / reencode_dt
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
@@ -420,11 +422,11 @@ def unroll_continuous(
     dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
     `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
-    `ts`; a time equal to a reencoding time (up to 16 float32 units in the last place
-    of `max |ts|`, the rounding of computed times such as `jnp.linspace`) is decoded
-    *before* reencoding, as in [`unroll`][lineax_seq.unroll]. Differentiable
-    (diffrax's adjoint, default recursive checkpointing), so models can be trained
-    through it.
+    `ts`; a time equal to a reencoding time (up to the rounding of computed times such
+    as `jnp.linspace`: 16 units in the last place of `max |ts|`, plus 16 float32 units
+    of the span for a float32 `reencode_dt`) is decoded *before* reencoding, as in
+    [`unroll`][lineax_seq.unroll]. Differentiable (diffrax's adjoint, default recursive
+    checkpointing), so models can be trained through it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete

@@ -51,7 +51,7 @@ def simulate(
     atol: float = 1e-9,
     max_steps: int = 100_000,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: float | None = None,
+    dt0: float | int | None = None,
 ) -> Float[Array, "times state_dim"]:
     """Integrate `system` from `x0` and sample the state every `dt`.
 
@@ -73,12 +73,14 @@ def simulate(
         controlled systems; must be `None` for autonomous ones.
     - `dt`: sampling interval, positive (default `system.dt`).
     - `solver`: a diffrax solver (default `diffrax.Dopri8()`).
-    - `rtol`, `atol`: tolerances of the PID controller (adaptive solvers only), `>= 0`
-        and not both 0.
+    - `rtol`, `atol`: tolerances of the default PID controller (adaptive solvers, no
+        `stepsize_controller`), `>= 0` and not both 0.
     - `max_steps`: passed to `diffrax.diffeqsolve`.
     - `stepsize_controller`: overrides the default controller (`PIDController(rtol,
-        atol)` for adaptive solvers, `StepTo` the sampling times otherwise).
-    - `dt0`: the initial (or constant) step, positive (default `dt`; none with `StepTo`).
+        atol)` for adaptive solvers, `StepTo` the sampling times otherwise); not
+        `StepTo` with `actions` (each interval is solved on its own).
+    - `dt0`: the initial (or constant) step, positive (default `dt`); not with `StepTo`
+        (given or default), which fixes the steps itself.
 
     **Returns:**
 
@@ -89,6 +91,21 @@ def simulate(
     _check_tolerances(rtol, atol)
     if dt0 is not None and not 0 < dt0 < math.inf:
         raise ValueError(f"dt0={dt0!r} must be positive and finite (or None: dt)")
+    solver = diffrax.Dopri8() if solver is None else solver
+    adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
+    step_to = isinstance(stepsize_controller, diffrax.StepTo) or (
+        stepsize_controller is None and not adaptive
+    )
+    if step_to and dt0 is not None:
+        raise ValueError(
+            f"dt0={dt0!r} has no effect with StepTo (the default for a solver without an "
+            "error estimate): pass stepsize_controller=diffrax.ConstantStepSize() with it"
+        )
+    if isinstance(stepsize_controller, diffrax.StepTo) and actions is not None:
+        raise ValueError(
+            "stepsize_controller=StepTo(...) cannot be used with actions (each sampling "
+            "interval is solved on its own): use diffrax.ConstantStepSize() and dt0"
+        )
     if (actions is None) != (system.action_dim == 0):
         raise ValueError(
             f"actions must be given exactly when the system is controlled; "
@@ -103,8 +120,6 @@ def simulate(
     if actions is not None:
         actions = check_finite("actions", actions)
     dt = system.dt if dt is None else dt
-    solver = diffrax.Dopri8() if solver is None else solver
-    adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
     term = diffrax.ODETerm(system.vector_field)
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
 
@@ -118,7 +133,7 @@ def simulate(
             solver,
             t0=times[0],
             t1=times[-1],
-            dt0=None if isinstance(controller, diffrax.StepTo) else (dt0 or dt),
+            dt0=None if step_to else (dt if dt0 is None else dt0),
             y0=x,
             args=args,
             saveat=saveat,

@@ -278,14 +278,19 @@ def _layout(state: Any) -> Any:
 
 def _repeats_forever(data: Any) -> bool:
     """Whether `data` is a grain dataset that repeats forever, e.g. a
-    `lineax_seq.*_dataset` with the default `num_epochs=None`: its first map dataset,
-    reached through `parents`, has a length no finite data has (`repeat(None)` gives
-    `sys.maxsize`, its batches half that). Pipelines whose parents are hidden (worker
-    processes) are not inspected."""
-    node = data
-    while isinstance(node, grain.IterDataset) and len(node.parents) == 1:
-        node = node.parents[0]
-    return isinstance(node, grain.MapDataset) and len(node) > 2**40
+    `lineax_seq.*_dataset` with the default `num_epochs=None`: a first map dataset
+    reached through `parents` (or `mp_prefetch`'s per-worker datasets) has a length no
+    finite data has (`repeat(None)` gives `sys.maxsize`, its batches half that)."""
+    todo = [data]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, grain.MapDataset):  # its length says it all: stop here
+            if len(node) > 2**40:
+                return True
+        elif isinstance(node, grain.IterDataset):
+            todo.extend(node.parents)
+            todo.extend(getattr(node, "_datasets", ()))  # `mp_prefetch` hides them here
+    return False
 
 
 def train(
