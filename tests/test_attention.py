@@ -14,9 +14,10 @@ import lineax_seq as ls
 
 
 def softmax_attention(q, k, v, allowed, bias):
-    """Plain reference: q (Tq, H, D), k/v (Tk, H, D), allowed (Tq, Tk), bias (H, Tq, Tk)."""
+    """Plain reference: q (Tq, H, D), k/v (Tk, H, D), allowed (Tq, Tk) or (H, Tq, Tk),
+    bias (H, Tq, Tk)."""
     logits = jnp.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1]) + bias
-    logits = jnp.where(allowed[None], logits, -jnp.inf)
+    logits = jnp.where(allowed if allowed.ndim == 3 else allowed[None], logits, -jnp.inf)
     weights = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("hqk,khd->qhd", weights, v)
 
@@ -97,13 +98,15 @@ def test_multi_head_attention_float64_is_float64(getkey):
         mha = ls.MultiHeadAttention(8, 2, key=getkey())
         mha = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, mha)
         x = jr.normal(getkey(), (5, 8), jnp.float64)
-        mask = jnp.tril(jnp.ones((5, 5), bool))
+        causal = jnp.tril(jnp.ones((5, 5), bool))
         bias = jr.normal(getkey(), (2, 5, 5), jnp.float64)
-        got = mha(x, mask=mask, bias=bias)
         k, v = mha.keys_values(x)
-        want = mha.merge_heads(softmax_attention(mha.queries(x), k, v, mask, bias))
-    assert got.dtype == jnp.float64
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+        # A mask shared by the heads, and one per head (causal / anti-causal).
+        for mask in (causal, jnp.stack([causal, causal.T])):
+            got = mha(x, mask=mask, bias=bias)
+            want = mha.merge_heads(softmax_attention(mha.queries(x), k, v, mask, bias))
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("window", [1, 3, 4])

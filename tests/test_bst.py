@@ -385,7 +385,7 @@ def test_bad_input(sh_lm, key):
     build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct", bst_layers=[])
 
 
-def test_numpy_integers_accepted(key, no_jaxtyping):
+def test_numpy_integers_accepted(sh_lm, key, no_jaxtyping):
     """NumPy integers work as window sizes and layer indices (as for users who do not
     run jaxtyping's checks on constructors)."""
     assert ls.SlidingWindowLayer(DIM, HEADS, np.int64(W), key=key).window == W
@@ -396,6 +396,15 @@ def test_numpy_integers_accepted(key, no_jaxtyping):
         "SlidingWindowLayer",
         "BlockStateTransformerLayer",
     ]
+    # generate's own checks (jaxtyping's annotations reject the non-integers first).
+    prompt = jnp.zeros((3,), jnp.int32)
+    for kw, message in [
+        (dict(steps=-1), "steps must be an integer >= 0, got steps=-1"),
+        (dict(steps=2.0), "steps must be an integer >= 0, got steps=2.0"),
+        (dict(steps=2, top_k=0), "top_k must be a positive integer, got top_k=0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ls.generate(sh_lm, prompt, kw.pop("steps"), key=key, **kw)
 
 
 def test_unstruct_decoding_stops_at_the_cache_length(zoo):

@@ -215,7 +215,7 @@ def test_lm_bad_inputs():
     tok = ls.ByteTokenizer()
     with pytest.raises(ValueError, match="length=1000 .* longest document has 227 tokens"):
         ls.lm_windows(DOCS, tok, length=1000)
-    with pytest.raises(ValueError, match="length must be an integer >= 1"):
+    with pytest.raises(ValueError, match="length must be a positive integer, got length="):
         ls.lm_windows(DOCS, tok, length=0)
     with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
         ls.lm_dataset(DOCS, tok, length=8, batch_size=0)
@@ -432,5 +432,5 @@ def test_loader_bad_inputs():
         ls.batch_examples(ds, batch_size=2, num_epochs=0)
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
         ls.batch_examples(ds, batch_size=2, num_workers=-1)
-    with pytest.raises(ValueError, match="seed must be a non-negative integer, got seed=-1"):
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got seed=-1"):
         ls.batch_examples(ds, batch_size=2, seed=-1)

@@ -7,13 +7,16 @@ from jaxtyping import Array, Bool, Float
 
 
 def masked_bias(
-    mask: Bool[Array, "q k"], bias: Float[Array, "heads q k"] | None = None
+    mask: Bool[Array, "q k"] | Bool[Array, "heads q k"],
+    bias: Float[Array, "heads q k"] | None = None,
 ) -> Float[Array, "#heads q k"]:
-    """Fold a boolean mask into an additive bias (`-1e30` where `mask` is `False`).
+    """Fold a boolean mask, shared by the heads or per head, into an additive bias
+    (`-1e30` where `mask` is `False`).
 
     Every query must see at least one key.
     """
-    blocked = jnp.where(mask, 0.0, -1e30)[None]
+    blocked = jnp.where(mask, 0.0, -1e30)
+    blocked = blocked[None] if mask.ndim == 2 else blocked
     return blocked if bias is None else bias + blocked
 
 

@@ -8,7 +8,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from ._core import head_major_attention
+from ._core import head_major_attention, masked_bias
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -138,8 +138,7 @@ class MultiHeadAttention(eqx.Module):
         q = self.queries(x)
         k, v = self.keys_values(context)
         if q.dtype == jnp.float64:  # dot_product_attention computes float32 logits
-            blocked = None if mask is None else jnp.where(mask, 0.0, -1e30)
-            total = blocked if bias is None else bias if blocked is None else bias + blocked
+            total = bias if mask is None else masked_bias(mask, bias)
             hm = lambda a: rearrange(a, "t h d -> h t d")
             out = rearrange(head_major_attention(hm(q), hm(k), hm(v), total), "h t d -> t h d")
         else:

@@ -1,17 +1,17 @@
 """Block-State Transformer language model and the SLIDE / BRECT baselines."""
 
 import numbers
-import operator
 from collections.abc import Sequence
-from typing import SupportsIndex
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Int, Integer, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
@@ -345,24 +345,14 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
     return jnp.concatenate([prompt, tokens.astype(prompt.dtype)])
 
 
-def _index(name: str, value: object) -> int:
-    """`value` as an `int` (NumPy integers accepted), or a `TypeError` naming it."""
-    if isinstance(value, bool):
-        raise TypeError(f"`{name}` must be an integer, got {name}={value!r}.")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"`{name}` must be an integer, got {name}={value!r}.") from None
-
-
 def generate(
     lm: BlockStateTransformerLM,
     prompt: Integer[Array, " prompt"],
-    steps: SupportsIndex,
+    steps: int | np.integer,
     *,
     key: PRNGKeyArray,
     temperature: float = 1.0,
-    top_k: SupportsIndex | None = None,
+    top_k: int | np.integer | None = None,
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
@@ -393,17 +383,15 @@ def generate(
         raise ValueError(f"`prompt` must be a non-empty 1-d token array, got shape {prompt.shape}.")
     if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
         prompt = prompt.astype(jnp.int32)
-    steps = _index("steps", steps)
-    if steps < 0:
-        raise ValueError(f"`steps` must be >= 0, got steps={steps}.")
+    steps = check_int("steps", steps, minimum=0)
     if steps == 0:
         return lm._check_tokens(prompt)
     temperature = float(temperature)
     if not temperature >= 0:  # NaN too
         raise ValueError(f"`temperature` must be >= 0, got temperature={temperature}.")
     if top_k is not None:
-        top_k = _index("top_k", top_k)
-        if not 1 <= top_k <= lm.vocab_size:
+        top_k = check_int("top_k", top_k)
+        if top_k > lm.vocab_size:
             raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
     greedy = temperature == 0
     return _generate(lm, prompt, steps, key, jnp.asarray(temperature), greedy, top_k)

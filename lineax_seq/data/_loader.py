@@ -7,6 +7,8 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
+from .._checks import check_int
+
 __all__ = ["batch_examples"]
 
 SPLITS = ("train", "valid", "test", "all")
@@ -96,8 +98,7 @@ def batch_examples(
     check_batch_size(batch_size)
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
         raise ValueError(f"num_epochs must be None or a positive integer, got {num_epochs!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got seed={seed!r}")
+    check_int("seed", seed, minimum=0)
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got num_workers={num_workers}")
     if num_threads < 0:

@@ -9,6 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Int
 
+from .._checks import check_int
 from ._loader import batch_examples
 from ._tokenizers import Tokenizer, check_ids
 
@@ -62,11 +63,6 @@ class _LMWindows:
         return {"inputs": w[:-1], "targets": w[1:]}
 
 
-def _check_length(length: int, minimum: int) -> None:
-    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < minimum:
-        raise ValueError(f"length must be an integer >= {minimum}, got length={length!r}")
-
-
 def _lm_starts(offsets: np.ndarray, length: int, stride: int) -> np.ndarray:
     lengths = np.diff(offsets)
     if lengths.size == 0 or lengths.max() < length + 1:
@@ -118,7 +114,7 @@ def lm_windows(
 
     `ValueError` if `length < 1` or longer than every document.
     """
-    _check_length(length, 1)
+    check_int("length", length)
     stride = length if stride is None else stride
     if stride < 1:
         raise ValueError(f"stride must be a positive integer, got stride={stride}")
@@ -313,7 +309,7 @@ def mlm_examples(
     A `grain.MapDataset` of `{"tokens": int32 (length,), "padding_mask": bool (length,)}`
     (`padding_mask` is True on real tokens, `<cls>`/`<sep>` included).
     """
-    _check_length(length, 3)
+    check_int("length", length, minimum=3)
     tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=False)
     if tokens.size == 0:
         raise ValueError("texts contain no tokens")
