@@ -337,11 +337,13 @@ class GatedLayer(_Layer):
 
     def _apply(self, x, mask, key, inference):
         h = apply_norm(self.norm, x)
-        # W_v, W_f, W_b read the same X: one matrix product. B is computed unflipped
-        # (sigma and W_b act per position); the backward routing reads it anti-causally.
-        w = jnp.concatenate([self.v_proj.weight, self.f_proj.weight, self.b_proj.weight])
-        b = jnp.concatenate([self.v_proj.bias, self.f_proj.bias, self.b_proj.bias])
-        v, f, bwd = jnp.split(gelu(h @ w.T + b), [self.inner_dim, self.inner_dim + self.dim], -1)
+        # Three products, not one of the concatenated weights: on CPU at 1k-4k tokens
+        # that was 3-5% slower, its gradient concatenating a (length, inner + 2d) array.
+        # B is computed unflipped (sigma and W_b act per position); the backward
+        # routing reads it anti-causally.
+        v = gelu(apply_dense(self.v_proj, h))
+        f = gelu(apply_dense(self.f_proj, h))
+        bwd = gelu(apply_dense(self.b_proj, h))
         if self.routing == "ssm":
             # Both SSMs in one pass (one batched Toeplitz / chunked product).
             fb = jnp.stack([f, bwd])
