@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
-import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_int, check_state_control
@@ -104,7 +103,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
 
     `Kbar = (I - delta/2 K)^-1 (I + delta/2 K)`, `Lbar = (I - delta/2 K)^-1 delta L`
 
-    (computed with one LU solve through lineax, never an explicit inverse), or
+    (computed with one LU solve, never an explicit inverse), or
     exactly with the matrix exponential, `Kbar = exp(delta K)`,
     `Lbar = int_0^delta exp(s K) ds L` (zero-order hold).
 
@@ -178,14 +177,14 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
             block = block.at[:n, :n].set(self.K).at[:n, n:].set(self.L)
             big = jsl.expm(delta * block)
             return big[:n, :n], big[:n, n:]
-        lhs = lx.MatrixLinearOperator(eye - 0.5 * delta * self.K)
         rhs = eye + 0.5 * delta * self.K
         if self.L is not None:
             rhs = jnp.concatenate([rhs, delta * self.L], axis=1)
-        solver = lx.LU()
-        state = solver.init(lhs, options={})
-        solve = lambda b: lx.linear_solve(lhs, b, solver, state=state).value
-        out = jax.vmap(solve, in_axes=1, out_axes=1)(rhs)
+        # One LU factorisation for all columns. Not `lineax.linear_solve`: its failure
+        # check (`eqx.error_if`, a host callback, also in the tangent and transposed
+        # solves) is pinned to one device, so on a mesh XLA broadcast its results from
+        # there ("involuntary full rematerialization") in every step.
+        out = jnp.linalg.solve(eye - 0.5 * delta * self.K, rhs)
         return (out[:, :n], out[:, n:]) if self.L is not None else (out, None)
 
     def rate(
