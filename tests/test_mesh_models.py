@@ -1,0 +1,188 @@
+"""Every model family on a mesh gives the numbers of one device.
+
+S4D, BiGS, the Block-State Transformer and the Koopman autoencoder, each with one
+jitted function (outputs, a scalar loss and its gradient), run once on one device and
+once on a `(data=4, model=2)` mesh of the 8 host CPU devices: parameters split over
+"model" by `ls.shard_params` (with a `min_size` small enough that these tiny models
+really are split), the batch over "data" by `ls.shard_batch`. The two runs sum in a
+different order, so they agree to float32 rounding, not bit for bit. XLA must not have
+printed an "involuntary full rematerialization" warning while compiling them.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import lineax_seq as ls
+
+DATA, MODEL = 4, 2  # the mesh's axis sizes
+BATCH = 2 * DATA  # two examples per "data" shard
+MIN_SIZE = 64  # split every weight matrix of at least 64 entries over "model"
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return ls.make_mesh(DATA, MODEL)
+
+
+def _leaves(tree):
+    return jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+
+
+def _spec_axes(sharding) -> set:
+    axes = set()
+    for entry in sharding.spec:
+        axes.update(entry if isinstance(entry, tuple) else (entry,))
+    return axes - {None}
+
+
+def place(model, batch, mesh):
+    """`(model, batch)` on the mesh; asserts that the weights really were split."""
+    model = ls.shard_params(model, mesh, min_size=MIN_SIZE)
+    split = [x for x in _leaves(model) if "model" in _spec_axes(x.sharding)]
+    assert split, "no parameter was split over 'model'"
+    for x in split:
+        assert {s.data.size for s in x.addressable_shards} == {x.size // MODEL}
+    return model, ls.shard_batch(batch, mesh)
+
+
+def assert_batch_sharded(out):
+    """The leading (batch) axis of every output stays split over "data"."""
+    for x in jax.tree.leaves(out):
+        assert "data" in _spec_axes(x.sharding), x.sharding
+        assert {s.data.shape[0] for s in x.addressable_shards} == {x.shape[0] // DATA}
+
+
+def assert_close(got, want, rtol=1e-5, atol=1e-5):
+    """Leafwise `|got - want| <= atol * max|want| + rtol * |want|` (per leaf)."""
+    got_leaves, want_leaves = _leaves(got), _leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and np.isfinite(w).all()
+        scale = float(np.abs(w).max(initial=0.0))
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol * scale, err_msg=f"leaf {i}")
+
+
+def assert_no_resharding(capfd):
+    """XLA printed no "involuntary full rematerialization" (a value it could only
+    replicate, e.g. from one device, and then split again) while compiling."""
+    err = capfd.readouterr().err
+    assert "rematerialization" not in err, err
+
+
+def check(run, model, batch, mesh, capfd):
+    """Run `run(model, batch) -> (outputs, loss, grads)` on one device and on the mesh."""
+    want = run(model, batch)
+    got = run(*place(model, batch, mesh))
+    assert_no_resharding(capfd)
+    assert_batch_sharded(got[0])
+    assert_close(got, want)
+    return got, want
+
+
+# --------------------------------------------------------------------------- S4D
+
+
+@eqx.filter_jit
+def s4d_run(layer, x):
+    def loss(layer):
+        y = jax.vmap(layer)(x)
+        return jnp.mean(jnp.sin(y)), y
+
+    (value, y), grads = eqx.filter_value_and_grad(loss, has_aux=True)(layer)
+    return y, value, grads
+
+
+def test_s4d_on_mesh(mesh, capfd):
+    layer = ls.S4D(16, state_size=32, activation=jax.nn.gelu, glu=True, key=jr.key(0))
+    x = jr.normal(jr.key(1), (BATCH, 24, 16))
+    check(s4d_run, layer, x, mesh, capfd)
+
+
+# -------------------------------------------------------------------------- BiGS
+
+
+@eqx.filter_jit
+def bigs_run(model, batch):
+    tokens, mask, keys = batch
+
+    def loss(model):
+        h = jax.vmap(lambda t, m, k: model(t, m, key=k))(tokens, mask, keys)
+        real = jnp.where(mask[..., None], jnp.tanh(h), 0.0)
+        return jnp.sum(real) / jnp.sum(mask, dtype=h.dtype), h
+
+    (value, h), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model)
+    return h, value, grads
+
+
+def test_bigs_on_mesh(mesh, capfd):
+    model = ls.BiGS.from_config(
+        "bigs-tiny", vocab_size=50, dim=16, inner_dim=32, state_size=16, key=jr.key(0)
+    )
+    length = 12
+    tokens = jr.randint(jr.key(1), (BATCH, length), 0, 50)
+    lengths = jnp.array([12, 5, 9, 12, 1, 7, 12, 3])
+    mask = jnp.arange(length) < lengths[:, None]
+    keys = jax.vmap(jr.key_data)(jr.split(jr.key(2), BATCH))  # dropout on
+    got, _ = check(bigs_run, model, (tokens, mask, keys), mesh, capfd)
+    h = np.asarray(got[0])
+    assert (h[~np.asarray(mask)] == 0).all()  # padding stays exactly zero
+
+
+# ---------------------------------------------------------- Block-State Transformer
+
+
+@eqx.filter_jit
+def bst_run(lm, tokens):
+    def loss(lm):
+        logits = jax.vmap(lm)(tokens)
+        logp = jax.nn.log_softmax(logits[:, :-1])
+        nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
+        return jnp.mean(nll), logits
+
+    (value, logits), grads = eqx.filter_value_and_grad(loss, has_aux=True)(lm)
+    return logits, value, grads
+
+
+def test_bst_on_mesh(mesh, capfd):
+    lm = ls.BlockStateTransformerLM.from_variant(
+        "BST:SH:S4", 7, 8, 2, num_heads=2, window=4, bst_layers=(0,), key=jr.key(7)
+    )
+    tokens = jr.randint(jr.key(1), (BATCH, 16), 0, 7)
+    check(bst_run, lm, tokens, mesh, capfd)
+    # Greedy incremental decoding (one sequence) with the split weights: same tokens.
+    prompt = tokens[0, :3]
+    want = ls.generate(lm, prompt, 9, key=jr.key(3), temperature=0.0)
+    lm_mesh = ls.shard_params(lm, mesh, min_size=MIN_SIZE)
+    got = ls.generate(lm_mesh, prompt, 9, key=jr.key(3), temperature=0.0)
+    assert_no_resharding(capfd)
+    np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------- Koopman autoencoder
+
+
+@eqx.filter_jit
+def koopman_run(model, batch):
+    xs, actions = batch
+
+    def loss(model):
+        losses, _ = jax.vmap(lambda x, u: ls.koopman_loss(model, x, u, reencode_every=3))(
+            xs, actions
+        )
+        return jnp.mean(losses)
+
+    value, grads = eqx.filter_value_and_grad(loss)(model)
+    pred = jax.vmap(lambda x0, u: ls.unroll(model, x0, u, steps=u.shape[0]))(xs[:, 0], actions)
+    return pred, value, grads
+
+
+def test_koopman_on_mesh(mesh, capfd):
+    model = ls.KoopmanAutoencoder(2, 16, action_dim=1, action_latent_dim=4, width=16, key=jr.key(1))
+    xs = jr.normal(jr.key(2), (BATCH, 8, 2))
+    actions = jr.normal(jr.key(3), (BATCH, 7, 1))
+    check(koopman_run, model, (xs, actions), mesh, capfd)
