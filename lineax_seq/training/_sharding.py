@@ -107,10 +107,11 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     """Shardings for a model (or optimiser state): large matrices over `axis`.
 
     Every array with at least two dimensions and `min_size` elements is split over
-    the mesh axis `axis` along its last dimension divisible by the axis size
-    (tensor parallelism in the style of Megatron column splits); everything else is
-    replicated. The rule depends on shapes only, so it gives the same answer for a
-    model and for Adam's moment estimates of it.
+    the mesh axis `axis` along its last dimension divisible by the axis size;
+    everything else is replicated. For an `eqx.nn.Linear` weight `(out, in)` that is
+    the input features (Megatron's row-parallel split: XLA completes each product with
+    an all-reduce of partial sums). The rule depends on shapes only, so it gives the
+    same answer for a model and for Adam's moment estimates of it.
 
     **Arguments:**
 
