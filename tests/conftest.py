@@ -1,6 +1,7 @@
 """Shared test configuration.
 
-* 8 host CPU devices, so sharding tests can build meshes (must be set before JAX starts).
+* 8 host CPU devices, so sharding tests can build meshes (must be set before JAX starts),
+  and XLA's warnings on stderr (the mesh tests read them).
 * Strict dtype promotion: implicit float32 -> complex64 / int -> float mixes are errors.
 * Shared PRNG keys; keep shapes small, since compile time dominates the suite.
 """
@@ -9,6 +10,8 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# XLA's warnings reach stderr: tests/test_mesh_models.py fails on a resharding warning.
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
 
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402

@@ -109,9 +109,10 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     Every array with at least two dimensions and `min_size` elements is split over
     the mesh axis `axis` along its last dimension divisible by the axis size;
     everything else is replicated. For an `eqx.nn.Linear` weight `(out, in)` that is
-    the input features (Megatron's row-parallel split: XLA completes each product with
-    an all-reduce of partial sums). The rule depends on shapes only, so it gives the
-    same answer for a model and for Adam's moment estimates of it.
+    the input features when they divide evenly (Megatron's row-parallel split: XLA
+    completes each product with an all-reduce of partial sums), else the output ones.
+    The rule depends on shapes only, so it gives the same answer for a model and for
+    Adam's moment estimates of it.
 
     **Arguments:**
 
