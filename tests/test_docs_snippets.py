@@ -5,14 +5,12 @@ copies them), run on CPU in a fresh process in an empty directory. Blocks indent
 inside a list item are dedented, as Markdown does.
 """
 
-import os
 import pathlib
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _scripts import run_script
 
 DOCS = pathlib.Path(__file__).parents[1] / "docs"
 # A fence at any indentation; the closing fence has the opening one's indentation.
@@ -34,13 +32,5 @@ def test_docs_have_python_snippets():
 def test_docs_page_snippets_run(page, tmp_path):
     script = tmp_path / f"{page.stem}.py"
     script.write_text("\n".join(python_blocks(page)))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_script(script, tmp_path, {"JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, f"{page.relative_to(DOCS)} failed:\n{proc.stderr[-3000:]}"

@@ -74,13 +74,11 @@ def assert_no_resharding(capfd):
     assert "rematerialization" not in err, err
 
 
-def check(run, model, batch, mesh, capfd):
-    """Run `run(model, batch) -> (outputs, loss, grads)` on one device and on the mesh."""
+def run_both(run, model, batch, mesh):
+    """`run(model, batch) -> (outputs, loss, grads)` on one device, then on the mesh:
+    `(on_mesh, on_one_device)`."""
     want = run(model, batch)
     got = run(*place(model, batch, mesh))
-    assert_no_resharding(capfd)
-    assert_batch_sharded(got[0])
-    assert_close(got, want)
     return got, want
 
 
@@ -100,7 +98,11 @@ def s4d_run(layer, x):
 def test_s4d_on_mesh(mesh, capfd):
     layer = ls.S4D(16, state_size=32, activation=jax.nn.gelu, glu=True, key=jr.key(0))
     x = jr.normal(jr.key(1), (BATCH, 24, 16))
-    check(s4d_run, layer, x, mesh, capfd)
+    got, want = run_both(s4d_run, layer, x, mesh)
+    assert_no_resharding(capfd)
+    assert got[0].shape == x.shape
+    assert_batch_sharded(got[0])
+    assert_close(got, want)
 
 
 # -------------------------------------------------------------------------- BiGS
@@ -128,7 +130,10 @@ def test_bigs_on_mesh(mesh, capfd):
     lengths = jnp.array([12, 5, 9, 12, 1, 7, 12, 3])
     mask = jnp.arange(length) < lengths[:, None]
     keys = jax.vmap(jr.key_data)(jr.split(jr.key(2), BATCH))  # dropout on
-    got, _ = check(bigs_run, model, (tokens, mask, keys), mesh, capfd)
+    got, want = run_both(bigs_run, model, (tokens, mask, keys), mesh)
+    assert_no_resharding(capfd)
+    assert_batch_sharded(got[0])
+    assert_close(got, want)
     h = np.asarray(got[0])
     assert (h[~np.asarray(mask)] == 0).all()  # padding stays exactly zero
 
@@ -153,7 +158,10 @@ def test_bst_on_mesh(mesh, capfd):
         "BST:SH:S4", 7, 8, 2, num_heads=2, window=4, bst_layers=(0,), key=jr.key(7)
     )
     tokens = jr.randint(jr.key(1), (BATCH, 16), 0, 7)
-    check(bst_run, lm, tokens, mesh, capfd)
+    got, want = run_both(bst_run, lm, tokens, mesh)
+    assert_no_resharding(capfd)
+    assert_batch_sharded(got[0])
+    assert_close(got, want)
     # Greedy incremental decoding (one sequence) with the split weights: same tokens.
     prompt = tokens[0, :3]
     want = ls.generate(lm, prompt, 9, key=jr.key(3), temperature=0.0)
@@ -185,4 +193,8 @@ def test_koopman_on_mesh(mesh, capfd):
     model = ls.KoopmanAutoencoder(2, 16, action_dim=1, action_latent_dim=4, width=16, key=jr.key(1))
     xs = jr.normal(jr.key(2), (BATCH, 8, 2))
     actions = jr.normal(jr.key(3), (BATCH, 7, 1))
-    check(koopman_run, model, (xs, actions), mesh, capfd)
+    got, want = run_both(koopman_run, model, (xs, actions), mesh)
+    assert_no_resharding(capfd)
+    assert got[0].shape == (BATCH, 7, 2)  # the 7 states after x0, one per action
+    assert_batch_sharded(got[0])
+    assert_close(got, want)

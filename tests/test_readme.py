@@ -2,8 +2,8 @@
 
 import pathlib
 import re
-import subprocess
-import sys
+
+from _scripts import run_script
 
 README = pathlib.Path(__file__).parents[1] / "README.md"
 
@@ -13,7 +13,5 @@ def test_readme_snippets_run(tmp_path):
     assert blocks, "README has no python snippets"
     script = tmp_path / "readme.py"
     script.write_text("\n".join(blocks))
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
+    proc = run_script(script, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,11 +1,9 @@
 """Every tutorial is a runnable script; run each at small size in a fresh process."""
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from _scripts import run_script
 
 TUTORIALS = sorted((pathlib.Path(__file__).parents[1] / "tutorials").glob("*.py"))
 
@@ -17,19 +15,7 @@ def test_tutorials_exist():
 @pytest.mark.slow
 @pytest.mark.parametrize("script", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_runs(script, tmp_path):
-    env = {
-        **os.environ,
-        "LINEAX_SEQ_SMALL": "1",
-        "LINEAX_SEQ_OUT": str(tmp_path),
-        "MPLBACKEND": "Agg",
-    }
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = {"LINEAX_SEQ_SMALL": "1", "LINEAX_SEQ_OUT": str(tmp_path)}
+    result = run_script(script, tmp_path, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert any(tmp_path.iterdir()), "a tutorial should save at least one figure or file"
