@@ -202,3 +202,42 @@ def test_sliding_window_attention_checks_without_jaxtyping(no_jaxtyping):
         ValueError, match=r"`bias` must have shape .*\(2, 4, 8\), got shape \(2, 4, 4\)"
     ):
         unchecked(q, q, q, window=4, bias=jnp.zeros((2, 4, 4)))
+    with pytest.raises(TypeError, match="`q` must have a floating dtype.*int32"):
+        unchecked(q.astype(jnp.int32), q, q, window=4)
+
+
+def test_attention_arguments_checked(key, no_jaxtyping):
+    """Sizes, flags and positions are checked where they enter (not by XLA later)."""
+    for bad in (True, 2.0):
+        with pytest.raises(ValueError, match=f"num_heads={bad!r}"):
+            ls.MultiHeadAttention(8, bad, key=key)
+        with pytest.raises(ValueError, match=f"num_buckets={bad!r}"):
+            ls.RelativePositionBias(2, num_buckets=bad, key=key)
+    with pytest.raises(ValueError, match="kv_dim=2.5"):
+        ls.MultiHeadAttention(8, 2, kv_dim=2.5, key=key)
+    with pytest.raises(TypeError, match="use_bias='no'"):
+        ls.MultiHeadAttention(8, 2, use_bias="no", key=key)
+    with pytest.raises(TypeError, match="bidirectional='no'"):
+        ls.relative_position_bucket(jnp.arange(3), bidirectional="no")
+    with pytest.raises(TypeError, match="signed integer.*float32"):
+        ls.relative_position_bucket(jnp.array([-1.5, 3.2]), bidirectional=False)
+    with pytest.raises(TypeError, match="signed integer.*uint32"):
+        ls.relative_position_bucket(jnp.array([3, 50], jnp.uint32), bidirectional=True)
+    for window in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match=f"window={window!r}"):
+            ls.sliding_window_mask(window)
+    rpb = ls.RelativePositionBias(2, key=key)
+    with pytest.raises(ValueError, match="query_length=-1"):
+        rpb(-1, 3)
+    with pytest.raises(TypeError, match="query_offset"):
+        rpb(2, 3, query_offset=1.5)
+    with pytest.raises(TypeError, match="query_offset"):
+        rpb(2, 3, query_offset=jnp.array([0, 1]))
+    assert rpb(2, 3, query_offset=jnp.array(1)).shape == (2, 2, 3)
+    # Self-attention: the mask and bias must fit (queries, keys) = (x, x).
+    mha = ls.MultiHeadAttention(8, 2, key=key)
+    x = jnp.ones((5, 8))
+    with pytest.raises(ValueError, match=r"`mask` must end in \(queries, keys\)=\(5, 5\)"):
+        mha(x, mask=jnp.ones((5, 4), bool))
+    with pytest.raises(ValueError, match=r"`bias` must end in \(queries, keys\)=\(5, 5\)"):
+        mha(x, bias=jnp.ones((2, 5, 6)))

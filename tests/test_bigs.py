@@ -211,14 +211,14 @@ def test_chunked_conv_chunk_sizes(mods, getkey):
     ragged last chunk) against the FFT convolution of the same kernels."""
     fwd, bwd = mods["fwd"], mods["bwd"]
     u = jr.normal(getkey(), (2, 100, 3))
-    systems = [m.kernel_fn.discretize() for m in (fwd, bwd)]
-    abar = jnp.concatenate([a for a, _ in systems])
+    systems = [m.kernel_fn._discretize() for m in (fwd, bwd)]
+    log_abar = jnp.concatenate([a for a, _ in systems])
     cb = jnp.concatenate([c for _, c in systems])
     d = jnp.concatenate([fwd.d, bwd.d])
     k = jnp.stack([fwd.impulse_response(100), bwd.impulse_response(100)])
     fft = jnp.stack([ls.fft_conv(u[0], k[0]), ls.fft_conv(u[1, ::-1], k[1])[::-1]])
     for chunk in (7, 32, 100):
-        out = _ssm.chunked_ssm_conv(u, abar, cb, d, reverse=(False, True), chunk=chunk)
+        out = _ssm.chunked_ssm_conv(u, log_abar, cb, d, reverse=(False, True), chunk=chunk)
         np.testing.assert_allclose(out, fft, rtol=1e-4, atol=1e-4, err_msg=str(chunk))
 
 

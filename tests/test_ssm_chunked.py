@@ -138,6 +138,9 @@ def test_chunked_conv_bad_inputs(systems):
         ls.chunked_conv(u, abar, cb, jnp.ones(3))
     with pytest.raises((ValueError, TypeError), match="u"):
         ls.chunked_conv(jnp.ones((2, 10, CHANNELS)), abar, cb)
+    for reverse in ("yes", jnp.array(0.5), jnp.array([True, False])):
+        with pytest.raises(TypeError, match="reverse"):  # jaxtyping's, or ours without it
+            ls.chunked_conv(u, abar, cb, reverse=reverse)
 
 
 # ------------------------------------------------------------------ S4D's conv option
@@ -170,6 +173,29 @@ def test_s4d_conv_methods_agree(getkey):
     assert layers[0][2].conv == "auto"
     with pytest.raises((ValueError, TypeError), match="conv"):
         ls.S4D(3, conv="fast", key=getkey())
+
+
+def test_s4d_chunked_slow_modes_float32_accuracy():
+    """Slow modes (dt Re A ~ -5e-5): the chunked layer starts from `log Abar = dt A`, not
+    from `log(exp(dt A))` rounded to float32 (which is off by ~1e-3 relative and gave
+    errors of 4e-5 here), so it is as accurate as the FFT of the exact kernel."""
+    length = 4096
+    layer = ls.S4D(2, channels=1, dt_min=1e-4, dt_max=1e-3, key=jr.key(0))
+    layer = eqx.tree_at(lambda m: m.skip, layer, jnp.zeros(2))  # the convolution alone
+    u = np.random.default_rng(0).normal(size=(length, 2))
+    kern = layer.kernel
+    f64 = lambda a: np.asarray(a, np.float64)
+    dt_a = np.exp(f64(kern.log_dt))[:, None] * (
+        -np.exp(f64(kern.log_neg_real_a)) + 1j * f64(kern.imag_a)
+    )
+    a = dt_a / np.exp(f64(kern.log_dt))[:, None]
+    cb = (f64(kern.c_real) + 1j * f64(kern.c_imag)) * np.expm1(dt_a) / a  # B = 1, zoh
+    k = 2 * np.real(np.exp(np.arange(length)[:, None] * dt_a[0]) @ cb[0])
+    n = 2 * length
+    want = np.fft.irfft(np.fft.rfft(u, n, axis=0) * np.fft.rfft(k, n)[:, None], n, axis=0)
+    want = want[:length]
+    got = layer(jnp.asarray(u, jnp.float32))
+    np.testing.assert_allclose(got, want, atol=5e-6 * np.abs(want).max())
 
 
 # ------------------------------------------------------- BST ContextSSM block ends

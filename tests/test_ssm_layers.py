@@ -129,6 +129,29 @@ def test_s4d_bad_inputs(getkey):
             empty(jnp.ones((0, 4)))
 
 
+def test_s4d_options_checked(getkey, no_jaxtyping):
+    key = getkey()
+    with pytest.raises(TypeError, match="bidirectional='no'"):
+        ls.S4D(4, bidirectional="no", key=key)
+    with pytest.raises(TypeError, match="glu=1"):
+        ls.S4D(4, glu=1, key=key)
+    with pytest.raises(TypeError, match="activation='gelu'"):
+        ls.S4D(4, activation="gelu", key=key)
+    with pytest.raises(ValueError, match="dt_max=inf"):
+        ls.S4D(4, dt_max=float("inf"), key=key)
+
+
+def test_s4d_numpy_integer_sizes_and_trainable_activation(getkey, no_jaxtyping):
+    """NumPy integers are sizes like Python ints (stored as ints); a module activation
+    (PReLU) is a pytree field, so its parameter gets a gradient."""
+    layer = ls.S4D(np.int64(3), state_size=np.int64(4), activation=eqx.nn.PReLU(), key=getkey())
+    assert type(layer.dim) is int and type(layer.kernel.state_size) is int
+    assert ls.S4DKernel(np.int64(4), key=getkey())(np.int64(5)).shape == (1, 5)
+    x = jr.normal(getkey(), (6, 3))
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert float(jnp.abs(grads.activation.negative_slope)) > 0
+
+
 def test_s4d_output_dtype_follows_input(getkey):
     """bfloat16 in, bfloat16 out, whether kernels are shared or per feature, and from
     either convolution method or the recurrent mode."""
@@ -200,7 +223,7 @@ def test_hyena_filter_grads_and_fixed_decay(getkey):
     )
 
 
-def test_hyena_filter_bad_inputs(getkey):
+def test_hyena_filter_bad_inputs(getkey, no_jaxtyping):
     with pytest.raises(ValueError, match="emb_dim.*4"):
         ls.HyenaFilter(2, max_length=8, emb_dim=4, key=getkey())
     with pytest.raises(ValueError, match="max_length.*0"):
@@ -209,6 +232,20 @@ def test_hyena_filter_bad_inputs(getkey):
         ls.HyenaFilter(2, max_length=8, fast_decay=2.0, slow_decay=1.0, key=getkey())
     with pytest.raises(ValueError, match="depth=True"):
         ls.HyenaFilter(2, max_length=8, depth=True, key=getkey())
+    with pytest.raises(ValueError, match="frequency=nan"):
+        ls.HyenaFilter(2, max_length=8, frequency=float("nan"), key=getkey())
+    hyena = ls.HyenaFilter(2, max_length=8, key=getkey())
+    for length in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=f"length={length}"):
+            hyena.positional_encoding(length)
+
+
+def test_hyena_filter_integer_frequency_is_trained(getkey, no_jaxtyping):
+    """`frequency=10` (an int) still gives float, trainable sine frequencies."""
+    hyena = ls.HyenaFilter(2, order=4, max_length=16, frequency=10, key=getkey())
+    assert all(jnp.issubdtype(w.dtype, jnp.floating) for w in hyena.frequencies)
+    grads = eqx.filter_grad(lambda h: jnp.sum(h(16) ** 2))(hyena)
+    assert all(g is not None and float(jnp.abs(g).max()) > 0 for g in grads.frequencies)
 
 
 # --------------------------------------------------------------------------- linear_scan
@@ -280,6 +317,14 @@ def test_linear_scan_bad_inputs():
         unchecked(jnp.ones((5, 3)), jnp.ones((5, 3, 1)))
     with pytest.raises(ValueError, match=r"length >= 1.*b.shape=\(0, 3\)"):
         unchecked(jnp.ones((0, 3)), jnp.ones((0, 3)), initial=jnp.ones(3))
+    with pytest.raises(TypeError, match="reverse='no'"):
+        unchecked(jnp.ones((5, 3)), jnp.ones((5, 3)), reverse="no")
+    with pytest.raises(TypeError, match="b must have a floating or complex dtype.*bool"):
+        unchecked(jnp.ones((5, 3), bool), jnp.ones((5, 3), bool))
+    with pytest.raises(TypeError, match="a must have b's dtype float32.*complex64"):
+        unchecked(jnp.ones((5, 3), jnp.complex64), jnp.ones((5, 3)))
+    with pytest.raises(TypeError, match="initial must have b's dtype float32.*complex64"):
+        unchecked(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(3, jnp.complex64))
 
 
 # --------------------------------------------------------------------------- experiment

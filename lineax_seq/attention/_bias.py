@@ -1,14 +1,23 @@
 """T5-style bucketed relative position bias."""
 
 import math
+import numbers
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._checks import check_int
 
 
 def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"`bidirectional` must be a bool, got bidirectional={bidirectional!r}.")
+    check_int("num_buckets", num_buckets)
+    check_int("max_distance", max_distance)
     min_buckets = 4 if bidirectional else 2
     if num_buckets < min_buckets or (bidirectional and num_buckets % 2):
         raise ValueError(
@@ -52,6 +61,12 @@ def relative_position_bucket(
     Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`.
     """
     _check_buckets(num_buckets, max_distance, bidirectional)
+    dtype = jnp.result_type(relative_position)
+    if not jnp.issubdtype(dtype, jnp.signedinteger):
+        raise TypeError(
+            "`relative_position` must have a signed integer dtype (key - query positions "
+            f"may be negative), got dtype {dtype}."
+        )
     n = -relative_position  # distance into the past
     offset = jnp.zeros_like(n)
     if bidirectional:
@@ -104,9 +119,9 @@ class RelativePositionBias(eqx.Module):
         - `bidirectional`: separate buckets for keys after the query (encoders).
         - `key`: PRNG key for the (small, normal) initialisation.
         """
-        if num_heads < 1:
-            raise ValueError(f"`num_heads` must be >= 1, got {num_heads}.")
+        num_heads = check_int("num_heads", num_heads)
         _check_buckets(num_buckets, max_distance, bidirectional)
+        num_buckets, max_distance = int(num_buckets), int(max_distance)
         self.embedding = 0.02 * jr.normal(key, (num_buckets, num_heads))
         self.num_heads = num_heads
         self.num_buckets = num_buckets
@@ -120,6 +135,20 @@ class RelativePositionBias(eqx.Module):
 
         Returns an integer array `(query_length, key_length)`.
         """
+        query_length = check_int("query_length", query_length)
+        key_length = check_int("key_length", key_length)
+        if isinstance(query_offset, bool) or not (
+            isinstance(query_offset, numbers.Integral)
+            or (
+                isinstance(query_offset, jax.Array | np.ndarray)
+                and query_offset.shape == ()
+                and jnp.issubdtype(query_offset.dtype, jnp.integer)
+            )
+        ):
+            raise TypeError(
+                "`query_offset` must be an integer or a scalar integer array, got "
+                f"query_offset={query_offset!r}."
+            )
         q_pos = query_offset + jnp.arange(query_length)
         k_pos = jnp.arange(key_length)
         return relative_position_bucket(

@@ -8,6 +8,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ._core import head_major_attention, masked_bias
 
 
@@ -59,15 +60,16 @@ class MultiHeadAttention(eqx.Module):
           attention outputs with one projection).
         - `key`: PRNG key for the initialisation.
         """
-        if dim < 1 or num_heads < 1:
-            raise ValueError(f"`dim` and `num_heads` must be >= 1, got {dim} and {num_heads}.")
+        dim = check_int("dim", dim)
+        num_heads = check_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(
                 f"`num_heads`={num_heads} must divide `dim`={dim} (head size dim // num_heads)."
             )
-        kv_dim = dim if kv_dim is None else kv_dim
-        if kv_dim < 1:
-            raise ValueError(f"`kv_dim` must be >= 1, got {kv_dim}.")
+        kv_dim = dim if kv_dim is None else check_int("kv_dim", kv_dim)
+        for name, flag in (("use_bias", use_bias), ("output_projection", output_projection)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{name}` must be a bool, got {name}={flag!r}.")
         kq, kk, kv, ko = jr.split(key, 4)
         self.query_proj = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
         self.key_proj = eqx.nn.Linear(kv_dim, dim, use_bias=use_bias, key=kk)
@@ -129,7 +131,12 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(
                 f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
             )
+        q_k = (x.shape[0], context.shape[0])
         for name, value in (("mask", mask), ("bias", bias)):
+            if value is not None and value.shape[-2:] != q_k:
+                raise ValueError(
+                    f"`{name}` must end in (queries, keys)={q_k}, got shape {value.shape}."
+                )
             if value is not None and value.ndim == 3 and value.shape[0] != self.num_heads:
                 raise ValueError(
                     f"`{name}` must have num_heads={self.num_heads} heads on its first "

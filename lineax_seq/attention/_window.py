@@ -41,6 +41,7 @@ def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
     `c`) is visible iff `0 <= (window + r) - c < window`: the query itself and the
     `window - 1` tokens before it.
     """
+    window = check_window(window)
     r = jnp.arange(window)[:, None]
     c = jnp.arange(2 * window)[None, :]
     return (c > r) & (c <= window + r)
@@ -63,7 +64,8 @@ def sliding_window_attention(
     recent tokens. All blocks are computed at once, as batched matrix products over
     `(heads, blocks)` (queries `(window, head_dim)` against a `(2 * window, head_dim)`
     key frame), so the cost is `O(length * window)` and nothing of size
-    `(length, length)` is built. Logits and the softmax are computed in float32.
+    `(length, length)` is built. Logits and the softmax are computed in float32 (float64
+    for float64 inputs).
 
     **Arguments:**
 
@@ -77,6 +79,9 @@ def sliding_window_attention(
 
     Attention outputs, shape `(length, heads, head_dim)`.
     """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"`{name}` must have a floating dtype, got {name}.dtype={a.dtype}.")
     if q.ndim != 3:
         raise ValueError(
             f"`q`, `k` and `v` must have shape (length, heads, head_dim), got q.shape={q.shape}."

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from ..ssm import S4DKernel, chunked_conv
+from ..ssm import S4DKernel
+from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
 
 
@@ -26,7 +27,7 @@ def check_sequence(name: str, x: Array, mask: Array | None, dim: int) -> None:
 
 def chunked_ssm_conv(
     u: Float[Array, "directions length channels"],
-    abar: Complex[Array, "directions modes"],
+    log_abar: Complex[Array, "directions modes"],
     cb: Complex[Array, "directions modes"],
     d: Float[Array, " directions"],
     *,
@@ -39,8 +40,9 @@ def chunked_ssm_conv(
     **Arguments:**
 
     - `u`: inputs, shape `(directions, length, channels)`.
-    - `abar`, `cb`: each direction's discrete system (see
-        [`lineax_seq.S4DKernel.discretize`][]), shape `(directions, modes)`.
+    - `log_abar`, `cb`: each direction's discrete system, `Abar` by its log (the log of
+        [`lineax_seq.S4DKernel.discretize`][]'s, computed without rounding `Abar`), shape
+        `(directions, modes)`.
     - `d`: each direction's skip, shape `(directions,)`.
     - `reverse`: per direction, anti-causal instead of causal.
     - `chunk`: chunk size (default: [`lineax_seq.chunked_conv`][]'s).
@@ -54,10 +56,10 @@ def chunked_ssm_conv(
             f"reverse must have one entry per direction ({u.shape[0]}), got reverse={reverse!r}"
         )
 
-    def one(u, abar, cb, d, rev):
-        return chunked_conv(u, abar[None], cb[None], d[None], reverse=rev, chunk=chunk)
+    def one(u, log_abar, cb, d, rev):
+        return _chunked_conv(u, log_abar[None], cb[None], d[None], reverse=rev, chunk=chunk)
 
-    return jax.vmap(one)(u, abar, cb, d, jnp.asarray(reverse))
+    return jax.vmap(one)(u, log_abar, cb, d, jnp.asarray(reverse))
 
 
 def fft_ssm_conv(
@@ -115,11 +117,11 @@ def ssm_conv(
     if any(ssm.kernel_fn.channels != 1 for ssm in ssms):
         k = jnp.stack([ssm.impulse_response(length) for ssm in ssms])  # fft_ssm_conv casts
         return fft_ssm_conv(u, k, reverse=reverse)
-    systems = [ssm.kernel_fn.discretize() for ssm in ssms]
-    abar = jnp.concatenate([a for a, _ in systems])
+    systems = [ssm.kernel_fn._discretize() for ssm in ssms]
+    log_abar = jnp.concatenate([a for a, _ in systems])
     cb = jnp.concatenate([c for _, c in systems])
     d = jnp.concatenate([ssm.d for ssm in ssms]).astype(u.dtype)
-    return chunked_ssm_conv(u, abar, cb, d, reverse=reverse)
+    return chunked_ssm_conv(u, log_abar, cb, d, reverse=reverse)
 
 
 class DirectionalSSM(eqx.Module):

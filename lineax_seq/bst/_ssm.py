@@ -7,7 +7,8 @@ import jax.random as jr
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ..ssm import HyenaFilter, S4DKernel, chunked_conv, linear_scan
+from ..ssm import HyenaFilter, S4DKernel, linear_scan
+from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
 from ..ssm._kernel import complex_
 
@@ -119,7 +120,7 @@ class ContextSSM(eqx.Module):
         if self.ssm == "s4" and self.streams == 1:
             # One stream: no transform to share, and the chunked form (matrix products
             # and a scan over chunks, no FFT) is the faster exact convolution.
-            return chunked_conv(u, *self.kernel.discretize(), self._skip())[:, None, :]
+            return _chunked_conv(u, *self.kernel._discretize(), self._skip())[:, None, :]
         # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
         # its transform is computed once (not `streams` times).
         n = _fft_size(2 * length)
@@ -181,7 +182,7 @@ class ContextSSM(eqx.Module):
         # One real batched product (over features) per part: (n, W) @ (W, streams * modes).
         inflow = lambda part: jnp.einsum("fnw,fwc->fnc", blocks, part)
         states = rearrange(jax.lax.complex(inflow(power[0]), inflow(power[1])), "f n c -> n (f c)")
-        decay = jnp.broadcast_to(decay.reshape(-1), states.shape)  # Abar^W between block ends
+        decay = jnp.broadcast_to(decay.reshape(-1), states.shape).astype(states.dtype)
         states = linear_scan(decay, states).reshape(-1, *cb.shape)  # (n, f, s, m)
         y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
         skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)

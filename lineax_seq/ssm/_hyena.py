@@ -1,12 +1,15 @@
 """Implicit long-convolution filters (Hyena-style, the BST paper's "UNSTRUCT")."""
 
 import math
+import numbers
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._checks import check_int
 
 
 class HyenaFilter(eqx.Module):
@@ -21,7 +24,8 @@ class HyenaFilter(eqx.Module):
         `frequency`), then a linear map to `channels` outputs without bias.
     - The decay rates `alpha_c` are fixed (not trained) and spread linearly over the
         channels, from `ln(1 / target) / slow_decay` to `ln(1 / target) / fast_decay`:
-        the fastest channel has decayed to `target` at `tau = fast_decay`. They are
+        the fastest channel has decayed to `target` at `tau = fast_decay` (a single
+        channel has the slow rate). They are
         recomputed from these static floats at every call (the `decay` property), so
         they are not PyTree leaves:
         optimisers (weight decay included) never see or change them.
@@ -75,14 +79,15 @@ class HyenaFilter(eqx.Module):
         - `target`: the decayed magnitude, in `(0, 1)`.
         - `key`: a `jax.random.key`.
         """
-        for name, value in (("channels", channels), ("order", order), ("max_length", max_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
-        odd = not isinstance(emb_dim, bool) and isinstance(emb_dim, int) and emb_dim % 2 == 1
-        if not odd or emb_dim < 3:
+        channels = check_int("channels", channels)
+        order = check_int("order", order)
+        max_length = check_int("max_length", max_length)
+        depth = check_int("depth", depth)
+        if check_int("emb_dim", emb_dim, 3) % 2 == 0:
             raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive integer, got depth={depth!r}")
+        emb_dim = int(emb_dim)
+        if not (isinstance(frequency, numbers.Real) and math.isfinite(frequency)):
+            raise ValueError(f"frequency must be a finite number, got frequency={frequency!r}")
         if not (0 < fast_decay <= slow_decay):
             raise ValueError(
                 f"need 0 < fast_decay <= slow_decay, got fast_decay={fast_decay!r}, "
@@ -94,7 +99,7 @@ class HyenaFilter(eqx.Module):
         sizes = [emb_dim] + [order] * depth
         pairs = zip(sizes[:-1], sizes[1:], keys[:depth], strict=True)
         self.layers = tuple(eqx.nn.Linear(i, o, key=k) for i, o, k in pairs)
-        self.frequencies = tuple(jnp.full((order,), frequency) for _ in range(depth))
+        self.frequencies = tuple(jnp.full((order,), float(frequency)) for _ in range(depth))
         self.output = eqx.nn.Linear(order, channels, use_bias=False, key=keys[depth])
         self.bias = jr.normal(keys[depth + 1], (channels,))
         self.channels = channels
@@ -126,7 +131,7 @@ class HyenaFilter(eqx.Module):
         An array of shape `(length, emb_dim)`: `tau_l = l / max_length`, then the
         `(emb_dim - 1) / 2` cosines and as many negated sines.
         """
-        position = jnp.arange(length, dtype=jnp.float32)
+        position = jnp.arange(check_int("length", length), dtype=jnp.float32)
         tau = position / self.max_length
         bands = (self.emb_dim - 1) // 2
         f = jnp.linspace(1e-4, bands - 1, bands)
@@ -145,8 +150,7 @@ class HyenaFilter(eqx.Module):
 
         The filters, of shape `(channels, length)`.
         """
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(f"length must be a positive integer, got length={length!r}")
+        length = check_int("length", length)
         h = self.positional_encoding(length)
         for layer, w in zip(self.layers, self.frequencies, strict=True):
             h = jnp.sin(w * jax.vmap(layer)(h))

@@ -2,6 +2,7 @@
 
 import functools
 import math
+import numbers
 
 import equinox as eqx
 import jax
@@ -10,6 +11,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
+from .._checks import check_int
 from ._fft_conv import _work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
@@ -74,12 +76,8 @@ def check_kernel_options(
     init_name: str = "init",
 ) -> None:
     """A `ValueError` naming the argument unless the `S4DKernel` options are valid."""
-    if (
-        isinstance(state_size, bool)
-        or not isinstance(state_size, int)
-        or state_size < 2
-        or state_size % 2
-    ):
+    integer = isinstance(state_size, numbers.Integral) and not isinstance(state_size, bool)
+    if not integer or state_size < 2 or state_size % 2:
         raise ValueError(
             f"state_size must be a positive even integer (N/2 complex modes are "
             f"stored), got state_size={state_size!r}"
@@ -91,7 +89,8 @@ def check_kernel_options(
             f"discretization must be one of {_DISCRETIZATIONS}, "
             f"got discretization={discretization!r}"
         )
-    if not (0 < dt_min < dt_max):
+    finite = all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (dt_min, dt_max))
+    if not (finite and 0 < dt_min < dt_max):
         raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
 
 
@@ -168,8 +167,8 @@ class S4DKernel(eqx.Module):
         - `key`: a `jax.random.key` for `C` and `dt`.
         """
         check_kernel_options(state_size, init, discretization, dt_min, dt_max)
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"channels must be a positive integer, got channels={channels!r}")
+        state_size = int(state_size)
+        channels = check_int("channels", channels)
         modes = state_size // 2
         real_a, imag_a = _init_a(init, state_size)
         shape = (channels, modes)
@@ -232,8 +231,7 @@ class S4DKernel(eqx.Module):
 
         The real kernel `K`, of shape `(channels, length)`.
         """
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(f"length must be a positive integer, got length={length!r}")
+        length = check_int("length", length)
         log_abar, cb = self._discretize()
         block = min(_block_size(length), length)
         num_blocks = -(-length // block)

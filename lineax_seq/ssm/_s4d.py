@@ -10,7 +10,8 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from ._chunked import chunked_conv
+from .._checks import check_int
+from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
 
@@ -50,9 +51,9 @@ class S4D(eqx.Module):
     kernel_backward: S4DKernel | None
     skip: Float[Array, " dim"]
     glu: eqx.nn.Linear | None
+    activation: Callable[[Array], Array] | None
     dim: int = eqx.field(static=True)
     bidirectional: bool = eqx.field(static=True)
-    activation: Callable[[Array], Array] | None = eqx.field(static=True)
     conv: str = eqx.field(static=True)
 
     def __init__(
@@ -80,14 +81,19 @@ class S4D(eqx.Module):
         - `init`, `discretization`, `dt_min`, `dt_max`: passed to
             [`lineax_seq.S4DKernel`][].
         - `activation`: optional elementwise function applied after the skip, e.g.
-            `jax.nn.gelu`.
+            `jax.nn.gelu`, or a module with parameters such as `eqx.nn.PReLU()` (a
+            field like `eqx.nn.MLP`'s, so its parameters are trained and saved).
         - `glu`: add an output linear map `dim -> 2 dim` followed by `jax.nn.glu`.
         - `conv`: how the convolution is computed: `"fft"`, `"chunked"` or `"auto"`
             (`"chunked"` if `channels=1`, else `"fft"`); all exact, same parameters.
         - `key`: a `jax.random.key`.
         """
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got dim={dim!r}")
+        dim = check_int("dim", dim)
+        for name, flag in (("bidirectional", bidirectional), ("glu", glu)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {name}={flag!r}")
+        if activation is not None and not callable(activation):
+            raise TypeError(f"activation must be a callable or None, got activation={activation!r}")
         channels = dim if channels is None else channels
         if channels not in (1, dim):
             raise ValueError(f"channels must be 1 or dim={dim}, got channels={channels!r}")
@@ -138,11 +144,11 @@ class S4D(eqx.Module):
         # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
         skip = None if shared else self.skip
         if method == "chunked":
-            y = chunked_conv(x, *self.kernel.discretize(), skip)
+            y = _chunked_conv(x, *self.kernel._discretize(), skip)
             if self.kernel_backward is not None:
                 # Lags -1, -2, ...: the anti-causal convolution of x shifted by one.
                 future = jnp.concatenate([x[1:], jnp.zeros_like(x[:1])])
-                y = y + chunked_conv(future, *self.kernel_backward.discretize(), reverse=True)
+                y = y + _chunked_conv(future, *self.kernel_backward._discretize(), reverse=True)
         else:
             length = x.shape[0]
             k = self.kernel(length)

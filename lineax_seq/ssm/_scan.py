@@ -54,6 +54,14 @@ def linear_scan(
             f"a must have shape (length, n) or (length, n, n) matching b.shape={b.shape}, "
             f"got a.shape={a.shape}"
         )
+    if not isinstance(reverse, bool):
+        raise TypeError(f"reverse must be a Python bool, got reverse={reverse!r}")
+    if not jnp.issubdtype(b.dtype, jnp.inexact):
+        raise TypeError(f"b must have a floating or complex dtype, got b.dtype={b.dtype}")
+    arrays = (("a", a), ("initial", initial))
+    for name, x in arrays:
+        if x is not None and x.dtype != b.dtype:
+            raise TypeError(f"{name} must have b's dtype {b.dtype}, got {name}.dtype={x.dtype}")
     if initial is not None:
         if initial.shape != b.shape[1:]:
             raise ValueError(
