@@ -8,6 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+RealLike = float | int
+"""Hint of a real-valued argument: a `float` or an `int` (PEP 484's numeric tower),
+written out so that every checker accepts `0` for a `float`, plain `beartype` (as the
+test suite's jaxtyping import hook runs it) included."""
+
+IntLike = int | np.integer
+"""Hint of an integer argument: a Python or a NumPy integer. A `bool` passes it too (it
+is an `int`): validate the value with `check_int`, which rejects bools."""
+
 
 def check_finite(name: str, a: Array) -> Array:
     """`a`, checked to hold no NaN or inf: at once if it is concrete, else at run time
@@ -43,10 +52,41 @@ def check_state_control(
         raise ValueError(f"{name} must have shape ({dim},) (the {owner}'s control), got {got}")
 
 
+def _is_int(value: object, minimum: int) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Integral)
+        and bool(value >= minimum)
+    )
+
+
+def _int_kind(minimum: int) -> str:
+    return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+
 def check_int(name: str, value: object, minimum: int = 1) -> int:
     """`value` as an `int` (NumPy integers accepted, bools not), `>= minimum`, or a
     `ValueError` naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {kind}, got {name}={value!r}")
+    if not _is_int(value, minimum):
+        raise ValueError(f"{name} must be {_int_kind(minimum)}, got {name}={value!r}")
     return int(value)
+
+
+def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None:
+    """`None`, or `value` as an `int` as for `check_int`."""
+    if value is None:
+        return None
+    if not _is_int(value, minimum):
+        raise ValueError(f"{name} must be None or {_int_kind(minimum)}, got {name}={value!r}")
+    return int(value)
+
+
+def check_ids(name: str, ids: Array, upper: int, upper_name: str) -> Array:
+    """`ids` (an integer array), checked at run time to lie in `[0, upper)`
+    (`eqx.error_if`, so the returned array must be the one used). Compared in at least
+    int32, so narrow dtypes (`uint8` cannot hold 256) do not wrap the bound."""
+    signed = ids.dtype in (jnp.int32, jnp.int64)
+    wide = ids if signed else ids.astype(jax.dtypes.canonicalize_dtype(jnp.int64))
+    return eqx.error_if(
+        ids, (wide < 0) | (wide >= upper), f"{name}: ids must be in [0, {upper_name}={upper})"
+    )

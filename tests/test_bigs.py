@@ -507,6 +507,22 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
             ls.BiGS(10, 8, 1, routing="attention", key=jr.key(0), **option)
 
 
+def test_narrow_token_dtypes_and_masked_mean_mask(mods):
+    """uint8 tokens are checked in a wide type (263 does not wrap to 7 in uint8, so a
+    263-token model takes every byte); `masked_mean` wants a boolean mask (a float or
+    int mask would count its values, not its real positions)."""
+    model = ls.BiGS(263, DIM, 1, dropout=0.0, key=jr.key(0))
+    tokens = jnp.array([97, 98, 250, 255], jnp.uint8)
+    np.testing.assert_allclose(encode(model, tokens), encode(model, tokens.astype(jnp.int32)))
+    with pytest.raises(Exception, match=r"token_types: ids must be in \[0, num_token_types=2\)"):
+        big = ls.BiGS(263, DIM, 1, dropout=0.0, num_token_types=2, key=jr.key(0))
+        big(tokens, token_types=jnp.array([0, 1, 2, 0], jnp.uint8), inference=True)
+    x = jnp.arange(12.0).reshape(6, 2)
+    for mask in (jnp.full(6, 0.5), jnp.array([2, 2, 0, 0, 0, 0])):
+        with pytest.raises(TypeError, match="mask must be boolean"):
+            ls.masked_mean.__wrapped__(x, mask)  # as called without jaxtyping's hook
+
+
 def test_bad_inputs(mods):
     model = mods["gated/ssm"]
     tokens = jnp.arange(9)

@@ -354,7 +354,7 @@ def test_bad_input(sh_lm, key):
     for bad in (VOCAB, -1):
         with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):
             lm(jnp.full((W,), bad, jnp.int32))
-        with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):
+        with pytest.raises(Exception, match=r"token: ids must be in \[0, vocab_size=7\)"):
             lm.step(lm.init_cache(W), jnp.asarray(bad, jnp.int32))
     # Constructor errors: built abstractly, so nothing is computed.
     build = lambda cls, *args, **kw: eqx.filter_eval_shape(cls, *args, key=key, **kw)
@@ -375,7 +375,7 @@ def test_bad_input(sh_lm, key):
         build(LM, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(2,))
     with pytest.raises(ValueError, match="window"):
         build(ls.SlidingWindowLayer, DIM, HEADS, 0)
-    with pytest.raises(ValueError, match="`num_heads`=0"):
+    with pytest.raises(ValueError, match="num_heads=0"):
         build(LM, VOCAB, DIM, 1, num_heads=0, window=W)
     with pytest.raises(ValueError, match="num_layers=0"):
         ls.bst_variant_config("BST:SH:S4", 0)
@@ -405,6 +405,97 @@ def test_numpy_integers_accepted(sh_lm, key, no_jaxtyping):
     ]:
         with pytest.raises(ValueError, match=message):
             ls.generate(sh_lm, prompt, kw.pop("steps"), key=key, **kw)
+
+
+def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping):
+    """Sizes that are not positive integers, non-bool flags and non-sequence layer lists
+    are refused by name when built (not by XLA later); so are bad decoding arguments."""
+    build = lambda cls, *args, **kw: eqx.filter_eval_shape(cls, *args, key=key, **kw)
+    LM = ls.BlockStateTransformerLM
+    lm_kw = dict(num_heads=HEADS, window=W)
+    for args, kw, message in [
+        ((VOCAB, 8.0, 1), lm_kw, "dim=8.0"),
+        ((VOCAB, DIM, 1), dict(lm_kw, num_heads=2.0), "num_heads=2.0"),
+        ((VOCAB, DIM, 2.0), lm_kw, "num_layers=2.0"),
+        ((True, DIM, 1), lm_kw, "vocab_size=True"),
+        ((VOCAB, DIM, 1), dict(lm_kw, mlp_dim=0), "mlp_dim=0"),
+        (
+            (VOCAB, DIM, 2),
+            dict(lm_kw, bst_layers=(), recurrent_layers=(1,), num_states=2.0),
+            "num_states=2.0",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build(LM, *args, **kw)
+    with pytest.raises(TypeError, match="tie_embeddings='no'"):
+        build(LM, VOCAB, DIM, 1, tie_embeddings="no", **lm_kw)
+    with pytest.raises(TypeError, match="bst_layers=1"):
+        build(LM, VOCAB, DIM, 2, bst_layers=1, **lm_kw)
+    with pytest.raises(ValueError, match="num_heads=True"):
+        build(ls.SlidingWindowLayer, DIM, True, W)
+    with pytest.raises(ValueError, match="dim=8.0"):
+        build(ls.BlockStateTransformerLayer, 8.0, HEADS, W)
+    with pytest.raises(ValueError, match="streams=True"):
+        build(ls.ContextSSM, DIM, 2, True)
+    with pytest.raises(ValueError, match="features=2.0"):
+        build(ls.ContextSSM, DIM, 2.0, 1)
+    with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(8,\)"):
+        zoo["sh:s4"].ssm(jnp.zeros(DIM))
+    for bad in (0, -1, 2.5, None):
+        with pytest.raises(ValueError, match=f"max_length={bad}"):
+            sh_lm.init_cache(bad)
+        with pytest.raises(ValueError, match=f"max_length={bad}"):
+            zoo["mf:unstruct"].init_cache(bad)
+    cache = sh_lm.init_cache(W)
+    for bad in (jnp.array([3]), jnp.array(True)):
+        with pytest.raises(ValueError, match="`token` must be a scalar integer token"):
+            sh_lm.step(cache, bad)
+    with pytest.raises(TypeError, match="`token` must hold integer tokens.*float32"):
+        sh_lm.step(cache, jnp.array(2.0))
+
+
+def test_narrow_token_dtypes(getkey):
+    """uint8 / int16 tokens are checked against the vocabulary in a wide type: bytes of
+    a 300-token model are valid (256 does not wrap to 0 in uint8), 300 is not."""
+    lm = ls.BlockStateTransformerLM(
+        300, DIM, 1, num_heads=HEADS, window=W, bst_layers=(), key=getkey()
+    )
+    tokens = jnp.array([97, 98, 250, 255], jnp.uint8)
+    np.testing.assert_allclose(lm(tokens), lm(tokens.astype(jnp.int32)), atol=1e-6)
+    _, logits = lm.step(lm.init_cache(W), jnp.uint8(200))
+    np.testing.assert_allclose(logits, lm.step(lm.init_cache(W), jnp.int32(200))[1], atol=1e-6)
+    with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=300\)"):
+        lm(jnp.array([1, 300, 2, 3], jnp.int16))
+
+
+def test_generate_top_k_keeps_exactly_k_tokens_under_ties(getkey):
+    """Tokens 5 and 6 tie for the largest logit: `top_k=1` is greedy (always 5, the
+    lower id), not a draw between the tied tokens."""
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, DIM, 1, num_heads=HEADS, window=W, bst_layers=(), tie_embeddings=False,
+        key=getkey(),
+    )  # fmt: skip
+    head = lm.head
+    head = eqx.tree_at(lambda h: h.weight, head, head.weight.at[6].set(head.weight[5]))
+    head = eqx.tree_at(lambda h: h.bias, head, jnp.zeros(VOCAB).at[5:].set(10.0))
+    lm = eqx.tree_at(lambda m: m.head, lm, head)
+    prompt = jnp.array([1, 2])
+    for seed in range(8):
+        out = ls.generate(lm, prompt, 4, key=jr.key(seed), top_k=1)
+        np.testing.assert_array_equal(out[2:], 5)
+
+
+def test_decoding_under_x64_is_float64_accurate():
+    """A float64 model (built under x64) decodes in float64: its attention steps do not
+    go through float32 logits (`jax.nn.dot_product_attention` computes them in float32)."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        lm = ls.BlockStateTransformerLM(
+            VOCAB, DIM, 3, num_heads=HEADS, window=W, bst_layers=(1,), recurrent_layers=(2,),
+            state_size=4, mlp_dim=16, key=jr.key(3),
+        )  # fmt: skip
+        assert lm.embedding.weight.dtype == jnp.float64
+        tokens = jr.randint(jr.key(4), (2 * W,), 0, VOCAB)
+        np.testing.assert_allclose(_decode(lm, tokens), lm(tokens), rtol=0, atol=1e-12)
 
 
 def test_unstruct_decoding_stops_at_the_cache_length(zoo):

@@ -2,7 +2,9 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
+from einops import rearrange
 from jaxtyping import Array, Bool, Float
 
 
@@ -41,3 +43,21 @@ def head_major_attention(
     weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)
     return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
+
+
+def attend(
+    q: Float[Array, "*batch q heads d"],
+    k: Float[Array, "*batch k heads d"],
+    v: Float[Array, "*batch k heads d"],
+    *,
+    bias: Float[Array, "..."] | None = None,
+    mask: Bool[Array, "..."] | None = None,
+) -> Float[Array, "*batch q heads d"]:
+    """`jax.nn.dot_product_attention` (fused kernels on GPU, float32 logits), except that
+    float64 inputs are computed in float64 throughout (by `head_major_attention`).
+    `bias` and `mask` broadcast to `(*batch, heads, q, k)`, as there."""
+    if q.dtype != jnp.float64:
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+    total = bias if mask is None else masked_bias(mask, bias)
+    hm = lambda a: rearrange(a, "... t h d -> ... h t d")
+    return rearrange(head_major_attention(hm(q), hm(k), hm(v), total), "... h t d -> ... t h d")

@@ -1,15 +1,13 @@
 """Multi-head (self- and cross-) attention on `jax.nn.dot_product_attention`."""
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
 import jax.random as jr
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import check_int
-from ._core import head_major_attention, masked_bias
+from ._core import attend
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -144,10 +142,4 @@ class MultiHeadAttention(eqx.Module):
                 )
         q = self.queries(x)
         k, v = self.keys_values(context)
-        if q.dtype == jnp.float64:  # dot_product_attention computes float32 logits
-            total = bias if mask is None else masked_bias(mask, bias)
-            hm = lambda a: rearrange(a, "t h d -> h t d")
-            out = rearrange(head_major_attention(hm(q), hm(k), hm(v), total), "h t d -> t h d")
-        else:
-            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
-        return self.merge_heads(out)
+        return self.merge_heads(attend(q, k, v, bias=bias, mask=mask))

@@ -9,6 +9,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
+from .._checks import check_ids
 from ._layers import (
     ARCHITECTURES,
     KERNELS,
@@ -373,21 +374,15 @@ class BiGS(eqx.Module):
                 "key is required for dropout (dropout > 0) unless inference=True or the "
                 "model is in eqx.nn.inference_mode"
             )
-        tokens = eqx.error_if(
-            tokens,
-            (tokens < 0) | (tokens >= self.vocab_size),
-            f"tokens: ids must be in [0, vocab_size={self.vocab_size})",
-        )
+        tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size")
         h = self.token_embedding.weight[tokens]
         if self.position_embedding is not None:
             h = h + self.position_embedding.weight[:length]
         if token_types is not None:
             if self.token_type_embedding is None:
                 raise ValueError("token_types given but the model has num_token_types=0")
-            token_types = eqx.error_if(
-                token_types,
-                (token_types < 0) | (token_types >= self.num_token_types),
-                f"token_types: ids must be in [0, num_token_types={self.num_token_types})",
+            token_types = check_ids(
+                "token_types", token_types, self.num_token_types, "num_token_types"
             )
             h = h + self.token_type_embedding.weight[token_types]
         elif self.token_type_embedding is not None:

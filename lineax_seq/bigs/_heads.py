@@ -39,6 +39,8 @@ def masked_mean(
         return jnp.mean(x, axis=0)
     if mask.shape != x.shape[:1]:
         raise ValueError(f"mask must have shape {x.shape[:1]} like x, got mask.shape={mask.shape}")
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"mask must be boolean (True at real tokens), got mask.dtype={mask.dtype}")
     total = jnp.sum(jnp.where(mask[:, None], x, 0), axis=0)
     return total / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
 

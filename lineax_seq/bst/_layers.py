@@ -21,8 +21,9 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
-from ..attention._core import masked_bias
+from ..attention._core import attend, masked_bias
 from ..attention._window import block_attention, check_blocks, check_window
 from ._ssm import ContextSSM
 
@@ -75,7 +76,7 @@ def _check_token(x_t: Array, dim: int) -> None:
 
 
 def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
-    return 4 * dim if mlp_dim is None else mlp_dim
+    return 4 * check_int("dim", dim) if mlp_dim is None else check_int("mlp_dim", mlp_dim)
 
 
 # --------------------------------------------------------------------------- decoding helpers
@@ -111,7 +112,7 @@ def _self_attention_step(
     c = jnp.arange(2 * w, dtype=jnp.result_type(r))
     mask = (c > r) & (c <= w + r) & ((t >= w) | (c >= w))
     bias = attention.relative_bias(1, 2 * w, query_offset=w + r)
-    out = jax.nn.dot_product_attention(q, frame["k"], frame["v"], bias=bias, mask=mask[None])
+    out = attend(q, frame["k"], frame["v"], bias=bias, mask=mask[None])
     return frame, out[0]
 
 
@@ -363,6 +364,8 @@ class BlockStateTransformerLayer(eqx.Module):
         - `key`: PRNG key.
         """
         window = check_window(window)
+        dim = check_int("dim", dim)
+        num_heads = check_int("num_heads", num_heads)
         if context not in CONTEXTS:
             raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
         ka, ks, kc, kq, ko, km = jr.split(key, 6)
@@ -373,8 +376,8 @@ class BlockStateTransformerLayer(eqx.Module):
         if ssm_features is None:
             ssm_features = dim // 8 if context == "mf" else dim // 4
         streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]
-        if context == "mf" and num_filters < 1:
-            raise ValueError(f"`num_filters` must be >= 1, got num_filters={num_filters}.")
+        if context == "mf":
+            num_filters = check_int("num_filters", num_filters)
         self.ssm = ContextSSM(
             dim,
             ssm_features,
@@ -448,9 +451,7 @@ class BlockStateTransformerLayer(eqx.Module):
         ssm_state, y_t = self.ssm.step(cache["ssm"], h, t)
         context, mask = self.context.step(cache["context"], y_t, t, self.window)
         q = _heads(_dense(self.cross_query, h), self.num_heads)[None]
-        cross = jax.nn.dot_product_attention(
-            q, context["k"], context["v"], mask=None if mask is None else mask[None]
-        )[0]
+        cross = attend(q, context["k"], context["v"], mask=None if mask is None else mask[None])[0]
         out = jnp.concatenate([_merge(self_heads), _merge(cross)])
         x_t = x_t + _dense(self.output, out)
         cache = {"frame": frame, "ssm": ssm_state, "context": context}
@@ -518,9 +519,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         - `key`: PRNG key.
         """
         window = check_window(window)
-        num_states = window if num_states is None else num_states
-        if num_states < 1:
-            raise ValueError(f"`num_states` must be >= 1, got num_states={num_states}.")
+        num_states = window if num_states is None else check_int("num_states", num_states)
         keys = jr.split(key, 10)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(
@@ -549,16 +548,16 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return s, self.state_attention.keys_values(s)
 
     def _update_states(self, states, s, ks, vs, k_tokens, v_tokens):
-        s_self = jax.nn.dot_product_attention(self.state_attention.queries(s), ks, vs)
+        s_self = attend(self.state_attention.queries(s), ks, vs)
         q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
-        s_cross = jax.nn.dot_product_attention(q_cross, k_tokens, v_tokens)
+        s_cross = attend(q_cross, k_tokens, v_tokens)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
         z = jnp.tanh(_dense(self.state_gate_input, _dense(self.state_output, mixed)))
         return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
 
     def _tokens_out(self, x, self_heads, h, ks, vs):
         q = _heads(_dense(self.cross_query, h), self.num_heads)
-        return self._mix(x, self_heads, jax.nn.dot_product_attention(q, ks, vs))
+        return self._mix(x, self_heads, attend(q, ks, vs))
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, Int, Integer, PRNGKeyArray, jaxtyped
+from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import check_ids, check_int
 from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
@@ -46,6 +46,8 @@ def _scaled_paper_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def _check_indices(name: str, indices: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    if isinstance(indices, str) or not isinstance(indices, Sequence | np.ndarray):
+        raise TypeError(f"`{name}` must be a sequence of layer indices, got {name}={indices!r}.")
     indices = tuple(indices)
     ok = lambda i: isinstance(i, numbers.Integral) and not isinstance(i, bool)
     bad = [i for i in indices if not (ok(i) and 0 <= i < num_layers)]
@@ -71,8 +73,7 @@ def variant_config(variant: str, num_layers: int = 12) -> dict:
     A dict with `bst_layers` and `recurrent_layers`, and for BST variants `context` and
     `ssm`.
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers!r}.")
+    num_layers = check_int("num_layers", num_layers)
     name = variant.upper() if isinstance(variant, str) else variant
     if name not in VARIANTS:
         raise ValueError(f"unknown `variant`={variant!r}; expected one of {VARIANTS}.")
@@ -159,13 +160,15 @@ class BlockStateTransformerLM(eqx.Module):
           initialised with standard deviation 0.02, as in GPT-2).
         - `key`: PRNG key.
         """
-        if vocab_size < 1 or num_layers < 1:
-            raise ValueError(
-                f"`vocab_size` and `num_layers` must be >= 1, got {vocab_size}, {num_layers}."
-            )
+        vocab_size = check_int("vocab_size", vocab_size)
+        dim = check_int("dim", dim)
+        num_layers = check_int("num_layers", num_layers)
+        num_heads = check_int("num_heads", num_heads)
         window = check_window(window)
-        if num_heads < 1:
-            raise ValueError(f"`num_heads`={num_heads} must be >= 1.")
+        if not isinstance(tie_embeddings, bool):
+            raise TypeError(
+                f"`tie_embeddings` must be a bool, got tie_embeddings={tie_embeddings!r}."
+            )
         if dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
         if context not in CONTEXTS:
@@ -245,12 +248,12 @@ class BlockStateTransformerLM(eqx.Module):
         config = variant_config(variant, num_layers) | kwargs
         return cls(vocab_size, dim, num_layers, key=key, **config)
 
-    def _check_tokens(self, tokens: Integer[Array, "*length"]) -> Integer[Array, "*length"]:
-        return eqx.error_if(
-            tokens,
-            (tokens < 0) | (tokens >= self.vocab_size),
-            f"tokens: ids must be in [0, vocab_size={self.vocab_size})",
-        )
+    def _check_tokens(
+        self, tokens: Integer[Array, "*length"], name: str = "tokens"
+    ) -> Integer[Array, "*length"]:
+        if not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise TypeError(f"`{name}` must hold integer tokens, got dtype {tokens.dtype}.")
+        return check_ids(name, tokens, self.vocab_size, "vocab_size")
 
     def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
         x = _norm(self.final_norm, x)
@@ -284,18 +287,20 @@ class BlockStateTransformerLM(eqx.Module):
         SLIDE, BRECT and `ssm="s4"` layers keep a fixed-size state and may decode
         further; `ssm="unstruct"` layers store the inputs and raise an error past it.
         """
+        max_length = check_int("max_length", max_length)
         return {
             "t": jnp.zeros((), jnp.int32),
             "layers": tuple(layer.init_cache(max_length) for layer in self.layers),
         }
 
-    def step(self, cache: dict, token: Int[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
+    def step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
         """Feed one token; return the next-token logits (incremental decoding).
 
         Feeding `tokens[0], tokens[1], ...` from `init_cache(max_length)` gives the rows
         of `self(tokens)` one by one (any position, no multiple-of-`window` needed). Each
         step costs `O(window + N)` per layer for SLIDE, BRECT and `ssm="s4"` BST layers,
-        and `O(t)` (a direct convolution over the stored inputs) for `ssm="unstruct"`.
+        and `O(max_length)` (a direct convolution over the stored inputs, a static-size
+        buffer) for `ssm="unstruct"`.
 
         **Arguments:**
 
@@ -306,9 +311,15 @@ class BlockStateTransformerLM(eqx.Module):
 
         `(cache, logits)` with logits of shape `(vocab_size,)`.
         """
-        return self._step(cache, self._check_tokens(token))
+        token = jnp.asarray(token)
+        if token.shape != () or token.dtype == jnp.bool_:
+            raise ValueError(
+                f"`token` must be a scalar integer token, got shape {token.shape}, "
+                f"dtype {token.dtype}."
+            )
+        return self._step(cache, self._check_tokens(token, "token"))
 
-    def _step(self, cache: dict, token: Int[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
+    def _step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
         """`step` for a token known to be in range (as `generate`'s are)."""
         t = cache["t"]
         x = self.embedding.weight[token]
@@ -331,9 +342,9 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
 
     def sample(carry, k):
         cache, logits = carry
-        if top_k is not None:
-            kth = jax.lax.top_k(logits, top_k)[0][-1]
-            logits = jnp.where(logits < kth, -jnp.inf, logits)
+        if top_k is not None:  # exactly top_k candidates, ties or not
+            _, keep = jax.lax.top_k(logits, top_k)
+            logits = jnp.full_like(logits, -jnp.inf).at[keep].set(logits[keep])
         if greedy:
             token = jnp.argmax(logits)
         else:
@@ -360,7 +371,8 @@ def generate(
     token is sampled from the last logits and fed back. Every token costs `O(window + N)`
     per layer (attention frame of two blocks, S4D recurrent state, BRECT states),
     except `ssm="unstruct"` BST layers, whose filters have no recurrence: they keep the
-    inputs and convolve directly, `O(t)` per token. The prompt may have any length.
+    inputs and convolve directly, `O(prompt + steps)` per token. The prompt may have
+    any length.
 
     **Arguments:**
 
@@ -369,7 +381,8 @@ def generate(
     - `steps`: number of tokens to sample (`0` returns `prompt`, as int32 or int64).
     - `key`: PRNG key.
     - `temperature`: softmax temperature; `0` means greedy (argmax).
-    - `top_k`: if given, sample among the `top_k` most likely tokens only.
+    - `top_k`: if given, sample among the `top_k` most likely tokens only (ties at the
+        `top_k`-th logit are broken by `jax.lax.top_k`, towards lower ids).
 
     **Returns:**
 

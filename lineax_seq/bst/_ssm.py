@@ -1,5 +1,7 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
+import numbers
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import jax.random as jr
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .._checks import check_int
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -31,7 +34,7 @@ class ContextSSM(eqx.Module):
       layer runs at any length and has an exact `O(N)` recurrent step mode.
     - `"unstruct"`: [`lineax_seq.HyenaFilter`][] implicit filters (the paper's eq. 2.3.4);
       no recurrence, so step mode is a direct convolution over the stored inputs
-      (`O(t)` per token at position `t`).
+      (`O(max_length)` per token: a fixed-size buffer of `init_state`'s `max_length`).
 
     Channels are laid out stream-major: channel `s * features + f` is stream `s`,
     feature `f`.
@@ -75,11 +78,15 @@ class ContextSSM(eqx.Module):
         """
         if ssm not in SSMS:
             raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
-        if features < 1:
-            raise ValueError(
-                f"the SSM feature size must be >= 1, got {features} (is `dim`={dim} too small "
-                "for the down projection?)."
-            )
+        if isinstance(features, numbers.Integral) and not isinstance(features, bool):
+            if features < 1:
+                raise ValueError(
+                    f"the SSM feature size must be >= 1, got {features} (is `dim`={dim} too "
+                    "small for the down projection?)."
+                )
+        dim = check_int("dim", dim)
+        features = check_int("features", features)
+        streams = check_int("streams", streams)
         kd, kk = jr.split(key)
         channels = streams * features
         self.down = eqx.nn.Linear(dim, features, key=kd)
@@ -95,8 +102,8 @@ class ContextSSM(eqx.Module):
         self.features = features
         self.ssm = ssm
 
-    def _check_dim(self, x: Array, name: str) -> None:
-        if x.shape[-1:] != (self.down.in_features,):
+    def _check_dim(self, x: Array, name: str, ndim: int = 2) -> None:
+        if x.ndim != ndim or x.shape[-1:] != (self.down.in_features,):
             raise ValueError(
                 f"`{name}` must have dim={self.down.in_features} features, got shape {x.shape}."
             )
@@ -195,6 +202,7 @@ class ContextSSM(eqx.Module):
         `"s4"`: `{"s4": (streams * features, N / 2)}` complex modes; `"unstruct"`:
         `{"inputs": (max_length, features), "filter": (streams * features, max_length)}`.
         """
+        max_length = check_int("max_length", max_length)
         channels = self.streams * self.features
         if self.ssm == "s4":
             modes = self.kernel.state_size // 2
@@ -208,7 +216,8 @@ class ContextSSM(eqx.Module):
     def step(
         self, state: dict[str, Array], x_t: Float[Array, " dim"], t: Int[Array, ""]
     ) -> tuple[dict[str, Array], Float[Array, "streams features"]]:
-        """One token of the same computation: `O(N)` for `"s4"`, `O(t)` for `"unstruct"`.
+        """One token of the same computation: `O(N)` for `"s4"`, `O(max_length)` for
+        `"unstruct"`.
 
         **Arguments:**
 
@@ -220,7 +229,7 @@ class ContextSSM(eqx.Module):
 
         `(state, y_t)` with `y_t` of shape `(streams, features)`.
         """
-        self._check_dim(x_t, "x_t")
+        self._check_dim(x_t, "x_t", ndim=1)
         u = self.down(x_t)
         u_all = repeat(u, "f -> (s f)", s=self.streams)
         if self.ssm == "s4":
