@@ -1,5 +1,6 @@
 """Classification files, the ListOps generator, and trajectory windows."""
 
+import inspect
 import json
 
 import jax.numpy as jnp
@@ -50,6 +51,21 @@ def test_read_classification_csv_and_jsonl(tmp_path):
     np.testing.assert_allclose(rb["label"], [0.5, -1.25])
 
 
+def test_read_classification_encodings_and_json_values(tmp_path):
+    bom = tmp_path / "excel.csv"  # Excel writes UTF-8 with a byte-order mark
+    bom.write_text("text,label\ncafé,1\n", encoding="utf-8-sig")
+    assert ls.read_classification(bom, num_classes=2)[0] == {"text": "café", "label": 1}
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"text,label\nok,0\ncaf\xe9,1\n")
+    with pytest.raises(ValueError, match=r"latin.csv:3: not UTF-8 text"):
+        ls.read_classification(latin, num_classes=2)
+    for line in ("[1, 2]", '"text"', "3"):
+        p = tmp_path / "values.jsonl"
+        p.write_text(json.dumps({"text": "x", "label": 1}) + "\n" + line + "\n")
+        with pytest.raises(ValueError, match=r"values.jsonl:2: not a JSON object \(got "):
+            ls.read_classification(p, num_classes=2)
+
+
 def test_read_classification_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match=r"d.csv:3: label '5' is outside the class range \[0, 3\)"):
         ls.read_classification(_write_csv(tmp_path / "d.csv", [("x", 1), ("y", 5)]), num_classes=3)
@@ -73,7 +89,7 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(tmp_path / "missing.csv", num_classes=2)
     with pytest.raises(ValueError, match="contains no examples"):
         ls.read_classification(_write_csv(tmp_path / "e.csv", []), num_classes=2)
-    with pytest.raises(ValueError, match="num_classes must be >= 2"):
+    with pytest.raises(ValueError, match="num_classes must be an integer >= 2, got num_classes=1"):
         ls.read_classification(tmp_path / "d.csv", num_classes=1)
 
 
@@ -163,10 +179,40 @@ def test_listops_bad_inputs():
         ls.ListOpsTokenizer().decode([7, 22])
     with pytest.raises(ValueError, match="min_length <= max_length"):
         ls.listops(10, min_length=100, max_length=50)
-    with pytest.raises(ValueError, match="num_examples must be positive"):
+    with pytest.raises(
+        ValueError, match="num_examples must be a positive integer, got num_examples=0"
+    ):
         ls.listops(0)
-    with pytest.raises(ValueError, match="max_args must be >= 2"):
+    with pytest.raises(ValueError, match="max_args must be an integer >= 2, got max_args=1"):
         ls.listops(10, max_args=1)
+
+
+def test_listops_checks_its_arguments_up_front():
+    for bad, message in (
+        ({"seed": -1}, "seed must be an integer >= 0, got seed=-1"),
+        ({"seed": True}, "seed must be an integer >= 0, got seed=True"),
+        ({"num_examples": True}, "num_examples must be a positive integer, got num_examples=True"),
+        # One operator over at most 10 digits: 12 tokens, never the default 500.
+        (
+            {"max_depth": 1},
+            "min_length=500 cannot be reached: .*max_depth=1, max_args=10 have at most 12 tokens",
+        ),
+        (
+            {"min_length": 13, "branch_prob": 0},
+            "max_args=10 and branch_prob=0 have at most 12 tokens",
+        ),
+        ({"min_length": 11, "max_depth": 2, "max_args": 2}, "have at most 10 tokens"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ls.listops(**{"num_examples": 4, **bad})
+    # The bound is exact: depth 2 with 2 arguments, [OP [OP d d ] [OP d d ] ], is 10 tokens.
+    deepest = ls.listops(2, min_length=10, max_length=10, max_depth=2, max_args=2, branch_prob=0.9)
+    assert len(deepest[1]["text"].split()) == 10
+    flat = ls.listops(2, min_length=4, max_length=12, max_depth=np.int64(3), branch_prob=0)
+    assert flat[0]["text"].count("[") == 1  # branch_prob=0 (an int): only the root
+    records = ls.listops(4, min_length=4, max_length=20)
+    with pytest.raises(ValueError, match="length must be a positive integer, got length=True"):
+        ls.classification_dataset(records, ls.ListOpsTokenizer(), length=True, batch_size=2)
 
 
 # ------------------------------------------------------------------------- trajectories
@@ -239,3 +285,23 @@ def test_trajectory_bad_inputs(trajectories):
         ls.trajectory_windows(states[0], length=2)
     with pytest.raises(Exception, match="actions"):  # N mismatch between states and actions
         ls.trajectory_windows(states, actions[:3], length=2)
+
+
+def test_trajectory_integer_and_real_arguments(trajectories):
+    states, _ = trajectories
+    everything = ls.trajectory_windows(
+        states, length=np.int64(3), valid_fraction=0, test_fraction=0
+    )
+    assert len(everything) == 10 * 9  # every trajectory: windows start at 0..8
+    assert len(ls.split_trajectories(10, "train", valid_fraction=0, test_fraction=0)) == 10
+    with pytest.raises(ValueError, match="stride must be a positive integer, got stride=True"):
+        ls.trajectory_windows(states, length=2, stride=True)
+    split = inspect.unwrap(ls.split_trajectories)  # as without jaxtyping's import hook
+    for bad in (5.5, -3, True):
+        with pytest.raises(
+            ValueError,
+            match=f"num_trajectories must be an integer >= 0, got num_trajectories={bad}",
+        ):
+            split(bad, "train", valid_fraction=0.1, test_fraction=0.1)
+    with pytest.raises(ValueError, match="split_seed must be an integer >= 0, got split_seed=-1"):
+        split(10, "train", valid_fraction=0.1, test_fraction=0.1, split_seed=-1)

@@ -1,5 +1,6 @@
 """Text pipelines: corpus + split, tokenizers, causal-LM windows, MLM masking, the loader."""
 
+import inspect
 import json
 
 import grain
@@ -430,7 +431,93 @@ def test_loader_bad_inputs():
         ls.batch_examples(ds, batch_size=-2)
     with pytest.raises(ValueError, match="num_epochs must be None or a positive integer"):
         ls.batch_examples(ds, batch_size=2, num_epochs=0)
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0, got num_workers=-1"):
         ls.batch_examples(ds, batch_size=2, num_workers=-1)
     with pytest.raises(ValueError, match="seed must be an integer >= 0, got seed=-1"):
         ls.batch_examples(ds, batch_size=2, seed=-1)
+
+
+def test_loader_rejects_bools_and_non_datasets():
+    ds = grain.MapDataset.range(10)
+    with pytest.raises(
+        ValueError, match="num_epochs must be None or a positive integer, got num_epochs=True"
+    ):
+        ls.batch_examples(ds, batch_size=2, num_epochs=True)
+    with pytest.raises(
+        ValueError, match="num_threads must be an integer >= 0, got num_threads=True"
+    ):
+        ls.batch_examples(ds, batch_size=2, num_threads=True)
+    assert len(list(ls.batch_examples(ds, batch_size=np.int64(5), num_epochs=np.int64(1)))) == 2
+    # Without jaxtyping's import hook, whose annotation check would come first.
+    with pytest.raises(TypeError, match="examples must be a grain.MapDataset .*got list"):
+        inspect.unwrap(ls.batch_examples)([1, 2, 3], batch_size=1)
+
+
+def test_a_single_str_is_not_a_corpus():
+    texts = [t * 4 for t in DOCS] * 5
+    bpe = ls.BPETokenizer.train(texts, vocab_size=300, min_frequency=1)
+    calls = (
+        lambda: ls.BPETokenizer.train(" ".join(texts), vocab_size=300),
+        lambda: ls.ByteTokenizer().encode_batch("abc"),
+        lambda: ls.ListOpsTokenizer().encode_batch("[MAX 1 2 ]"),
+        lambda: bpe.encode_batch("abc"),
+    )
+    for call in calls:
+        with pytest.raises(TypeError, match="texts must be a sequence of documents, got a single"):
+            call()
+
+
+def test_bpe_bad_arguments_and_files(tmp_path):
+    with pytest.raises(
+        ValueError, match="min_frequency must be an integer >= 0, got min_frequency=-1"
+    ):
+        ls.BPETokenizer.train(DOCS, vocab_size=300, min_frequency=-1)
+    with pytest.raises(
+        ValueError, match="vocab_size must be a positive integer, got vocab_size=True"
+    ):
+        ls.BPETokenizer.train(DOCS, vocab_size=True)
+    for name, text in (("garbage.json", "{not json"), ("list.json", "[1, 2]")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"{name}' is not a tokenizer saved by BPETokenizer"):
+            ls.BPETokenizer.load(tmp_path / name)
+    with pytest.raises(ValueError, match="text is not a tokenizer saved by BPETokenizer"):
+        ls.BPETokenizer.from_json("[1, 2]")
+
+
+def test_mask_tokens_checks_its_ids():
+    tokens = np.arange(7, 30, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    kw = dict(vocab_size=263, mask_id=6, special_ids=range(7))
+    for bad, message in (
+        ({"special_ids": (-1,)}, r"special_ids must be in \[0, vocab_size=263\), got id -1"),
+        ({"special_ids": (0, 400)}, r"special_ids must be in \[0, vocab_size=263\), got id 400"),
+        ({"mask_id": 999}, r"mask_id must be in \[0, vocab_size=263\), got mask_id=999"),
+        ({"mask_id": -1}, "mask_id must be an integer >= 0, got mask_id=-1"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=message):
+            inspect.unwrap(ls.mask_tokens)(tokens, rng, **{**kw, **bad})
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator .*got rng=0"):
+        inspect.unwrap(ls.mask_tokens)(tokens, 0, **kw)
+    masked, labels = ls.mask_tokens(
+        tokens,
+        rng,
+        vocab_size=np.int64(263),
+        mask_id=np.int64(6),
+        special_ids=[np.int64(i) for i in range(7)],
+        mask_prob=1,
+        random_token_prob=0,
+    )
+    assert (labels == tokens).all() and set(masked.tolist()) <= {6, *tokens.tolist()}
+
+
+def test_integer_and_real_arguments():
+    tok = ls.ByteTokenizer()
+    a, b = ls.lm_windows(DOCS, tok, length=np.int64(4)), ls.lm_windows(DOCS, tok, length=4)
+    assert len(a) == len(b) and (a[3]["inputs"] == b[3]["inputs"]).all()
+    with pytest.raises(ValueError, match="stride must be a positive integer, got stride=True"):
+        ls.lm_windows(DOCS, tok, length=4, stride=True)
+    ds = ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, mask_prob=1, random_token_prob=0)
+    batch = next(iter(ds))
+    real = batch["padding_mask"] & (batch["tokens"] != tok.cls_id) & (batch["tokens"] != tok.sep_id)
+    assert ((batch["labels"] != ls.IGNORE_INDEX) == real).all()  # mask_prob=1: every token
+    assert len(ls.text_corpus(split="all", valid_fraction=0, test_fraction=0)) > 500

@@ -1,6 +1,7 @@
 """The train loop (metrics, eval, progress, plots, non-finite errors, resume) and
 checkpoints (round trip, pruning, truncated / mismatched files, interrupted saves)."""
 
+import inspect
 import json
 import pathlib
 import shutil
@@ -204,7 +205,7 @@ def test_resume_with_another_data_layout_says_so(data, tmp_path):
 
 def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
-    with pytest.raises(ValueError, match=r"steps=-1 must be"):
+    with pytest.raises(ValueError, match=r"steps must be an integer >= 0, got steps=-1"):
         ls.train(*args, steps=-1, key=jr.key(0))
     with pytest.raises(ValueError, match=r"unit='bytes' is not one of"):
         ls.train(*args, steps=1, key=jr.key(0), unit="bytes")
@@ -298,7 +299,7 @@ def test_saving_an_earlier_step_makes_it_the_latest(tmp_path):
 def test_save_checkpoint_bad_input(tmp_path):
     model = common.make_model()
     save = ls.save_checkpoint.__wrapped__  # as called without jaxtyping's import hook
-    with pytest.raises(ValueError, match="step=1.5 must be an integer"):
+    with pytest.raises(ValueError, match="step must be an integer >= 0, got step=1.5"):
         save(tmp_path, 1.5, model=model)
     with pytest.raises(ValueError, match="key=3 must be a jax.random.key"):
         save(tmp_path, 1, model=model, key=3)
@@ -392,3 +393,108 @@ def test_plot_metrics_from_file(full_run):
     with pytest.raises(ValueError, match="no metrics"):
         ls.plot_metrics([])
     assert pathlib.Path(out / "curves.png").exists()
+
+
+def test_train_integer_arguments(data, tmp_path):
+    args = (common.make_model(), common.optimizer(), common.loss_fn, data)
+    result = ls.train(
+        *args, steps=np.int64(2), key=jr.key(0), log_every=np.int64(1), progress=False
+    )
+    assert result.step == 2 and [r["step"] for r in result.history] == [1, 2]
+    with pytest.raises(ValueError, match="steps must be an integer >= 0, got steps=True"):
+        ls.train(*args, steps=True, key=jr.key(0))
+    # Without jaxtyping's import hook (which rejects these by the annotations first).
+    train = inspect.unwrap(ls.train)
+    for bad in ("2", 1.5, True, 0):
+        with pytest.raises(
+            ValueError,
+            match=f"eval_batches must be None or a positive integer, got eval_batches={bad!r}",
+        ):
+            train(*args, steps=1, key=jr.key(0), eval_data=data, eval_batches=bad)
+    for bad, got in ((0, "key=0"), (jnp.zeros(2), "an array of shape \\(2,\\) and dtype float32")):
+        with pytest.raises(TypeError, match=f"key must be one JAX PRNG key, .*got {got}"):
+            train(*args, steps=1, key=bad)
+
+
+def test_plot_metrics_unknown_key(full_run):
+    _, result = full_run
+    with pytest.raises(
+        ValueError, match=r"no record has the metric 'acc'; the history has \['loss'"
+    ):
+        ls.plot_metrics(result.history, keys=("loss", "acc"))
+
+
+class _Noisy(eqx.Module):
+    """A model holding a typed PRNG key (for fixed noise) among its leaves."""
+
+    mlp: eqx.nn.MLP
+    noise_key: jax.Array
+
+    def __call__(self, x):
+        return self.mlp(x) + 0.01 * jr.normal(self.noise_key, (2,))
+
+
+def _noisy(impl="rbg"):
+    return _Noisy(common.make_model(), jr.key(5, impl=impl))
+
+
+def test_typed_prng_key_leaves_round_trip(tmp_path):
+    model = _noisy()
+    ls.save_checkpoint(tmp_path, 1, model=model, key=jr.key(2))
+    for like in (model, eqx.filter_eval_shape(_noisy)):
+        ckpt = ls.load_checkpoint(tmp_path, model=like)
+        assert str(jr.key_impl(ckpt.model.noise_key)) == "rbg"
+        np.testing.assert_array_equal(
+            jr.key_data(ckpt.model.noise_key), jr.key_data(model.noise_key)
+        )
+        np.testing.assert_array_equal(jr.key_data(ckpt.key), jr.key_data(jr.key(2)))
+    with pytest.raises(
+        ls.CheckpointError,
+        match=r"leaf \['model'\]\.noise_key is a rbg PRNG key in "
+        r"the checkpoint but a threefry2x32 PRNG key",
+    ):
+        ls.load_checkpoint(tmp_path, model=_noisy("threefry2x32"))
+
+
+def test_typed_prng_key_leaves_resume(tmp_path, data):
+    kw = dict(key=jr.key(0), log_every=2, checkpoint_every=2, progress=False)
+    args = (common.optimizer(), common.loss_fn, data)
+    full = ls.train(_noisy(), *args, steps=6, out_dir=tmp_path / "full", **kw)
+    ls.train(_noisy(), *args, steps=4, out_dir=tmp_path / "part", **kw)
+    resumed = ls.train(_noisy(), *args, steps=6, out_dir=tmp_path / "part", **kw)
+    assert resumed.resumed_from == 4
+    losses = lambda h: [(r["step"], r["loss"]) for r in h]
+    assert losses(resumed.history) == losses(full.history)
+    np.testing.assert_array_equal(
+        jr.key_data(resumed.model.noise_key), jr.key_data(jr.key(5, impl="rbg"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda m: m.pop("key_impl"), "field 'key_impl' .* missing"),
+        (lambda m: m.pop("data_state"), "field 'data_state' .* missing"),
+        (lambda m: m.update(step="two"), "field 'step' to be an integer >= 0, got 'two'"),
+        (lambda m: m.update(leaves="x"), "field 'leaves' to be a list"),
+        (lambda m: m.update(leaves=[{"path": "x"}]), "field 'leaves' to be a list"),
+        (lambda m: m.update(arrays="../arrays.eqx"), "field 'arrays' to be a file name"),
+        (lambda m: m.update(key_impl="nope"), "field 'key_impl' to be null or a PRNG"),
+        (
+            lambda m: m.update(data_state={"__ndarray__": [1], "dtype": "nope"}),
+            "field 'data_state'",
+        ),
+    ],
+)
+def test_damaged_manifest_is_a_checkpoint_error(saved, tmp_path, damage, message):
+    src, model, opt_state, _ = saved
+    directory = tmp_path / "c"
+    shutil.copytree(src, directory)
+    path = directory / "step_00000003/manifest.json"
+    manifest = json.loads(path.read_text())
+    damage(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ls.CheckpointError, match=rf"{path} is corrupt: expected {message}"):
+        ls.load_checkpoint(path.parent, model=model, opt_state=opt_state)
+    with pytest.warns(UserWarning, match="Skipping checkpoint"):  # as train(resume=True) does
+        assert ls.load_latest_checkpoint(directory, model=model, opt_state=opt_state).step == 2

@@ -1,5 +1,6 @@
 """Optimisers: schedules, parameter groups, clipping and accumulation against optax oracles."""
 
+import inspect
 import math
 
 import equinox as eqx
@@ -150,7 +151,9 @@ def test_param_group_bad_input(toy):
         ls.make_schedule(inf, schedule="constant")
     with pytest.raises(ValueError, match="learning_rate='1e-3' must be a number"):
         ls.make_optimizer.__wrapped__("1e-3", total_steps=10)  # as without the hook
-    with pytest.raises(ValueError, match="total_steps=10.5 must be an integer"):
+    with pytest.raises(
+        ValueError, match="total_steps must be a positive integer, got total_steps=10.5"
+    ):
         ls.make_schedule.__wrapped__(1.0, total_steps=10.5)
 
 
@@ -223,3 +226,75 @@ def test_clipping_and_accumulation(toy):
     assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(got[0]))  # accumulating
     _assert_tree_close(got[1], ref[0], rtol=1e-5, atol=1e-8)
     _assert_tree_close(got[3], ref[1], rtol=1e-5, atol=1e-8)
+
+
+def test_make_optimizer_defaults_without_total_steps():
+    """`make_optimizer(lr)` is AdamW at a constant rate after the warmup; the cosine
+    decay is the default only with `total_steps`, and asked for without it, an error."""
+    for kw, want in (
+        ({}, [1e-3, 1e-3, 1e-3]),
+        ({"warmup_steps": 4}, [0.0, 5e-4, 1e-3]),
+        ({"total_steps": 8}, [1e-3, 1e-3 * (1 + math.cos(math.pi / 4)) / 2, 0.0]),  # cosine
+    ):
+        opt = ls.make_optimizer(1e-3, **kw)
+        got = [float(opt.learning_rate_schedule(s)) for s in (0, 2, 8)]
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    params = {"w": jnp.ones(3)}
+    opt = ls.make_optimizer(1e-3, weight_decay=0.0, clip_norm=None)
+    updates, _ = opt.update({"w": jnp.ones(3)}, opt.init(params), params)
+    np.testing.assert_allclose(updates["w"], -1e-3, rtol=1e-4)  # Adam's first step: -lr
+    assert float(ls.make_schedule(2.0)(100)) == 2.0
+    with pytest.raises(ValueError, match=r"schedule='cosine' decays until total_steps, but "):
+        ls.make_optimizer(1e-3, schedule="cosine")
+
+
+def test_optimizer_integer_and_number_arguments():
+    opt = ls.make_optimizer(1e-3, accumulate_steps=np.int64(2), warmup_steps=np.int64(1))
+    assert opt.accumulate_steps == 2 and type(opt.accumulate_steps) is int
+    for bad in (True, 0, 1.5):
+        with pytest.raises(
+            ValueError,
+            match=f"accumulate_steps must be a positive integer, got accumulate_steps={bad}",
+        ):
+            inspect.unwrap(ls.make_optimizer)(accumulate_steps=bad)
+    for name in ("b1", "b2"):
+        with pytest.raises(ValueError, match=f"{name}='0.9' must be a number in \\[0, 1\\)"):
+            inspect.unwrap(ls.make_optimizer)(**{name: "0.9"})
+
+
+def test_param_group_that_selects_nothing_is_an_error(toy):
+    for group, message in (
+        (
+            ls.ParamGroup(match=r"\.dynamic$"),
+            r" \(match=.*\) matches no parameter path \(the paths: '.encoder.weight', ",
+        ),
+        (
+            ls.ParamGroup(match=lambda path, leaf: leaf.ndim == 3),
+            r" .*is false for every parameter",
+        ),
+        (
+            ls.ParamGroup(where=lambda m: m.count),
+            r"\.where selects Array\(3.*which holds no inexact array",
+        ),
+        (
+            ls.ParamGroup(where=lambda m: m.name),
+            r"\.where selects 'toy', which holds no inexact array",
+        ),
+        (
+            ls.ParamGroup(instance_of=eqx.nn.MLP),
+            r" \(instance_of=.*MLP'>\) selects no inexact array",
+        ),
+    ):
+        with pytest.raises(ValueError, match=r"groups\['typo'\]" + message):
+            ls.param_labels(toy, {"typo": group})
+    opt = ls.make_optimizer(
+        1e-3, groups={"typo": ls.ParamGroup(match="dynamic$", learning_rate=0.1)}
+    )
+    with pytest.raises(ValueError, match=r"groups\['typo'\] \(match='dynamic\$'\) matches no"):
+        opt.init(eqx.filter(toy, eqx.is_inexact_array))
+    shadowed = {"all": ls.ParamGroup(match="."), "enc": ls.ParamGroup(where=lambda m: m.encoder)}
+    with pytest.raises(
+        ValueError,
+        match=r"groups\['enc'\] selects only parameters that earlier groups take \('all'",
+    ):
+        ls.param_labels(toy, shadowed)

@@ -47,6 +47,19 @@ def test_shard_batch():
         ls.shard_batch(batch, mesh, axis="batch")
 
 
+def test_mesh_and_batch_argument_types():
+    assert dict(ls.make_mesh(np.int64(4), np.int64(2)).shape) == {"data": 4, "model": 2}
+    for kw, name in (({"data": True}, "data"), ({"model": True}, "model")):
+        with pytest.raises(ValueError, match=f"{name} must be a positive integer, got {name}="):
+            ls.make_mesh(**kw)
+    mesh = ls.make_mesh(8, 1)
+    batch = {"x": np.zeros((8, 2), np.float32), "meta": {"name": "abc"}}
+    with pytest.raises(
+        TypeError, match=r"batch leaf \['meta'\]\['name'\] must be a numeric .*'abc'"
+    ):
+        ls.shard_batch(batch, mesh)
+
+
 def test_param_sharding_rule():
     mesh = ls.make_mesh(4, 2)
     tree = {"w": jnp.zeros((8, 6)), "odd": jnp.zeros((3, 5)), "b": jnp.zeros(8), "i": 3}

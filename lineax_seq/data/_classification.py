@@ -12,6 +12,7 @@ import grain
 import numpy as np
 from beartype import beartype
 
+from .._checks import IntLike, RealLike, check_int
 from ._loader import batch_examples
 from ._tokenizers import (
     NUM_SPECIAL,
@@ -21,17 +22,43 @@ from ._tokenizers import (
     Tokenizer,
     _SpecialIds,
     check_ids,
+    check_texts,
 )
 
 # --------------------------------------------------------------------------------------
 # (text, label) files
 
 
-def _json_line(line: str, path: pathlib.Path, lineno: int) -> object:
+def _json_line(line: str, path: pathlib.Path, lineno: int) -> dict:
     try:
-        return json.loads(line)
+        row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{lineno}: not a JSON object (got {type(row).__name__})")
+    return row
+
+
+def _undecodable_line(path: pathlib.Path) -> int:
+    """The number of the first line of `path` that is not UTF-8."""
+    for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return lineno
+    return 0  # pragma: no cover (only called after a decoding error)
+
+
+def _read_rows(f, path: pathlib.Path):
+    """`(line number, row)` of a CSV (with a header row) or JSONL file open as `f`."""
+    if path.suffix == ".csv":
+        reader = csv.DictReader(f)
+        for row in reader:
+            yield reader.line_num, row  # (the last line of a row that spans several)
+    else:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield lineno, _json_line(line, path, lineno)
 
 
 def _check_label(value, num_classes: int | None, where: str) -> int | float:
@@ -59,7 +86,7 @@ def _check_label(value, num_classes: int | None, where: str) -> int | float:
 def read_classification(
     path: str | os.PathLike,
     *,
-    num_classes: int | None,
+    num_classes: IntLike | None,
     text_field: str = "text",
     label_field: str = "label",
     pair_field: str | None = None,
@@ -71,7 +98,8 @@ def read_classification(
 
     **Arguments:**
 
-    - `path`: a `.csv` or `.jsonl` file.
+    - `path`: a `.csv` or `.jsonl` file, UTF-8 (a byte-order mark, as Excel writes,
+        is skipped).
     - `num_classes`: labels must be integers in `[0, num_classes)`; `None` for
         regression (float labels).
     - `text_field`, `label_field`: column / field names.
@@ -85,10 +113,11 @@ def read_classification(
     **Raises:**
 
     `FileNotFoundError` for a missing file; `ValueError` (naming file and line) for an
-    empty file, a missing field, or a label that is not an integer in range.
+    empty file, bytes that are not UTF-8, a JSONL line that is not a JSON object, a
+    missing field, or a label that is not an integer in range.
     """
-    if num_classes is not None and num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2, got num_classes={num_classes}")
+    if num_classes is not None:
+        num_classes = check_int("num_classes", num_classes, minimum=2)
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(path)!r} is not a file")
@@ -96,24 +125,24 @@ def read_classification(
         raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {p.suffix!r}")
     fields = [text_field, label_field] + ([pair_field] if pair_field else [])
     records = []
-    with open(p, encoding="utf-8", newline="") as f:
-        if p.suffix == ".csv":
-            reader = csv.DictReader(f)
-            rows = ((i + 2, row) for i, row in enumerate(reader))  # line 1 is the header
-        else:
-            rows = ((i + 1, _json_line(line, p, i + 1)) for i, line in enumerate(f) if line.strip())
-        for lineno, row in rows:
-            where = f"{p}:{lineno}"
-            for name in fields:
-                if not isinstance(row, dict) or name not in row or row[name] is None:
-                    raise ValueError(f"{where}: missing field {name!r}")
-            record = {
-                "text": str(row[text_field]),
-                "label": _check_label(row[label_field], num_classes, where),
-            }
-            if pair_field:
-                record["text_pair"] = str(row[pair_field])
-            records.append(record)
+    try:
+        with open(p, encoding="utf-8-sig", newline="") as f:
+            for lineno, row in _read_rows(f, p):
+                where = f"{p}:{lineno}"
+                for name in fields:
+                    if name not in row or row[name] is None:
+                        raise ValueError(f"{where}: missing field {name!r}")
+                record = {
+                    "text": str(row[text_field]),
+                    "label": _check_label(row[label_field], num_classes, where),
+                }
+                if pair_field:
+                    record["text_pair"] = str(row[pair_field])
+                records.append(record)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{p}:{_undecodable_line(p)}: not UTF-8 text ({e.reason}); save the file as UTF-8"
+        ) from None
     if not records:
         raise ValueError(f"path {str(path)!r} contains no examples")
     return grain.MapDataset.source(records)
@@ -154,16 +183,16 @@ def classification_dataset(
     records: grain.MapDataset,
     tokenizer: Tokenizer,
     *,
-    length: int,
-    batch_size: int,
+    length: IntLike,
+    batch_size: IntLike,
     add_special_tokens: bool = True,
-    seed: int = 0,
+    seed: IntLike = 0,
     shuffle: bool = True,
-    num_epochs: int | None = None,
+    num_epochs: IntLike | None = None,
     drop_remainder: bool = True,
     shard_options: grain.sharding.ShardOptions | None = None,
-    num_workers: int = 0,
-    num_threads: int = 0,
+    num_workers: IntLike = 0,
+    num_threads: IntLike = 0,
 ) -> grain.IterDataset:
     """Batches of tokenized classification examples.
 
@@ -177,8 +206,7 @@ def classification_dataset(
     A `grain.IterDataset` of `{"tokens": int32 (B, L), "padding_mask": bool (B, L),
     "label": int32 (B,)}` (`float32` for regression labels).
     """
-    if length < 1:
-        raise ValueError(f"length must be a positive integer, got length={length}")
+    length = check_int("length", length)
     examples = records.map(_EncodeClassification(tokenizer, length, add_special_tokens))
     return batch_examples(
         examples,
@@ -219,7 +247,8 @@ class ListOpsTokenizer(_SpecialIds):
         return np.asarray([self._index.get(t, UNK_ID) for t in text.split()], dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`[encode(t) for t in texts]`."""
+        """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
+        check_texts(texts)
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: TokenIds) -> str:
@@ -265,6 +294,17 @@ def _listops_tree(rng, depth, max_depth, max_args, branch_prob, budget):
     return [str(d)], d
 
 
+def _listops_max_tokens(max_depth: int, max_args: int, branch_prob: RealLike) -> int:
+    """The most tokens a ListOps expression can have: operators (2 tokens, `[OP` and
+    `]`) with `max_args` arguments down to depth `max_depth`, whose nodes are digits;
+    with `branch_prob = 0` only the root is an operator."""
+    depth = max_depth if branch_prob > 0 else 1
+    tokens = 1  # a digit
+    for _ in range(depth):
+        tokens = 2 + max_args * tokens
+    return tokens
+
+
 class _ListOpsExample:
     """Picklable map: index -> one ListOps example, deterministic in (seed, index)."""
 
@@ -291,14 +331,14 @@ class _ListOpsExample:
 
 @beartype
 def listops(
-    num_examples: int,
+    num_examples: IntLike,
     *,
-    seed: int = 0,
-    min_length: int = 500,
-    max_length: int = 2000,
-    max_depth: int = 10,
-    max_args: int = 10,
-    branch_prob: float = 0.25,
+    seed: IntLike = 0,
+    min_length: IntLike = 500,
+    max_length: IntLike = 2000,
+    max_depth: IntLike = 10,
+    max_args: IntLike = 10,
+    branch_prob: RealLike = 0.25,
 ) -> grain.MapDataset:
     """The ListOps task of Long Range Arena, generated deterministically per seed.
 
@@ -317,28 +357,37 @@ def listops(
     **Arguments:**
 
     - `num_examples`: dataset size (LRA: 96k train / 2k valid / 2k test).
-    - `seed`: use different seeds for different splits.
+    - `seed`: use different seeds for different splits (an integer >= 0).
     - `min_length`, `max_length`: accepted token-count range.
     - `max_depth`, `max_args`, `branch_prob`: the grammar's shape parameters.
 
     **Returns:**
 
     A `grain.MapDataset` of `{"text": str, "label": int}`.
+
+    **Raises:**
+
+    `ValueError` for out-of-range arguments, and for a `min_length` longer than any
+    expression of depth `max_depth` with `max_args` arguments per operator can be.
     """
-    if num_examples < 1:
-        raise ValueError(f"num_examples must be positive, got num_examples={num_examples}")
-    if not 1 <= min_length <= max_length:
+    num_examples = check_int("num_examples", num_examples)
+    seed = check_int("seed", seed, minimum=0)
+    min_length = check_int("min_length", min_length)
+    max_length = check_int("max_length", max_length, minimum=4)  # one operator
+    max_depth = check_int("max_depth", max_depth)
+    max_args = check_int("max_args", max_args, minimum=2)
+    if min_length > max_length:
         raise ValueError(
-            f"need 1 <= min_length <= max_length, got min_length={min_length}, "
-            f"max_length={max_length}"
+            f"need min_length <= max_length, got min_length={min_length}, max_length={max_length}"
         )
-    if max_length < 4:
-        raise ValueError(f"max_length must be >= 4 (one operator), got max_length={max_length}")
-    if max_depth < 1:
-        raise ValueError(f"max_depth must be >= 1, got max_depth={max_depth}")
-    if max_args < 2:
-        raise ValueError(f"max_args must be >= 2, got max_args={max_args}")
     if not 0 <= branch_prob < 1:
         raise ValueError(f"branch_prob must be in [0, 1), got branch_prob={branch_prob}")
+    longest = _listops_max_tokens(max_depth, max_args, branch_prob)
+    if min_length > longest:
+        raise ValueError(
+            f"min_length={min_length} cannot be reached: expressions with max_depth={max_depth}, "
+            f"max_args={max_args}{' and branch_prob=0' if branch_prob == 0 else ''} have at "
+            f"most {longest} tokens"
+        )
     make = _ListOpsExample(seed, min_length, max_length, max_depth, max_args, branch_prob)
     return grain.MapDataset.range(num_examples).map(make)

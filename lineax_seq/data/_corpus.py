@@ -11,12 +11,13 @@ import sysconfig
 
 import grain
 
+from .._checks import RealLike
 from ._loader import check_split
 
 _SUFFIXES = (".txt", ".py", ".jsonl")
 
 
-def split_of(document_id: str, *, valid_fraction: float, test_fraction: float) -> str:
+def split_of(document_id: str, *, valid_fraction: RealLike, test_fraction: RealLike) -> str:
     """Which split a document belongs to: a stable hash of its id mapped to [0, 1).
 
     `[0, valid)` is `"valid"`, `[valid, valid + test)` is `"test"`, the rest `"train"`.
@@ -129,8 +130,8 @@ def text_corpus(
     source: str | os.PathLike | None = None,
     *,
     split: str = "train",
-    valid_fraction: float = 0.05,
-    test_fraction: float = 0.05,
+    valid_fraction: RealLike = 0.05,
+    test_fraction: RealLike = 0.05,
     text_field: str = "text",
 ) -> grain.MapDataset:
     """A text corpus as a grain `MapDataset` of documents (strings).

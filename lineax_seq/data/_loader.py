@@ -7,14 +7,14 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from .._checks import check_int
+from .._checks import IntLike, RealLike, check_int, check_optional_int
 
 __all__ = ["batch_examples"]
 
 SPLITS = ("train", "valid", "test", "all")
 
 
-def check_split(split: str, valid_fraction: float, test_fraction: float) -> None:
+def check_split(split: str, valid_fraction: RealLike, test_fraction: RealLike) -> None:
     """`ValueError` for an unknown `split` or fractions that do not leave a train split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -25,11 +25,12 @@ def check_split(split: str, valid_fraction: float, test_fraction: float) -> None
         )
 
 
-def check_batch_size(batch_size: int) -> None:
+def check_batch_size(batch_size: IntLike) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
         raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size}")
+    return int(batch_size)
 
 
 def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
@@ -43,14 +44,14 @@ def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
 def batch_examples(
     examples: grain.MapDataset,
     *,
-    batch_size: int,
-    seed: int = 0,
+    batch_size: IntLike,
+    seed: IntLike = 0,
     shuffle: bool = True,
-    num_epochs: int | None = None,
+    num_epochs: IntLike | None = None,
     drop_remainder: bool = True,
     shard_options: grain.sharding.ShardOptions | None = None,
-    num_workers: int = 0,
-    num_threads: int = 0,
+    num_workers: IntLike = 0,
+    num_threads: IntLike = 0,
     random_transform: Callable | None = None,
 ) -> grain.IterDataset:
     """Shard, shuffle, repeat, (randomly transform,) and batch a per-example dataset.
@@ -95,14 +96,16 @@ def batch_examples(
 
     A `grain.IterDataset` of batches.
     """
-    check_batch_size(batch_size)
-    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-        raise ValueError(f"num_epochs must be None or a positive integer, got {num_epochs!r}")
-    check_int("seed", seed, minimum=0)
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got num_workers={num_workers}")
-    if num_threads < 0:
-        raise ValueError(f"num_threads must be >= 0, got num_threads={num_threads}")
+    if not isinstance(examples, grain.MapDataset):
+        raise TypeError(
+            "examples must be a grain.MapDataset (e.g. grain.MapDataset.source(records)), got "
+            f"{type(examples).__name__}"
+        )
+    batch_size = check_batch_size(batch_size)
+    num_epochs = check_optional_int("num_epochs", num_epochs)
+    seed = check_int("seed", seed, minimum=0)
+    num_workers = check_int("num_workers", num_workers, minimum=0)
+    num_threads = check_int("num_threads", num_threads, minimum=0)
     shard = shard_options if shard_options is not None else grain.sharding.ShardByJaxProcess(True)
     ds = examples
     n = len(ds)

@@ -9,19 +9,15 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Int
 
-from .._checks import check_int
+from .._checks import IntLike, RealLike, check_int
 from ._loader import batch_examples
-from ._tokenizers import Tokenizer, check_ids
+from ._tokenizers import Tokenizer, check_ids, check_texts
 
 IGNORE_INDEX = -100
 
 
 def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
-    if isinstance(texts, str):  # a `Sequence[str]` too: each character would be a document
-        raise TypeError(
-            f"texts must be a sequence of documents, got a single str {texts[:30]!r}; "
-            "pass [text] for one document"
-        )
+    check_texts(texts)
     # Random access: iterating a MapDataset would start grain's threaded reader.
     return [str(texts[i]) for i in range(len(texts))]
 
@@ -83,8 +79,8 @@ def lm_windows(
     texts: grain.MapDataset | Sequence[str],
     tokenizer: Tokenizer,
     *,
-    length: int,
-    stride: int | None = None,
+    length: IntLike,
+    stride: IntLike | None = None,
 ) -> grain.MapDataset:
     """Causal-LM windows of `length + 1` tokens taken within documents.
 
@@ -114,10 +110,8 @@ def lm_windows(
 
     `ValueError` if `length < 1` or longer than every document.
     """
-    check_int("length", length)
-    stride = length if stride is None else stride
-    if stride < 1:
-        raise ValueError(f"stride must be a positive integer, got stride={stride}")
+    length = check_int("length", length)
+    stride = length if stride is None else check_int("stride", stride)
     tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=True)
     return grain.MapDataset.source(_LMWindows(tokens, _lm_starts(offsets, length, stride), length))
 
@@ -127,16 +121,16 @@ def lm_dataset(
     texts: grain.MapDataset | Sequence[str],
     tokenizer: Tokenizer,
     *,
-    length: int,
-    batch_size: int,
-    stride: int | None = None,
-    seed: int = 0,
+    length: IntLike,
+    batch_size: IntLike,
+    stride: IntLike | None = None,
+    seed: IntLike = 0,
     shuffle: bool = True,
-    num_epochs: int | None = None,
+    num_epochs: IntLike | None = None,
     drop_remainder: bool = True,
     shard_options: grain.sharding.ShardOptions | None = None,
-    num_workers: int = 0,
-    num_threads: int = 0,
+    num_workers: IntLike = 0,
+    num_threads: IntLike = 0,
 ) -> grain.IterDataset:
     """Batches of causal-LM windows: [`lineax_seq.lm_windows`][] + [`lineax_seq.batch_examples`][].
 
@@ -165,12 +159,12 @@ def mask_tokens(
     tokens: Int[np.ndarray, " length"],
     rng: np.random.Generator,
     *,
-    vocab_size: int,
-    mask_id: int,
-    special_ids: Sequence[int],
-    mask_prob: float = 0.15,
-    mask_token_prob: float = 0.8,
-    random_token_prob: float = 0.1,
+    vocab_size: IntLike,
+    mask_id: IntLike,
+    special_ids: Sequence[IntLike],
+    mask_prob: RealLike = 0.15,
+    mask_token_prob: RealLike = 0.8,
+    random_token_prob: RealLike = 0.1,
 ) -> tuple[Int[np.ndarray, " length"], Int[np.ndarray, " length"]]:
     """BERT/RoBERTa masking of one sequence.
 
@@ -184,7 +178,8 @@ def mask_tokens(
 
     - `tokens`: int token ids of one sequence.
     - `rng`: a NumPy generator (the only source of randomness).
-    - `vocab_size`, `mask_id`, `special_ids`: from the tokenizer.
+    - `vocab_size`, `mask_id`, `special_ids`: from the tokenizer (ids in
+        `[0, vocab_size)`).
     - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates: `mask_prob`
         in `(0, 1]`, the other two in `[0, 1]` with a sum of at most 1.
 
@@ -193,23 +188,19 @@ def mask_tokens(
     `(masked_tokens, labels)`, both int32 of shape `(length,)`: `labels` is the original
     token at chosen positions and `IGNORE_INDEX = -100` everywhere else.
     """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got rng={rng!r}"
+        )
     _check_rates(mask_prob, mask_token_prob, random_token_prob)
-    tokens = check_ids(tokens, vocab_size, "tokens").astype(np.int32)
-    is_special = np.zeros(vocab_size, dtype=bool)
-    is_special[list(special_ids)] = True
-    return _mask(
-        tokens,
-        rng,
-        is_special,
-        np.flatnonzero(~is_special).astype(np.int32),
-        mask_id,
-        mask_prob,
-        mask_token_prob,
-        random_token_prob,
-    )
+    mask = _Mask(vocab_size, mask_id, special_ids, mask_prob, mask_token_prob, random_token_prob)
+    tokens = check_ids(tokens, mask.is_special.size, "tokens").astype(np.int32)
+    return mask.mask(tokens, rng)
 
 
-def _check_rates(mask_prob: float, mask_token_prob: float, random_token_prob: float) -> None:
+def _check_rates(
+    mask_prob: RealLike, mask_token_prob: RealLike, random_token_prob: RealLike
+) -> None:
     if not 0 < mask_prob <= 1:
         raise ValueError(
             f"mask_prob must be in (0, 1] (every sequence with a non-special token gets at "
@@ -261,16 +252,27 @@ class _MLMChunks:
 
 
 class _Mask:
-    """Picklable `(example, rng) -> example` applying `mask_tokens`."""
+    """Picklable `(example, rng) -> example` applying `mask_tokens`; checks the ids."""
 
     def __init__(self, vocab_size, mask_id, special_ids, mask_prob, mask_token_prob, random_prob):
+        vocab_size = check_int("vocab_size", vocab_size)
+        mask_id = check_int("mask_id", mask_id, minimum=0)
+        if mask_id >= vocab_size:
+            raise ValueError(
+                f"mask_id must be in [0, vocab_size={vocab_size}), got mask_id={mask_id}"
+            )
         self.is_special = np.zeros(vocab_size, dtype=bool)
-        self.is_special[list(special_ids)] = True
+        special = list(special_ids)
+        if special:  # (an empty list has no integer dtype)
+            self.is_special[check_ids(np.asarray(special), vocab_size, "special_ids")] = True
         self.normal_ids = np.flatnonzero(~self.is_special).astype(np.int32)
         self.args = (mask_id, mask_prob, mask_token_prob, random_prob)
 
+    def mask(self, tokens, rng):
+        return _mask(tokens, rng, self.is_special, self.normal_ids, *self.args)
+
     def __call__(self, example, rng):
-        tokens, labels = _mask(example["tokens"], rng, self.is_special, self.normal_ids, *self.args)
+        tokens, labels = self.mask(example["tokens"], rng)
         return {"tokens": tokens, "labels": labels, "padding_mask": example["padding_mask"]}
 
 
@@ -291,7 +293,7 @@ def mlm_examples(
     texts: grain.MapDataset | Sequence[str],
     tokenizer: Tokenizer,
     *,
-    length: int,
+    length: IntLike,
 ) -> grain.MapDataset:
     """Unmasked masked-LM examples: `<cls> chunk <sep>` padded to `length`.
 
@@ -309,7 +311,7 @@ def mlm_examples(
     A `grain.MapDataset` of `{"tokens": int32 (length,), "padding_mask": bool (length,)}`
     (`padding_mask` is True on real tokens, `<cls>`/`<sep>` included).
     """
-    check_int("length", length, minimum=3)
+    length = check_int("length", length, minimum=3)
     tokens, offsets = tokenize_documents(texts, tokenizer, add_bos_eos=False)
     if tokens.size == 0:
         raise ValueError("texts contain no tokens")
@@ -336,19 +338,19 @@ def mlm_dataset(
     texts: grain.MapDataset | Sequence[str],
     tokenizer: Tokenizer,
     *,
-    length: int,
-    batch_size: int,
+    length: IntLike,
+    batch_size: IntLike,
     masking: str = "dynamic",
-    mask_prob: float = 0.15,
-    mask_token_prob: float = 0.8,
-    random_token_prob: float = 0.1,
-    seed: int = 0,
+    mask_prob: RealLike = 0.15,
+    mask_token_prob: RealLike = 0.8,
+    random_token_prob: RealLike = 0.1,
+    seed: IntLike = 0,
     shuffle: bool = True,
-    num_epochs: int | None = None,
+    num_epochs: IntLike | None = None,
     drop_remainder: bool = True,
     shard_options: grain.sharding.ShardOptions | None = None,
-    num_workers: int = 0,
-    num_threads: int = 0,
+    num_workers: IntLike = 0,
+    num_threads: IntLike = 0,
 ) -> grain.IterDataset:
     """Batches of BERT/RoBERTa masked-LM examples.
 
@@ -373,6 +375,7 @@ def mlm_dataset(
     if masking not in ("dynamic", "fixed"):
         raise ValueError(f"masking must be 'dynamic' or 'fixed', got {masking!r}")
     _check_rates(mask_prob, mask_token_prob, random_token_prob)
+    seed = check_int("seed", seed, minimum=0)
     examples = mlm_examples(texts, tokenizer, length=length)
     mask = _Mask(
         tokenizer.vocab_size,

@@ -24,6 +24,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._checks import IntLike, check_int
+
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(7)
 NUM_SPECIAL = len(SPECIAL_TOKENS)
@@ -43,6 +45,16 @@ def check_ids(ids: TokenIds, vocab_size: int, name: str = "ids") -> np.ndarray:
     if bad.size:
         raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got id {int(bad[0])}")
     return arr
+
+
+def check_texts(texts: object) -> None:
+    """A `TypeError` for a single `str` given as `texts`: a string is a sequence of strings
+    too, and each of its characters would become a document."""
+    if isinstance(texts, str):
+        raise TypeError(
+            f"texts must be a sequence of documents, got a single str {texts[:30]!r}; "
+            "pass [text] for one document"
+        )
 
 
 @runtime_checkable
@@ -153,7 +165,8 @@ class ByteTokenizer(_SpecialIds):
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + self.offset
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`[encode(t) for t in texts]`."""
+        """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
+        check_texts(texts)
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: TokenIds) -> str:
@@ -204,16 +217,17 @@ class BPETokenizer(_SpecialIds):
 
     @classmethod
     def train(
-        cls, texts: Iterable[str], *, vocab_size: int = 32_000, min_frequency: int = 2
+        cls, texts: Iterable[str], *, vocab_size: IntLike = 32_000, min_frequency: IntLike = 2
     ) -> BPETokenizer:
         """Train a byte-level BPE tokenizer on `texts`.
 
         **Arguments:**
 
-        - `texts`: training documents (e.g. `text_corpus(split="train")`).
+        - `texts`: training documents (e.g. `text_corpus(split="train")`; a single
+            `str` is a `TypeError`).
         - `vocab_size`: size of the vocabulary including the 7 special tokens and the
             256 byte symbols (the papers use 32k). Must be at least 263.
-        - `min_frequency`: minimum pair count for a merge.
+        - `min_frequency`: minimum pair count for a merge (an integer >= 0).
 
         **Returns:**
 
@@ -222,6 +236,9 @@ class BPETokenizer(_SpecialIds):
         from tokenizers import Tokenizer as _HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
+        check_texts(texts)
+        vocab_size = check_int("vocab_size", vocab_size)
+        min_frequency = check_int("min_frequency", min_frequency, minimum=0)
         if vocab_size < 256 + NUM_SPECIAL:
             raise ValueError(
                 f"vocab_size must be >= {256 + NUM_SPECIAL} (7 special tokens + 256 bytes), "
@@ -251,12 +268,17 @@ class BPETokenizer(_SpecialIds):
         **Returns:**
 
         A `BPETokenizer`.
-        """
-        from tokenizers import Tokenizer as _HFTokenizer
 
+        **Raises:**
+
+        `FileNotFoundError` for a missing file, `ValueError` naming it for one that is not
+        a tokenizer saved by `save`.
+        """
         if not os.path.isfile(path):
             raise FileNotFoundError(f"path {str(path)!r} is not a tokenizer JSON file")
-        return cls(_HFTokenizer.from_file(str(path)))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        return cls._from_str(text, f"path {str(path)!r}")
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer to `path` as JSON (atomically: temporary file + rename)."""
@@ -271,11 +293,24 @@ class BPETokenizer(_SpecialIds):
 
     @classmethod
     def from_json(cls, text: str) -> BPETokenizer:
-        """Inverse of `to_json`."""
+        """Inverse of `to_json` (a `ValueError` for text that is not such a tokenizer)."""
+        return cls._from_str(text, "text")
+
+    @classmethod
+    def _from_str(cls, text: str, source: str) -> BPETokenizer:
         from tokenizers import Tokenizer as _HFTokenizer
 
-        json.loads(text)  # a clear JSONDecodeError on garbage
-        return cls(_HFTokenizer.from_str(text))
+        try:
+            json.loads(text)
+            tokenizer = _HFTokenizer.from_str(text)
+        except Exception as e:  # the Rust library raises a bare `Exception`
+            raise ValueError(
+                f"{source} is not a tokenizer saved by BPETokenizer.save: {e}"
+            ) from None
+        try:
+            return cls(tokenizer)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     @property
     def vocab_size(self) -> int:
@@ -296,7 +331,9 @@ class BPETokenizer(_SpecialIds):
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Encode many texts at once (parallel in the Rust library)."""
+        """Encode many texts at once (parallel in the Rust library; a single `str` is a
+        `TypeError`)."""
+        check_texts(texts)
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 

@@ -8,6 +8,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
+from .._checks import IntLike, RealLike, check_int
 from ._loader import batch_examples, check_split
 
 
@@ -33,12 +34,12 @@ class _TrajectoryWindows:
 
 
 def split_trajectories(
-    num_trajectories: int,
+    num_trajectories: IntLike,
     split: str,
     *,
-    valid_fraction: float,
-    test_fraction: float,
-    split_seed: int = 0,
+    valid_fraction: RealLike,
+    test_fraction: RealLike,
+    split_seed: IntLike = 0,
 ) -> np.ndarray:
     """Sorted indices of the trajectories in `split`.
 
@@ -46,6 +47,8 @@ def split_trajectories(
     `round(valid_fraction * N)` trajectories in `"valid"`, the next
     `round(test_fraction * N)` in `"test"` and the rest in `"train"`.
     """
+    num_trajectories = check_int("num_trajectories", num_trajectories, minimum=0)
+    split_seed = check_int("split_seed", split_seed, minimum=0)
     check_split(split, valid_fraction, test_fraction)
     if split == "all":
         return np.arange(num_trajectories)
@@ -80,12 +83,12 @@ def trajectory_windows(
     | Float[Array, "num time_a action_dim"]
     | None = None,
     *,
-    length: int,
-    stride: int = 1,
+    length: IntLike,
+    stride: IntLike = 1,
     split: str = "train",
-    valid_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    split_seed: int = 0,
+    valid_fraction: RealLike = 0.1,
+    test_fraction: RealLike = 0.1,
+    split_seed: IntLike = 0,
 ) -> grain.MapDataset:
     """Windows of `length + 1` consecutive states (and `length` actions) per trajectory.
 
@@ -127,8 +130,8 @@ def trajectory_windows(
             f"length must be in [1, T_total - 1] = [1, {total - 1}] for states of shape "
             f"{states.shape}, got length={length}"
         )
-    if stride < 1:
-        raise ValueError(f"stride must be a positive integer, got stride={stride}")
+    length = check_int("length", length)
+    stride = check_int("stride", stride)
     trajectories = split_trajectories(
         states.shape[0],
         split,
@@ -148,20 +151,20 @@ def trajectory_dataset(
     | Float[Array, "num time_a action_dim"]
     | None = None,
     *,
-    length: int,
-    batch_size: int,
-    stride: int = 1,
+    length: IntLike,
+    batch_size: IntLike,
+    stride: IntLike = 1,
     split: str = "train",
-    valid_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    split_seed: int = 0,
-    seed: int = 0,
+    valid_fraction: RealLike = 0.1,
+    test_fraction: RealLike = 0.1,
+    split_seed: IntLike = 0,
+    seed: IntLike = 0,
     shuffle: bool = True,
-    num_epochs: int | None = None,
+    num_epochs: IntLike | None = None,
     drop_remainder: bool = True,
     shard_options: grain.sharding.ShardOptions | None = None,
-    num_workers: int = 0,
-    num_threads: int = 0,
+    num_workers: IntLike = 0,
+    num_threads: IntLike = 0,
 ) -> grain.IterDataset:
     """Batches of trajectory windows: [`lineax_seq.trajectory_windows`][] +
     [`lineax_seq.batch_examples`][].

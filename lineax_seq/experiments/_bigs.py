@@ -53,13 +53,75 @@ from ._bigs_train import (
 )
 from ._cli import (
     dropout_rate,
+    existing_path,
     fraction,
+    int_at_least,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_fraction,
     positive_int,
 )
+
+# ---------------------------------------------------------------------------------------
+# Checks of option combinations and of the run directories, before any data is loaded
+# (`run` reports them as usage errors, the subcommands as `ValueError`s)
+# ---------------------------------------------------------------------------------------
+
+
+def _mlm_length_problem(args: argparse.Namespace) -> str | None:
+    if args.length < 3:
+        return (
+            f"--length {args.length}: masked-LM sequences need at least 3 tokens "
+            "(<cls>, text, <sep>)"
+        )
+    return None
+
+
+def _run_problem(flag: str, run_dir: pathlib.Path) -> str | None:
+    if not (run_dir / CONFIG_FILE).is_file():
+        return f"{flag} {run_dir}: not a `bigs pretrain` output (no {CONFIG_FILE})"
+    return None
+
+
+def _pretrain_problem(args: argparse.Namespace) -> str | None:
+    out: pathlib.Path = args.out
+    if args.resume and not (out / CONFIG_FILE).exists():
+        return f"--resume: {out} holds no run to resume (no {CONFIG_FILE})"
+    if not args.resume and (out / CONFIG_FILE).exists():
+        # Checked before anything is written: the existing run stays resumable.
+        return f"{out} already holds a run: pass --resume to continue it, or a new --out"
+    if args.init_from is not None and (problem := _run_problem("--init-from", args.init_from)):
+        return problem
+    return _mlm_length_problem(args)
+
+
+def _finetune_problem(args: argparse.Namespace) -> str | None:
+    if args.task == "file" and args.train is None:
+        return "--task file needs --train PATH (a CSV or JSONL file)"
+    return _run_problem("--checkpoint", args.checkpoint)
+
+
+def _kernels_problem(args: argparse.Namespace) -> str | None:
+    return next(filter(None, (_run_problem("--checkpoint", d) for d in args.checkpoint)), None)
+
+
+_PROBLEMS = {
+    "pretrain": _pretrain_problem,
+    "finetune": _finetune_problem,
+    "ablation": _mlm_length_problem,
+    "kernels": _kernels_problem,
+}
+
+
+_SUBPARSERS: dict[str, argparse.ArgumentParser] = {}  # filled by `add_arguments`
+
+
+def _check(args: argparse.Namespace) -> None:
+    problem = _PROBLEMS[args.bigs_command](args)
+    if problem is not None:
+        raise ValueError(problem)
+
 
 # ---------------------------------------------------------------------------------------
 # Subcommands
@@ -70,18 +132,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
     curves, the final model and (SSM routing) the kernel heat map into `--out`."""
     out: pathlib.Path = args.out
-    if args.length < 3:  # checked here: the data pipeline would fail after config.json is written
-        raise ValueError(
-            f"--length {args.length}: masked-LM sequences need at least 3 tokens "
-            "(<cls>, text, <sep>)"
-        )
-    if not args.resume and (out / CONFIG_FILE).exists():
-        # Checked before anything is written: the existing run stays resumable.
-        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or a new --out")
+    _check(args)  # before anything is read or written
     train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
     if args.resume:
-        if not (out / CONFIG_FILE).exists():
-            raise ValueError(f"--resume: {out} holds no run to resume (no {CONFIG_FILE})")
         config = json.loads((out / CONFIG_FILE).read_text())
         tok = load_tokenizer(out, config["tokenizer"])
         model = MaskedLM(build_encoder(jr.key(args.seed), **config["model"]), key=jr.key(1))
@@ -145,6 +198,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
 
 def finetune(args: argparse.Namespace) -> dict[str, Any]:
     """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
+    _check(args)
     mlm, tok, _ = load_pretrained(args.checkpoint)
     if args.task == "listops":
         records = listops_records(
@@ -153,8 +207,6 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         train_records, eval_records = split_records(records)
         num_outputs = 10
     else:
-        if args.train is None:
-            raise ValueError("--task file needs --train PATH (a CSV or JSONL file)")
         train_records, num_outputs = read_rows(args.train, regression=args.regression)
         if args.eval is not None:
             eval_records, eval_outputs = read_rows(args.eval, regression=args.regression)
@@ -187,6 +239,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
 
 def kernels(args: argparse.Namespace) -> pathlib.Path:
     """`bigs kernels`: Figure 3 heat map of one or more pretraining runs."""
+    _check(args)
     panels = {}
     for run_dir in args.checkpoint:
         model, _, config = load_pretrained(run_dir)
@@ -283,11 +336,14 @@ def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in (*names, "schedule", "eval_every", "seed")}
 
 
+_BYTE_VOCAB = ls.ByteTokenizer().vocab_size  # the least BPE vocabulary: specials + bytes
+
+
 def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> None:
     g = parser.add_argument_group("corpus")
     g.add_argument(
         "--corpus",
-        type=pathlib.Path,
+        type=existing_path,
         default=None,
         help="a text file or a directory of text files (default: the stdlib .py sources)",
     )
@@ -295,11 +351,16 @@ def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> Non
     g.add_argument(
         "--tokenizer", choices=("bpe", "byte"), default=tokenizer, help=f"default {tokenizer}"
     )
-    g.add_argument("--vocab-size", type=positive_int, default=2048, help="BPE vocabulary (2048)")
+    g.add_argument(
+        "--vocab-size",
+        type=int_at_least(_BYTE_VOCAB, "7 special tokens + 256 bytes"),
+        default=2048,
+        help=f"BPE vocabulary, at least {_BYTE_VOCAB} (2048)",
+    )
 
 
 def _path(parser: Any, flag: str, help: str, **kwargs: Any) -> None:
-    parser.add_argument(flag, type=pathlib.Path, help=help, **kwargs)
+    parser.add_argument(flag, type=kwargs.pop("type", pathlib.Path), help=help, **kwargs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -309,7 +370,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pre = sub.add_parser(
         "pretrain",
         help="masked-LM pretraining on a text corpus",
-        description="Masked-LM pretraining (15%% masking, 80/10/10, no NSP).",
+        description="Masked-LM pretraining (15% masking, 80/10/10, no NSP).",
     )
     _corpus_arguments(pre, tokenizer="bpe")
     _model_arguments(pre, layers=4, dim=128)
@@ -334,8 +395,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _path(fin, "--checkpoint", "a `bigs pretrain --out` directory", required=True)
     fin.add_argument("--task", choices=("file", "listops"), default="file")
-    _path(fin, "--train", "(text, label) CSV or JSONL file (optional text_pair column)")
-    _path(fin, "--eval", "held-out file (default: every 10th row of --train)")
+    _path(
+        fin,
+        "--train",
+        "(text, label) CSV or JSONL file (optional text_pair column)",
+        type=existing_path,
+    )
+    _path(fin, "--eval", "held-out file (default: every 10th row of --train)", type=existing_path)
     fin.add_argument(
         "--regression", action="store_true", help="real-valued labels (default: classes)"
     )
@@ -382,10 +448,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest |relative position| shown (default {KERNEL_RADIUS})",
     )
     _path(ker, "--out", "the PNG to write", default=pathlib.Path("outputs/bigs/kernels.png"))
+    _SUBPARSERS.update(pretrain=pre, finetune=fin, ablation=abl, kernels=ker)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch `python -m lineax_seq bigs <subcommand>`."""
+    """Dispatch `python -m lineax_seq bigs <subcommand>`, after the checks that need
+    several options or the run directories (a usage error, before any data is loaded)."""
+    problem = _PROBLEMS[args.bigs_command](args)
+    if problem is not None:
+        _SUBPARSERS[args.bigs_command].error(problem)
     commands = {
         "pretrain": pretrain,
         "finetune": finetune,

@@ -24,6 +24,17 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An `argparse` type: an integer >= `minimum` (`why`: the reason, for the message)."""
+    what = f"an integer >= {minimum}{f' ({why})' if why else ''}"
+
+    def convert(text: str) -> int:
+        return _number(text, int, lambda v: v >= minimum, what)
+
+    convert.__name__ = f"int_at_least_{minimum}"
+    return convert
+
+
 def non_negative_int(text: str) -> int:
     """An `argparse` type: an integer >= 0."""
     return _number(text, int, lambda v: v >= 0, "a non-negative integer")
@@ -52,6 +63,14 @@ def dropout_rate(text: str) -> float:
 def positive_fraction(text: str) -> float:
     """An `argparse` type: a number in `(0, 1]`."""
     return _number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def existing_path(text: str) -> pathlib.Path:
+    """An `argparse` type: a file or directory that exists."""
+    path = pathlib.Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    return path
 
 
 def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:

@@ -5,14 +5,15 @@ Models are plain Equinox PyTrees here; only their inexact arrays are trained.
 Optimisers (optax):
 
 ```python
-make_schedule(peak_lr, *, schedule="cosine"|"linear"|"constant", warmup_steps=0,
+make_schedule(peak_lr, *, schedule=None|"cosine"|"linear"|"constant", warmup_steps=0,
               total_steps=None, init_lr=0.0, end_lr=0.0) -> optax.Schedule
+# schedule=None: "cosine" with total_steps, else "constant" (after the warmup)
 ParamGroup(match: str | (path: str, leaf) -> bool = None,    # regex on keystr path
            where: (model) -> node(s) = None,                  # eqx.tree_at-style
            instance_of: type | tuple[type, ...] = None,       # e.g. ls.S4DKernel
            learning_rate: float | None = None, weight_decay: float | None = None)
 param_labels(model, groups: dict[str, ParamGroup]) -> PyTree[str]   # "default" if none
-make_optimizer(learning_rate=1e-3, *, schedule="cosine", warmup_steps=0,
+make_optimizer(learning_rate=1e-3, *, schedule=None, warmup_steps=0,
                total_steps=None, end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999,
                eps=1e-8, clip_norm=1.0, accumulate_steps=1,
                groups: dict[str, ParamGroup] | None = None) -> optax.GradientTransformation

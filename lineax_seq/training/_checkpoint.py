@@ -23,6 +23,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jaxtyping import PRNGKeyArray, PyTree
 
+from .._checks import IntLike, check_int, check_optional_int
+
 FORMAT = "lineax_seq.checkpoint/1"
 ARRAYS = "arrays.eqx"
 MANIFEST = "manifest.json"
@@ -109,6 +111,45 @@ def _leaf_specs(tree: PyTree) -> list[dict]:
     return specs
 
 
+def _key_impl(leaf: Any) -> str | None:
+    """The implementation name of a typed PRNG key array (or of its
+    `jax.ShapeDtypeStruct`), e.g. `"threefry2x32"`; `None` for any other leaf."""
+    if not isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
+        return None
+    if not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return None
+    names = []
+    jax.eval_shape(lambda k: names.append(str(jr.key_impl(k))), leaf)  # also when abstract
+    return names[0]
+
+
+def _unwrap_keys(tree: PyTree) -> tuple[PyTree, dict[str, str]]:
+    """`tree` with every typed PRNG key leaf replaced by its raw `jax.random.key_data`
+    (abstract for an abstract leaf), and the implementations of those leaves by path."""
+    impls = {}
+
+    def unwrap(path, leaf):
+        impl = _key_impl(leaf)
+        if impl is None:
+            return leaf
+        impls[jtu.keystr(path)] = impl
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            return jax.eval_shape(jr.key_data, leaf)
+        return jr.key_data(leaf)
+
+    return jtu.tree_map_with_path(unwrap, tree), impls
+
+
+def _wrap_keys(tree: PyTree, impls: dict[str, str]) -> PyTree:
+    """Inverse of `_unwrap_keys`: `jax.random.wrap_key_data` of the leaves in `impls`."""
+
+    def wrap(path, leaf):
+        impl = impls.get(jtu.keystr(path))
+        return leaf if impl is None else jr.wrap_key_data(leaf, impl=impl)
+
+    return jtu.tree_map_with_path(wrap, tree)
+
+
 def _fsync_dir(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -179,14 +220,14 @@ def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
 
 def save_checkpoint(
     directory: str | pathlib.Path,
-    step: int,
+    step: IntLike,
     *,
     model: PyTree,
     opt_state: PyTree = None,
     key: PRNGKeyArray | None = None,
     data_state: Any = None,
     extra: dict | None = None,
-    keep: int | None = 3,
+    keep: IntLike | None = 3,
 ) -> pathlib.Path:
     """Write a checkpoint atomically and keep only the last `keep`.
 
@@ -202,7 +243,8 @@ def save_checkpoint(
 
     - `directory`: where checkpoints live (created if needed).
     - `step`: the number of train steps taken.
-    - `model`: the model (any PyTree).
+    - `model`: the model (any PyTree; typed PRNG keys among its leaves are saved as
+        their `jax.random.key_data` and restored as keys of the same implementation).
     - `opt_state`: the optimiser state.
     - `key`: the run's PRNG key (typed `jax.random.key` or raw `uint32` key).
     - `data_state`: the data iterator's `get_state()` (JSON-compatible; bytes and
@@ -216,26 +258,16 @@ def save_checkpoint(
 
     The path of the new checkpoint directory.
     """
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"keep={keep!r} must be an integer >= 1 or None.")
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise ValueError(f"step={step!r} must be an integer >= 0.")
+    keep = check_optional_int("keep", keep)
+    step = check_int("step", step, minimum=0)
     if key is not None and not isinstance(key, jax.Array | np.ndarray):
         raise ValueError(f"key={key!r} must be a jax.random.key (or raw uint32 key) or None.")
     # The metadata is checked before anything is written.
     _check_json("data_state", _to_json(data_state))
     _check_json("extra", extra or {})
-    step = int(step)
     directory = pathlib.Path(directory)
-    key_impl = None
-    key_data = None
-    if key is not None:
-        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-            key_impl = str(jr.key_impl(key))
-            key_data = jr.key_data(key)
-        else:
-            key_data = key
-    tree = {"model": model, "opt_state": opt_state, "key": key_data}
+    tree, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key})
+    key_impl = typed_keys.pop("['key']", None)
     tree = _host_tree(tree)
     if jax.process_index() != 0:
         return directory / f"step_{step:08d}"
@@ -256,6 +288,7 @@ def save_checkpoint(
         "bytes": writer.size,
         "sha256": writer.hash.hexdigest(),
         "key_impl": key_impl,
+        "typed_keys": typed_keys,
         "leaves": _leaf_specs(tree),
         "data_state": _to_json(data_state),
         "extra": extra or {},
@@ -292,7 +325,65 @@ def save_checkpoint(
 # ---------------------------------------------------------------- load
 
 
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_impl(x: Any) -> bool:
+    """Whether `x` names a PRNG implementation (`"threefry2x32"`, `"rbg"`, ...)."""
+    try:
+        jax.eval_shape(lambda: jr.key(0, impl=x))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _is_leaf_spec(x: Any) -> bool:
+    return (
+        isinstance(x, dict)
+        and isinstance(x.get("path"), str)
+        and isinstance(x.get("shape"), list)
+        and all(_is_count(n) for n in x["shape"])
+        and isinstance(x.get("dtype"), str)
+    )
+
+
+def _is_dtype(x: Any) -> bool:
+    try:
+        np.dtype(x)
+    except TypeError:
+        return False
+    return True
+
+
+# The manifest's fields: (check, what it must be). `typed_keys` may be missing (it came
+# with typed PRNG keys inside the model; older manifests have none).
+_MANIFEST_FIELDS: dict[str, tuple[Any, str]] = {
+    "format": (lambda x: isinstance(x, str), "a string"),
+    "step": (_is_count, "an integer >= 0"),
+    "arrays": (
+        lambda x: isinstance(x, str) and x not in ("", ".", "..") and pathlib.PurePath(x).name == x,
+        "a file name in the checkpoint directory",
+    ),
+    "bytes": (_is_count, "an integer >= 0"),
+    "sha256": (lambda x: isinstance(x, str), "a string"),
+    "key_impl": (lambda x: x is None or _is_impl(x), "null or a PRNG implementation name"),
+    "typed_keys": (
+        lambda x: isinstance(x, dict) and all(_is_impl(v) for v in x.values()),
+        "an object of PRNG implementation names",
+    ),
+    "leaves": (
+        lambda x: isinstance(x, list) and all(_is_leaf_spec(s) for s in x),
+        "a list of {path, shape, dtype} objects",
+    ),
+    "data_state": (lambda x: True, "JSON"),
+    "extra": (lambda x: isinstance(x, dict), "an object"),
+}
+
+
 def _read_manifest(path: pathlib.Path) -> dict:
+    """The manifest of the checkpoint at `path`, every field checked, `data_state`
+    decoded; a `CheckpointError` for anything missing or damaged."""
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"Checkpoint {path}: manifest file {mpath} is missing.")
@@ -300,16 +391,28 @@ def _read_manifest(path: pathlib.Path) -> dict:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"Checkpoint manifest {mpath} is truncated or corrupt: {e}") from e
-    required = ("format", "step", "arrays", "bytes", "sha256", "leaves")
-    if not isinstance(manifest, dict) or any(k not in manifest for k in required):
+    corrupt = f"Checkpoint manifest {mpath} is corrupt: expected"
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{corrupt} a JSON object, got {type(manifest).__name__}.")
+    manifest.setdefault("typed_keys", {})
+    for name, (check, what) in _MANIFEST_FIELDS.items():
+        if name not in manifest:
+            raise CheckpointError(f"{corrupt} field {name!r} ({what}), which is missing.")
+        if not check(manifest[name]):
+            shown = repr(manifest[name])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise CheckpointError(f"{corrupt} field {name!r} to be {what}, got {shown}.")
+    if manifest["format"] != FORMAT:
         raise CheckpointError(
-            f"Checkpoint manifest {mpath} is corrupt: expected a JSON object with {required}."
+            f"Checkpoint manifest {mpath} has format {manifest['format']!r}, expected {FORMAT!r}."
         )
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"Checkpoint manifest {mpath} has format {manifest.get('format')!r}, "
-            f"expected {FORMAT!r}."
-        )
+    for spec in manifest["leaves"]:
+        if spec["path"] == "['key']" and not _is_dtype(spec["dtype"]):
+            raise CheckpointError(f"{corrupt} a dtype for leaf ['key'], got {spec['dtype']!r}.")
+    try:
+        manifest["data_state"] = _from_json(manifest["data_state"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{corrupt} field 'data_state' to be an iterator state: {e}") from e
     return manifest
 
 
@@ -368,6 +471,17 @@ def _check_structure(path: pathlib.Path, manifest: dict, like: PyTree) -> None:
         )
 
 
+def _check_typed_keys(path: pathlib.Path, saved: dict, expected: dict) -> None:
+    describe = lambda impl: "an array" if impl is None else f"a {impl} PRNG key"
+    for leaf in sorted(set(saved) | set(expected)):
+        if saved.get(leaf) != expected.get(leaf):
+            raise CheckpointError(
+                f"Checkpoint {path / MANIFEST} does not match the model/optimiser given: "
+                f"leaf {leaf} is {describe(saved.get(leaf))} in the checkpoint but "
+                f"{describe(expected.get(leaf))} in the model/optimiser given."
+            )
+
+
 def load_checkpoint(
     path: str | pathlib.Path,
     *,
@@ -406,27 +520,28 @@ def load_checkpoint(
         raise CheckpointError(f"Checkpoint directory {path} does not exist.")
     manifest = _read_manifest(path)
     apath = _verify_arrays(path, manifest)
-    key_impl = manifest["key_impl"]
     key_like = None
     for spec in manifest["leaves"]:
         if spec["path"] == "['key']":
             key_like = jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
-    like = {"model": model, "opt_state": opt_state, "key": key_like}
+    # Typed PRNG keys of the templates are compared as their raw key data.
+    like, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key_like})
+    _check_typed_keys(path, manifest["typed_keys"], typed_keys)
     _check_structure(path, manifest, like)
     try:
         tree = eqx.tree_deserialise_leaves(apath, like)
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
         raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
-    key = tree["key"]
-    if key is not None and key_impl is not None:
-        key = jr.wrap_key_data(key, impl=key_impl)
+    if manifest["key_impl"] is not None:
+        typed_keys["['key']"] = manifest["key_impl"]
+    tree = _wrap_keys(tree, typed_keys)
     return Checkpoint(
         path=path,
-        step=int(manifest["step"]),
+        step=manifest["step"],
         model=tree["model"],
         opt_state=tree["opt_state"],
-        key=key,
-        data_state=_from_json(manifest["data_state"]),
+        key=tree["key"],
+        data_state=manifest["data_state"],
         extra=manifest["extra"],
     )
 

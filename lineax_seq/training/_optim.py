@@ -15,6 +15,8 @@ import jax.tree_util as jtu
 import optax
 from jaxtyping import PyTree
 
+from .._checks import IntLike, check_int
+
 SCHEDULES = ("cosine", "linear", "constant")
 DEFAULT_GROUP = "default"
 
@@ -22,9 +24,9 @@ DEFAULT_GROUP = "default"
 def make_schedule(
     peak_lr: float | int,
     *,
-    schedule: str = "cosine",
-    warmup_steps: int = 0,
-    total_steps: int | None = None,
+    schedule: str | None = None,
+    warmup_steps: IntLike = 0,
+    total_steps: IntLike | None = None,
     init_lr: float | int = 0.0,
     end_lr: float | int = 0.0,
 ) -> optax.Schedule:
@@ -35,7 +37,8 @@ def make_schedule(
     - `peak_lr`: learning rate reached at the end of the warmup.
     - `schedule`: shape of the decay after the warmup: `"cosine"` (cosine decay to
         `end_lr` at `total_steps`), `"linear"` (linear decay to `end_lr` at
-        `total_steps`) or `"constant"` (stay at `peak_lr`).
+        `total_steps`) or `"constant"` (stay at `peak_lr`). Default: `"cosine"` if
+        `total_steps` is given, else `"constant"`.
     - `warmup_steps`: number of optimiser updates of linear warmup from `init_lr`.
     - `total_steps`: optimiser update at which the decay reaches `end_lr`; required
         for `"cosine"` and `"linear"`, ignored for `"constant"`.
@@ -51,11 +54,11 @@ def make_schedule(
     `ValueError` for an unknown `schedule`, a negative `warmup_steps`, a missing or
     too small `total_steps`, or a negative or non-finite `peak_lr`, `init_lr` or `end_lr`.
     """
+    if schedule is None:
+        schedule = "constant" if total_steps is None else "cosine"
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
-    integer = isinstance(warmup_steps, numbers.Integral) and not isinstance(warmup_steps, bool)
-    if not integer or warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps!r} must be an integer >= 0.")
+    warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
     for name, value in (("peak_lr", peak_lr), ("init_lr", init_lr), ("end_lr", end_lr)):
         if not _finite(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
@@ -69,11 +72,13 @@ def make_schedule(
             ],
             [warmup_steps],
         )
-    if (
-        isinstance(total_steps, bool)
-        or not isinstance(total_steps, numbers.Integral)
-        or total_steps <= warmup_steps
-    ):
+    if total_steps is None:
+        raise ValueError(
+            f"schedule={schedule!r} decays until total_steps, but total_steps=None; pass "
+            "total_steps, or schedule='constant'."
+        )
+    total_steps = check_int("total_steps", total_steps)
+    if total_steps <= warmup_steps:
         raise ValueError(
             f"total_steps={total_steps} must be an integer > warmup_steps={warmup_steps} "
             f"for schedule={schedule!r}."
@@ -179,7 +184,9 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
 
     Groups are tried in order and the first one that selects a leaf wins; leaves that
     no group selects get the label `"default"`. Leaves that are not inexact arrays
-    (integers, static fields, functions) become `None` and are not optimised.
+    (integers, static fields, functions) become `None` and are not optimised. A group
+    that selects no leaf at all is an error (a typo in a regular expression would
+    otherwise drop its learning rate silently).
 
     **Arguments:**
 
@@ -190,6 +197,11 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
 
     A PyTree with the structure of `eqx.filter(model, eqx.is_inexact_array)` whose
     leaves are group names: the `param_labels` of `optax.multi_transform`.
+
+    **Raises:**
+
+    `ValueError` naming the group for a group that selects no inexact array, or only
+    ones that earlier groups take, and for a `where` that fails on the model.
     """
     _check_groups(groups)
     params = eqx.filter(model, eqx.is_inexact_array)
@@ -215,8 +227,14 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
             )
         else:
             try:
-                marked = eqx.tree_at(group.where, index_tree, replace_fn=mark)
+                # `None`s (static fields, integer arrays) are leaves, so that selecting
+                # one selects no parameter rather than failing in `tree_at`.
+                marked = eqx.tree_at(
+                    group.where, index_tree, replace_fn=mark, is_leaf=lambda x: x is None
+                )
             except Exception as e:
+                if not _holds_parameters(group.where, model):  # e.g. a static field
+                    raise _selects_nothing(name, group, model, paths) from None
                 raise ValueError(
                     f"groups[{name!r}].where could not select nodes of the model: {e}"
                 ) from e
@@ -227,35 +245,81 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
                 "(it must select existing nodes of the model)."
             )
         selected[name] = {i for i, x in enumerate(flat) if x is marker}
-    for i, (path, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True)):
-        for name, group in groups.items():
-            if name in selected:
-                hit = i in selected[name]
-            elif isinstance(group.match, str):
-                hit = re.search(group.match, path) is not None
-            else:
-                hit = bool(group.match(path, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)))
-            if hit:
-                labels[i] = name
-                break
-        else:
-            labels[i] = DEFAULT_GROUP
+    for name, group in groups.items():
+        if isinstance(group.match, str):
+            selected[name] = {i for i, p in enumerate(paths) if re.search(group.match, p)}
+        elif group.match is not None:
+            selected[name] = {
+                i
+                for i, (p, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True))
+                if group.match(p, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+            }
+        if not selected[name]:
+            raise _selects_nothing(name, group, model, paths)
+    for i in range(len(paths)):
+        labels[i] = next((name for name in groups if i in selected[name]), DEFAULT_GROUP)
+    names = list(groups)
+    for k, name in enumerate(names):
+        if name not in labels:
+            earlier = [g for g in names[:k] if selected[g] & selected[name]]
+            raise ValueError(
+                f"groups[{name!r}] selects only parameters that earlier groups take "
+                f"({', '.join(map(repr, earlier))}: the first group that selects a "
+                "parameter wins), so it changes no learning rate or weight decay."
+            )
     return jtu.tree_unflatten(treedef, labels)
+
+
+def _holds_parameters(where: Callable[[PyTree], Any], model: PyTree) -> bool:
+    """Whether the nodes `where` selects hold an inexact array (`True` if it fails)."""
+    try:
+        nodes = where(model)
+    except Exception:
+        return True
+    return bool(jtu.tree_leaves(eqx.filter(nodes, eqx.is_inexact_array)))
+
+
+def _selects_nothing(name: str, group: ParamGroup, model: PyTree, paths: list[str]) -> ValueError:
+    """The error of a group that labels no parameter, saying what it selected instead."""
+    shown = ", ".join(repr(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
+    if group.where is not None:
+        try:
+            picked = repr(group.where(model))
+        except Exception:  # pragma: no cover (it selected nodes of the index tree)
+            picked = "nodes"
+        picked = picked if len(picked) <= 60 else picked[:57] + "..."
+        what = (
+            f".where selects {picked}, which holds no inexact array (static fields and "
+            "integer arrays are not optimised)"
+        )
+    elif group.instance_of is not None:
+        what = f" (instance_of={group.instance_of!r}) selects no inexact array of the model"
+    elif isinstance(group.match, str):
+        what = f" (match={group.match!r}) matches no parameter path (the paths: {shown})"
+    else:
+        what = (
+            f" (match={group.match!r}) is false for every parameter (it gets the path "
+            f"and a jax.ShapeDtypeStruct; the paths: {shown})"
+        )
+    return ValueError(
+        f"groups[{name!r}]{what}; a group that selects nothing changes no learning rate "
+        "or weight decay."
+    )
 
 
 def make_optimizer(
     learning_rate: float | int = 1e-3,
     *,
-    schedule: str = "cosine",
-    warmup_steps: int = 0,
-    total_steps: int | None = None,
+    schedule: str | None = None,
+    warmup_steps: IntLike = 0,
+    total_steps: IntLike | None = None,
     end_lr_ratio: float | int = 0.0,
     weight_decay: float | int = 0.01,
     b1: float | int = 0.9,
     b2: float | int = 0.999,
     eps: float | int = 1e-8,
     clip_norm: float | int | None = 1.0,
-    accumulate_steps: int = 1,
+    accumulate_steps: IntLike = 1,
     groups: Mapping[str, ParamGroup] | None = None,
 ) -> optax.GradientTransformation:
     """AdamW with warmup + decay, global-norm clipping, accumulation and groups.
@@ -275,7 +339,9 @@ def make_optimizer(
     **Arguments:**
 
     - `learning_rate`: peak learning rate of the `"default"` group.
-    - `schedule`, `warmup_steps`, `total_steps`: see [`lineax_seq.make_schedule`][].
+    - `schedule`, `warmup_steps`, `total_steps`: see [`lineax_seq.make_schedule`][]:
+        by default a cosine decay to `total_steps` if it is given, else a constant
+        learning rate (after the warmup), so `make_optimizer(1e-3)` is plain AdamW.
         Counted in optimiser updates (one per `accumulate_steps` micro-batches).
     - `end_lr_ratio`: final learning rate as a fraction of each group's peak.
     - `weight_decay`: decoupled weight decay of the `"default"` group.
@@ -301,14 +367,13 @@ def make_optimizer(
         if not _finite(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
     for name, value in (("b1", b1), ("b2", b2)):
-        if not 0 <= value < 1:
-            raise ValueError(f"{name}={value} must be in [0, 1).")
+        if not _finite(value) or not 0 <= value < 1:
+            raise ValueError(f"{name}={value!r} must be a number in [0, 1).")
     if not _finite(eps) or eps <= 0:
         raise ValueError(f"eps={eps!r} must be a finite number > 0.")
     if clip_norm is not None and (not _finite(clip_norm) or clip_norm <= 0):
         raise ValueError(f"clip_norm={clip_norm!r} must be a finite number > 0 or None.")
-    if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
-        raise ValueError(f"accumulate_steps={accumulate_steps!r} must be an integer >= 1.")
+    accumulate_steps = check_int("accumulate_steps", accumulate_steps)
     if not 0.0 <= end_lr_ratio <= 1.0:
         raise ValueError(f"end_lr_ratio={end_lr_ratio} must be in [0, 1].")
 

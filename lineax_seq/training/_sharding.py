@@ -11,13 +11,15 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import PyTree
 
+from .._checks import IntLike, check_int
+
 DATA = "data"
 MODEL = "model"
 
 
 def make_mesh(
-    data: int | None = None,
-    model: int = 1,
+    data: IntLike | None = None,
+    model: IntLike = 1,
     *,
     devices: Sequence[jax.Device] | None = None,
 ) -> Mesh:
@@ -39,13 +41,13 @@ def make_mesh(
     A `jax.sharding.Mesh` with `Auto` axis types (the compiler propagates shardings).
     """
     devices = list(jax.devices() if devices is None else devices)
-    if not isinstance(model, int) or model < 1 or len(devices) % model != 0:
+    model = check_int("model", model)
+    if len(devices) % model != 0:
         raise ValueError(
             f"model={model!r} must be a positive integer dividing the {len(devices)} devices."
         )
-    if data is None:
-        data = len(devices) // model
-    if not isinstance(data, int) or data < 1 or data * model > len(devices):
+    data = len(devices) // model if data is None else check_int("data", data)
+    if data * model > len(devices):
         raise ValueError(
             f"data={data!r} must be a positive integer with data * model <= "
             f"{len(devices)} devices (model={model})."
@@ -85,8 +87,15 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     split = mesh.shape[axis]
     local_split = max(1, split // jax.process_count())
 
-    def put(path, x):
-        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    def put(path, leaf):
+        x = np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf
+        if isinstance(x, np.ndarray) and x.dtype.kind in "OSU":  # objects, bytes, strings
+            shown = repr(leaf) if len(repr(leaf)) <= 40 else repr(leaf)[:37] + "..."
+            raise TypeError(
+                f"batch leaf {jax.tree_util.keystr(path)} must be a numeric or bool array, "
+                f"got {shown} (dtype {x.dtype}); drop it from the batch (e.g. a text "
+                "field) before sharding"
+            )
         if x.ndim == 0:
             return jax.device_put(x, NamedSharding(mesh, P()))
         if x.shape[0] % local_split != 0:

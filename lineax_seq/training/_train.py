@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 
+from .._checks import IntLike, check_int, check_optional_int
 from ._checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from ._sharding import shard_batch, shard_params
 
@@ -299,17 +300,17 @@ def train(
     loss_fn: LossFn,
     data: Iterable,
     *,
-    steps: int,
+    steps: IntLike,
     key: PRNGKeyArray,
     opt_state: PyTree = None,
     eval_data: Iterable | None = None,
     eval_fn: LossFn | None = None,
-    eval_every: int = 0,
-    eval_batches: int | None = None,
-    log_every: int = 10,
+    eval_every: IntLike = 0,
+    eval_batches: IntLike | None = None,
+    log_every: IntLike = 10,
     out_dir: str | os.PathLike | None = None,
-    checkpoint_every: int = 0,
-    keep_checkpoints: int = 3,
+    checkpoint_every: IntLike = 0,
+    keep_checkpoints: IntLike = 3,
     resume: bool = True,
     unit: str = "samples",
     mesh: jax.sharding.Mesh | None = None,
@@ -339,7 +340,8 @@ def train(
         with `get_state`/`set_state`; other iterables are re-iterated and fast-forwarded
         on resume, so they must be deterministic.
     - `steps`: total number of train steps (micro-batches) of the run.
-    - `key`: PRNG key of the run (ignored on resume: the checkpoint's key is used).
+    - `key`: PRNG key of the run, `jax.random.key(seed)` (or a raw `uint32` key of
+        `jax.random.PRNGKey`); ignored on resume: the checkpoint's key is used.
     - `opt_state`: initial optimiser state (default `optimizer.init` on the inexact
         arrays of `model`).
     - `eval_data`: an iterable of evaluation batches; `iter(eval_data)` is called
@@ -378,15 +380,13 @@ def train(
     (or any metric, or the gradient norm) becomes NaN or infinite; no checkpoint is
     written after that point.
     """
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps={steps!r} must be an integer >= 0.")
-    for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}={value!r} must be an integer >= 0.")
-    if not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f"log_every={log_every!r} must be an integer >= 1.")
-    if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints={keep_checkpoints!r} must be an integer >= 1.")
+    steps = check_int("steps", steps, minimum=0)
+    eval_every = check_int("eval_every", eval_every, minimum=0)
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=0)
+    log_every = check_int("log_every", log_every)
+    keep_checkpoints = check_int("keep_checkpoints", keep_checkpoints)
+    eval_batches = check_optional_int("eval_batches", eval_batches)
+    _check_key(key)
     if mesh is not None and not {"data", "model"} <= set(mesh.axis_names):
         raise ValueError(
             f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; build "
@@ -397,8 +397,6 @@ def train(
             "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
             f"afresh at every evaluation, but got a one-shot iterator {type(eval_data).__name__}."
         )
-    if eval_batches is not None and eval_batches < 1:
-        raise ValueError(f"eval_batches={eval_batches!r} must be >= 1 or None.")
     if eval_batches is None and eval_data is not None and _repeats_forever(eval_data):
         raise ValueError(
             "eval_data repeats forever (a grain dataset with num_epochs=None) and "
@@ -618,6 +616,22 @@ def train(
     return TrainResult(model, opt_state, step, key, history, resumed_from)
 
 
+def _check_key(key: Any) -> None:
+    """A `TypeError` unless `key` is one typed PRNG key or one raw `uint32` key."""
+    if not isinstance(key, jax.Array | np.ndarray):
+        got = f"key={key!r}"
+    elif jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
+        return
+    elif key.dtype == np.uint32 and key.ndim == 1:
+        return
+    else:
+        got = f"an array of shape {key.shape} and dtype {key.dtype}"
+    raise TypeError(
+        "key must be one JAX PRNG key, jax.random.key(seed) (or a raw uint32 key of "
+        f"jax.random.PRNGKey), got {got}"
+    )
+
+
 def plot_metrics(
     history: list[dict] | str | os.PathLike,
     path: str | os.PathLike | None = None,
@@ -632,7 +646,7 @@ def plot_metrics(
         path of a `metrics.jsonl` file.
     - `path`: where to save the figure (PNG); `None` only returns it.
     - `keys`: metrics to plot (default: `"loss"` then every other metric found,
-        except throughputs).
+        except throughputs); each must be in some record.
 
     **Returns:**
 
@@ -648,14 +662,13 @@ def plot_metrics(
         if not pathlib.Path(history).is_file():
             raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
         history = _read_jsonl(pathlib.Path(history), math.inf)
+    available = list(dict.fromkeys(k for r in history for k in r if k not in ("step", "split")))
     if keys is None:
-        found: list[str] = []
-        for r in history:
-            for k in r:
-                skip = k in ("step", "split", "lr") or k.endswith("_per_s")
-                if not skip and k not in found:
-                    found.append(k)
+        found = [k for k in available if k != "lr" and not k.endswith("_per_s")]
         keys = tuple(sorted(found, key=lambda k: (k != "loss", k)))
+    for k in keys:
+        if k not in available:
+            raise ValueError(f"keys: no record has the metric {k!r}; the history has {available}.")
     if not keys:
         raise ValueError("history holds no metrics to plot.")
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)

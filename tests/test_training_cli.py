@@ -1,0 +1,60 @@
+"""The training command line (`python -m lineax_seq bigs ...`): user errors are usage
+errors, found before any data is loaded or anything is written."""
+
+import re
+
+import pytest
+
+from lineax_seq.__main__ import main
+
+
+def _usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_help_shows_a_single_percent_sign(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bigs", "pretrain", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "(15% masking" in out and "%%" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--vocab-size", "100"], r"--vocab-size: '100' is not an integer >= 263"),
+        (["--corpus", "{tmp}/missing"], r"--corpus: '.*missing' does not exist"),
+        (["--length", "2"], r"--length 2: masked-LM sequences need at least 3 tokens"),
+        (["--resume"], r"--resume: .*run holds no run to resume \(no config.json\)"),
+        (["--init-from", "{tmp}"], r"--init-from .*: not a `bigs pretrain` output"),
+    ],
+)
+def test_pretrain_usage_errors(argv, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    err = _usage_error(
+        ["bigs", "pretrain", "--tokenizer", "byte", "--out", str(out), *argv], capsys
+    )
+    assert re.search(message, err), err
+    assert err.startswith("usage: ") and not out.exists()
+
+
+def test_existing_run_needs_resume(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    err = _usage_error(["bigs", "pretrain", "--out", str(tmp_path)], capsys)
+    assert "already holds a run: pass --resume" in err
+
+
+def test_finetune_kernels_and_ablation_usage_errors(tmp_path, capsys):
+    for argv, message in (
+        (["finetune", "--checkpoint", str(tmp_path)], "--task file needs --train PATH"),
+        (["finetune", "--checkpoint", str(tmp_path), "--task", "listops"], "not a `bigs pretrain`"),
+        (["finetune", "--checkpoint", "x", "--train", str(tmp_path / "no.csv")], "does not exist"),
+        (["kernels", "--checkpoint", str(tmp_path)], "--checkpoint .*: not a `bigs pretrain`"),
+        (["ablation", "--length", "2", "--out", str(tmp_path)], "--length 2: masked-LM"),
+    ):
+        assert re.search(message, _usage_error(["bigs", *argv], capsys))
