@@ -1,12 +1,13 @@
 """Input checks shared across subpackages."""
 
+import math
 import numbers
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
+from jaxtyping import Array, Real
 
 RealLike = float | int
 """Hint of a real-valued argument: a `float` or an `int` (PEP 484's numeric tower),
@@ -16,6 +17,38 @@ test suite's jaxtyping import hook runs it) included."""
 IntLike = int | np.integer
 """Hint of an integer argument: a Python or a NumPy integer. A `bool` passes it too (it
 is an `int`): validate the value with `check_int`, which rejects bools."""
+
+RealScalar = RealLike | np.integer | np.floating | Real[Array, ""]
+"""Hint of a real number argument: a Python, NumPy or JAX real scalar. A `bool` passes it
+too (it is an `int`): validate the value with `check_real`, which rejects bools."""
+
+_SIGNS = {
+    "positive": "a positive, finite",
+    "nonnegative": "a finite, non-negative",
+    "finite": "a finite",
+}
+
+
+def check_real(name: str, value: object, sign: str = "positive") -> float:
+    """`value` as a `float`, or a `ValueError` naming it: a real scalar (a Python or NumPy
+    number or a concrete JAX scalar; not a bool), finite, and `> 0` (`sign="positive"`),
+    `>= 0` (`"nonnegative"`) or of any sign (`"finite"`)."""
+    expected = f"{_SIGNS[sign]} real number"
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"{name} must be {expected} known when tracing (a Python or NumPy number, not "
+            f"a jit argument), got {name}={value}"
+        )
+    array = np.asarray(value)
+    dtype = array.dtype
+    real = array.shape == () and (
+        jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+    )
+    number = float(array) if real else math.nan
+    signed = {"positive": number > 0, "nonnegative": number >= 0, "finite": True}[sign]
+    if not (math.isfinite(number) and signed):
+        raise ValueError(f"{name} must be {expected}, got {name}={value!r}")
+    return number
 
 
 def check_finite(name: str, a: Array) -> Array:

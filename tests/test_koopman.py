@@ -432,10 +432,12 @@ def test_parameters_follow_x64():
 
 
 def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
-    with pytest.raises(ValueError, match="steps=2.0 must be a positive int"):
+    with pytest.raises(ValueError, match="steps must be a positive integer, got steps=2.0"):
         ls.unroll_latents(model, jnp.array([0.1, 0.2]), steps=2.0)
     for dt in (True, "0.1"):
-        with pytest.raises(ValueError, match=f"dt={dt!r} must be positive and finite"):
+        with pytest.raises(
+            ValueError, match=f"dt must be a positive, finite real number, got dt={dt!r}"
+        ):
             ls.KoopmanAutoencoder(2, 4, dt=dt, key=jr.key(0))
 
 
@@ -480,16 +482,19 @@ def test_time_just_past_a_reencoding_time_is_reencoded(model):
 
 
 def test_float64_times_with_a_float32_reencoding_interval(model):
-    """float64 times and a `reencode_dt` rounded to float32 (as from float32 data) give
-    the 4 segments they mean, not a fifth of 2e-8."""
+    """float64 times and a float32 `reencode_dt` (as from float32 data) give the 10
+    segments they mean, not an 11th of 1.7e-7; a Python float is exact (it is 11)."""
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):  # float32 model
-        ts = jnp.asarray(0.01 * np.arange(101))
-        reencode_dt = 25 * float(np.float32(0.01))  # 0.2499999944
+        x0, ts = jnp.array([0.5, -0.4]), jnp.asarray(0.1 * np.arange(71))
+        reencode_dt = np.float32(0.7)  # 0.69999998808
         out = ls.unroll_continuous(
-            model, jnp.array([0.5, -0.4]), ts, reencode_dt=reencode_dt, num_segments=4,
-            exact=True,
-        )  # fmt: skip
-    assert out.shape == (101, 2) and bool(jnp.isfinite(out).all())
+            model, x0, ts, reencode_dt=reencode_dt, num_segments=10, exact=True
+        )
+        with pytest.raises(ValueError, match="= 11 segments"):
+            ls.unroll_continuous(
+                model, x0, ts, reencode_dt=float(reencode_dt), num_segments=10, exact=True
+            )
+    assert out.shape == (71, 2) and bool(jnp.isfinite(out).all())
     # Far from 0 float64 times keep their own (small) rounding: 10 segments, not 9, and
     # the same unroll as from 0 (the model is autonomous).
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
@@ -500,8 +505,9 @@ def test_float64_times_with_a_float32_reencoding_interval(model):
         np.testing.assert_allclose(run(1e4 + offsets), run(offsets), atol=1e-5)
 
 
-def test_numpy_sizes_become_ints(no_jaxtyping):
-    """NumPy integers are taken as ints (static fields must hold Python values)."""
+def test_numpy_sizes_become_ints():
+    """NumPy integers are taken as ints (static fields must hold Python values); the
+    annotations let them through."""
     n = np.int64
     m = ls.KoopmanAutoencoder(n(2), n(4), n(1), width=n(8), key=jr.key(0))
     sizes = (m.state_dim, m.latent_dim, m.action_dim, m.dynamics.latent_dim)
@@ -538,7 +544,7 @@ def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynami
             ls.MLPBaseline(2, width=width, key=jr.key(0))
     with pytest.raises(ValueError, match="discretization='exact' applies to linear dynamics"):
         ls.KoopmanAutoencoder(2, 4, dynamics="mlp", discretization="exact", key=jr.key(0))
-    with pytest.raises(ValueError, match="dt=inf must be positive and finite"):
+    with pytest.raises(ValueError, match="dt must be a positive, finite real number, got dt=inf"):
         ls.KoopmanAutoencoder(2, 4, dt=float("inf"), key=jr.key(0))
     with pytest.raises(ValueError, match="got latent_dim=True"):
         ls.KoopmanAutoencoder(2, True, key=jr.key(0))
@@ -554,3 +560,160 @@ def test_nan_checks_name_the_argument(model, controlled):
         ls.koopman_loss(model, xs)
     with pytest.raises(Exception, match="xs contains NaN or inf values"):
         eqx.filter_jit(lambda xs: ls.koopman_loss(model, xs))(xs)
+
+
+def _flow(model, t, z):
+    """`psi(exp(t G) z)`: the exact flow from a latent, decoded."""
+    return model.decode(jsl.expm(t * model.dynamics.generator()) @ z)
+
+
+def _all_paths(model, x0, ts, reencode_dt, num_segments, **options):
+    """The exact and the ODE (`options`) predictions at concrete and at traced `ts`."""
+
+    def run(ts, **kw):
+        return ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, **kw)
+
+    traced = jax.jit(
+        lambda t: [run(t, num_segments=num_segments, **kw) for kw in ({"exact": True}, options)]
+    )(ts)
+    return [run(ts, exact=True), run(ts, **options), *traced]
+
+
+def test_float64_times_near_a_reencoding_time():
+    """float64 times: with a Python float `reencode_dt` (exact) a time 2e-6 past the
+    reencoding time is reencoded first; with a float32 one a time within 16 float32
+    units of the span past it counts as the reencoding time, and is evaluated at its
+    own offset on every path. (The float32 term applied to every `reencode_dt`, so the
+    first time was not reencoded; the ODE path evaluated the second at the
+    reencoding time.)"""
+    with jax.enable_x64(True):
+        m = ls.KoopmanAutoencoder(2, 4, width=8, key=jr.key(0))
+        a = jr.normal(jr.key(1), (4, 4))
+        m = eqx.tree_at(lambda m: m.dynamics.K, m, 0.5 * (a - a.T))  # a rotation
+        x0 = jnp.array([0.5, -0.4])
+        tight = {"stepsize_controller": diffrax.PIDController(rtol=1e-10, atol=1e-12)}
+        ts = jnp.array([0.0, 1.0, 1.000002, 2.0])
+        x1 = _flow(m, 1.0, m.encode(x0))
+        x2 = _flow(m, 2e-6, m.encode(x1))
+        for got in _all_paths(m, x0, ts, 1.0, 2, **tight):
+            np.testing.assert_allclose(got[1:3], jnp.stack([x1, x2]), rtol=1e-7, atol=1e-9)
+
+        reencode_dt = np.float32(1.1)  # 1.1000000238
+        ts = jnp.array([0.0, float(reencode_dt) + 3e-6, 2.2])
+        own = _flow(m, ts[1], m.encode(x0))
+        at_reencoding_time = _flow(m, float(reencode_dt), m.encode(x0))
+        assert not np.allclose(own, at_reencoding_time, rtol=0, atol=1e-7)
+        for got in _all_paths(m, x0, ts, reencode_dt, 2, **tight):
+            np.testing.assert_allclose(got[1], own, rtol=1e-8, atol=1e-9)
+
+
+def test_float32_reencode_dt_widens_the_tolerance(model):
+    """float32 times: a time 5e-6 past the reencoding time 1 is within 16 float32 units
+    of the span (7.6e-6) but not of `max |ts| = 2` (3.8e-6): reencoded for a Python
+    float `reencode_dt`, the reencoding time itself for a float32 one."""
+    x0, ts = jnp.array([0.5, -0.4]), jnp.array([0.0, 1.000005, 2.0])
+    z0 = model.encode(x0)
+    reencoded = _flow(model, ts[1] - 1.0, model.encode(_flow(model, 1.0, z0)))
+    not_reencoded = _flow(model, ts[1], z0)
+    assert not np.allclose(reencoded, not_reencoded, atol=1e-3)
+    for reencode_dt, expected in [(1.0, reencoded), (np.float32(1.0), not_reencoded)]:
+        for got in _all_paths(model, x0, ts, reencode_dt, 2):
+            np.testing.assert_allclose(got[1], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_continuous_fixed_step_solver(mlp_dynamics):
+    """A solver without an error estimate (Euler) takes fixed steps of the sampling
+    interval by default, which for MLP dynamics are the discrete unroll's steps (diffrax
+    refused: "Cannot use adaptive step sizes")."""
+    x0, ts = jnp.array([0.5, -0.4]), 0.01 * jnp.arange(11.0)
+    euler = ls.unroll_continuous(mlp_dynamics, x0, ts, reencode_dt=0.05, solver=diffrax.Euler())
+    discrete = ls.unroll(mlp_dynamics, x0, steps=10, reencode_every=5)
+    np.testing.assert_allclose(euler[1:], discrete, rtol=1e-5, atol=1e-6)
+    # Without reencoding too; an explicit constant step size without dt0 takes the same
+    # steps, and dt0 sets them: 4 Euler steps per interval are closer to the ODE.
+    run = lambda **kw: ls.unroll_continuous(mlp_dynamics, x0, ts, solver=diffrax.Euler(), **kw)
+    euler = run()
+    np.testing.assert_allclose(euler[1:], ls.unroll(mlp_dynamics, x0, steps=10), rtol=1e-5)
+    np.testing.assert_array_equal(run(stepsize_controller=diffrax.ConstantStepSize()), euler)
+    ode = ls.unroll_continuous(mlp_dynamics, x0, ts)
+    assert jnp.max(jnp.abs(run(dt0=0.0025) - ode)) < 0.5 * jnp.max(jnp.abs(euler - ode))
+
+
+def test_numpy_inputs(model, controlled):
+    """NumPy arrays, NumPy integers and NumPy / JAX real scalars pass the annotations
+    and give the results of their JAX / Python counterparts."""
+    x0, n = np.array([0.3, -0.2], np.float32), np.int64
+    us = np.linspace(-1.0, 1.0, 6, dtype=np.float32)[:, None]
+    np.testing.assert_allclose(
+        ls.unroll(controlled, x0, us, steps=n(6), reencode_every=n(2)),
+        ls.unroll(controlled, jnp.asarray(x0), jnp.asarray(us), steps=6, reencode_every=2),
+    )
+    ts = np.linspace(0.0, 0.1, 5, dtype=np.float32)
+    expected = ls.unroll_continuous(
+        model, jnp.asarray(x0), jnp.asarray(ts), reencode_dt=0.05, exact=True
+    )
+    for reencode_dt in (np.float32(0.05), jnp.float32(0.05), np.float64(0.05)):
+        got = ls.unroll_continuous(
+            model, x0, ts, reencode_dt=reencode_dt, num_segments=n(2), exact=True
+        )
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    xs = np.asarray(jr.normal(jr.key(10), (7, 2)))
+    np.testing.assert_allclose(
+        ls.koopman_loss(controlled, xs, us, reencode_every=n(3))[0],
+        ls.koopman_loss(controlled, jnp.asarray(xs), jnp.asarray(us), reencode_every=3)[0],
+    )
+    base = ls.MLPBaseline(2, width=4, key=jr.key(0))
+    np.testing.assert_allclose(
+        ls.mlp_baseline_loss(base, xs), ls.mlp_baseline_loss(base, jnp.asarray(xs))
+    )
+    # Weights: Python ints and NumPy numbers are weights too; a bool is not.
+    loss = lambda **w: ls.koopman_loss(controlled, xs, us, **w)[0]
+    np.testing.assert_allclose(
+        loss(prediction=1, sparsity=np.float32(0.5)), loss(prediction=1.0, sparsity=0.5)
+    )
+    with pytest.raises(ValueError, match="prediction must be a real number or a float array"):
+        loss(prediction=True)
+
+
+def test_scalar_arguments_are_checked(model):
+    """Bools are not numbers; steps, step sizes and scales are checked, not passed on
+    to diffrax (which failed inside its callbacks) or into the parameters."""
+    x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 5)
+    with pytest.raises(ValueError, match="reencode_dt must be a positive, finite real number"):
+        ls.unroll_continuous(model, x0, ts, reencode_dt=True)
+    with pytest.raises(ValueError, match="got dt0=-0.1"):
+        ls.unroll_continuous(model, x0, ts, dt0=-0.1)
+    with pytest.raises(ValueError, match="max_steps must be None or a positive integer"):
+        ls.unroll_continuous(model, x0, ts, max_steps=0)
+    with pytest.raises(ValueError, match="got max_steps=True"):
+        ls.unroll_continuous(model, x0, ts, max_steps=True)
+    np.testing.assert_allclose(
+        ls.unroll_continuous(model, x0, ts, max_steps=np.int64(100), dt0=np.float32(1e-3)),
+        ls.unroll_continuous(model, x0, ts, exact=True),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    with pytest.raises(ValueError, match="got reencode_every=np.int64\\(0\\)"):
+        ls.unroll(model, x0, steps=3, reencode_every=np.int64(0))
+    with pytest.raises(ValueError, match="known when tracing"):
+        jax.jit(lambda r: ls.unroll_continuous(model, x0, ts, reencode_dt=r))(0.05)
+    with pytest.raises(ValueError, match="init_scale must be a finite, non-negative real"):
+        ls.LinearKoopmanDynamics(4, init_scale=float("nan"), key=jr.key(0))
+    dynamics = ls.LinearKoopmanDynamics(4, dt=np.float32(0.1), init_scale=0, key=jr.key(0))
+    assert type(dynamics.dt) is float and not jnp.any(dynamics.K)
+
+
+def test_models_are_type_checked_without_jaxtyping(model, no_jaxtyping):
+    """The library's own check: each function names the model it needs."""
+    base = ls.MLPBaseline(2, width=4, key=jr.key(0))
+    xs = jnp.zeros((3, 2))
+    with pytest.raises(TypeError, match="model must be an instance of KoopmanAutoencoder, got"):
+        ls.koopman_loss(base, xs)
+    with pytest.raises(TypeError, match="model must be an instance of MLPBaseline, got"):
+        ls.mlp_baseline_loss(model, xs)
+    with pytest.raises(TypeError, match="model must be an instance of KoopmanAutoencoder"):
+        ls.unroll_continuous(base, xs[0], jnp.linspace(0.0, 1.0, 3))
+    with pytest.raises(TypeError, match="KoopmanAutoencoder or MLPBaseline, got"):
+        ls.unroll(model.dynamics, xs[0], steps=2)
+    with pytest.raises(ValueError, match="dt must be a positive, finite real number"):
+        ls.simulate(ls.Duffing(), xs[0], 3, dt=True)

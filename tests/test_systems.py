@@ -4,6 +4,7 @@ import math
 from typing import ClassVar
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -132,16 +133,18 @@ def test_simulate_bad_inputs():
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, actions=jnp.zeros((10, 1)))
     with pytest.raises(ValueError, match="actions has shape"):
         ls.simulate(ls.ControlledPendulum(), jnp.zeros(2), 10, actions=jnp.zeros((9, 1)))
-    with pytest.raises(ValueError, match="system='nope'"):
+    with pytest.raises(ValueError, match="name='nope' is not one of"):
         ls.get_system("nope")
-    for dt in (0.0, -0.1, float("inf")):
-        with pytest.raises(ValueError, match=f"dt={dt!r} must be positive and finite"):
+    for dt in (0.0, -0.1, float("inf"), True):
+        with pytest.raises(
+            ValueError, match=f"dt must be a positive, finite real number, got dt={dt!r}$"
+        ):
             ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt=dt)
     with pytest.raises(ValueError, match="x0 contains NaN"):
         ls.simulate(ls.Duffing(), jnp.array([0.0, jnp.nan]), 10)
     with pytest.raises(ValueError, match="steps=0"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 0)
-    with pytest.raises(ValueError, match="dt0=-0.1 must be positive"):
+    with pytest.raises(ValueError, match="got dt0=-0.1"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, dt0=-0.1)
     with pytest.raises(ValueError, match="dt0=0.01 has no effect with StepTo"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, solver=diffrax.Euler(), dt0=0.01)
@@ -158,5 +161,59 @@ def test_simulate_bad_inputs():
     with pytest.raises(ValueError, match=r"actions contains NaN .*actions\[3, 0\] = nan"):
         ls.simulate(ls.ControlledPendulum(), jnp.zeros(2), 10, actions=nan_actions)
     for tolerance in ("rtol", "atol"):
-        with pytest.raises(ValueError, match=f"{tolerance}=-1.0 must be >= 0 and finite"):
+        with pytest.raises(
+            ValueError,
+            match=f"{tolerance} must be a finite, non-negative real number, got {tolerance}=-1.0",
+        ):
             ls.simulate(ls.Duffing(), jnp.zeros(2), 10, **{tolerance: -1.0})
+    with pytest.raises(ValueError, match="max_steps must be a positive integer, got max_steps=0"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 10, max_steps=0)
+
+
+def test_get_system_names_its_argument(no_jaxtyping):
+    assert isinstance(ls.get_system("duffing"), ls.Duffing)
+    with pytest.raises(TypeError, match=r"name must be a str, .*got name=\['duffing'\]"):
+        ls.get_system(["duffing"])
+
+
+def test_system_parameters_are_checked(key):
+    """Parameters are checked at construction: finite, and positive (or >= 0) where
+    the physics needs it; NumPy and JAX scalars are parameters too, and a system built
+    under `vmap` (traced parameters, which cannot be checked) works."""
+    bad = [
+        (lambda: ls.Pendulum(length=0.0), "Pendulum.length must be a positive, finite"),
+        (lambda: ls.ControlledPendulum(damping=-0.1), "damping must be a finite, non-negative"),
+        (lambda: ls.LotkaVolterra(alpha=float("nan")), "got LotkaVolterra.alpha=nan"),
+        (lambda: ls.ParabolicAttractor(mu=float("inf")), "ParabolicAttractor.mu must be a finite"),
+        (lambda: ls.Lorenz63(sigma=True), "got Lorenz63.sigma=True"),
+        (lambda: ls.Duffing(dt=0), "got Duffing.dt=0"),
+    ]
+    for make, message in bad:
+        with pytest.raises(ValueError, match=message):
+            make()
+    assert ls.ParabolicAttractor(mu=0.5).mu == 0.5 and ls.ControlledPendulum(damping=0).damping == 0
+    x = jnp.array([1.0, 0.0])
+    numpy = ls.simulate(ls.Pendulum(g=np.float32(4.0), length=2), x, 5)
+    np.testing.assert_allclose(numpy, ls.simulate(ls.Pendulum(g=2.0), x, 5), rtol=1e-6)
+    gs = jnp.array([2.0, 4.0])
+    fields = jax.vmap(lambda g: ls.Pendulum(g=g).vector_field(0.0, x, None))(gs)
+    np.testing.assert_allclose(fields[:, 1], -gs * jnp.sin(1.0), rtol=1e-6)
+    # Counts: a NumPy integer or 0 is a count, -1 is not.
+    assert ls.Duffing().sample_initial(key, np.int64(3)).shape == (3, 2)
+    assert ls.Lorenz63().sample_initial(key, 0).shape == (0, 3)
+    with pytest.raises(ValueError, match="num must be an integer >= 0, got num=-1"):
+        ls.Duffing().sample_initial(key, -1)
+    with pytest.raises(ValueError, match="steps must be an integer >= 0, got steps=-2"):
+        ls.ControlledPendulum().sample_actions(key, 2, -2)
+
+
+def test_simulate_takes_numpy_inputs():
+    """NumPy arrays, integers and scalars give the results of their JAX / Python
+    counterparts."""
+    system, x = ls.ControlledPendulum(), np.array([0.3, -0.1], np.float32)
+    us = np.linspace(-1.0, 1.0, 5, dtype=np.float32)[:, None]
+    got = ls.simulate(
+        system, x, np.int64(5), actions=us, dt=np.float64(0.02), rtol=np.float32(1e-6)
+    )
+    expected = ls.simulate(system, jnp.asarray(x), 5, actions=jnp.asarray(us), dt=0.02, rtol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)

@@ -6,14 +6,8 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_int, check_state_control
-from ._dynamics import (
-    _DISCRETIZATIONS,
-    AbstractLatentDynamics,
-    LinearKoopmanDynamics,
-    MLPDynamics,
-    _check_dt,
-)
+from .._checks import IntLike, RealScalar, check_int, check_real, check_state_control
+from ._dynamics import _DISCRETIZATIONS, AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
@@ -34,7 +28,7 @@ class UnitNormLinear(eqx.Module):
     weight: Float[Array, "out_dim in_dim"]
     bias: Float[Array, " out_dim"]
 
-    def __init__(self, in_dim: int, out_dim: int, *, key: PRNGKeyArray):
+    def __init__(self, in_dim: IntLike, out_dim: IntLike, *, key: PRNGKeyArray):
         """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
         in_dim, out_dim = check_int("in_dim", in_dim), check_int("out_dim", out_dim)
         self.weight = jr.normal(key, (out_dim, in_dim))
@@ -71,19 +65,19 @@ class KoopmanAutoencoder(eqx.Module):
 
     def __init__(
         self,
-        state_dim: int,
-        latent_dim: int = 128,
-        action_dim: int = 0,
+        state_dim: IntLike,
+        latent_dim: IntLike = 128,
+        action_dim: IntLike = 0,
         *,
-        action_latent_dim: int | None = None,
+        action_latent_dim: IntLike | None = None,
         decoder: str = "linear",
         dynamics: str = "koopman",
-        width: int = 256,
-        encoder_layers: int = 4,
-        decoder_layers: int = 4,
-        dynamics_width: int | None = None,
+        width: IntLike = 256,
+        encoder_layers: IntLike = 4,
+        decoder_layers: IntLike = 4,
+        dynamics_width: IntLike | None = None,
         action_head: bool = False,
-        dt: float = 0.01,
+        dt: RealScalar = 0.01,
         discretization: str = "bilinear",
         key: PRNGKeyArray,
     ):
@@ -111,7 +105,7 @@ class KoopmanAutoencoder(eqx.Module):
         encoder_layers = check_int("encoder_layers", encoder_layers)
         decoder_layers = check_int("decoder_layers", decoder_layers)
         action_dim = check_int("action_dim", action_dim, minimum=0)
-        _check_dt(dt)
+        dt = check_real("dt", dt)
         if decoder not in _DECODERS:
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
         if dynamics not in _DYNAMICS:
@@ -226,11 +220,11 @@ class MLPBaseline(eqx.Module):
 
     def __init__(
         self,
-        state_dim: int,
-        action_dim: int = 0,
+        state_dim: IntLike,
+        action_dim: IntLike = 0,
         *,
-        width: int = 256,
-        layers: int = 4,
+        width: IntLike = 256,
+        layers: IntLike = 4,
         key: PRNGKeyArray,
     ):
         """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`

@@ -2,7 +2,6 @@
 
 import abc
 import math
-import numbers
 
 import equinox as eqx
 import jax
@@ -11,21 +10,19 @@ import jax.random as jr
 import jax.scipy.linalg as jsl
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_int, check_state_control
+from .._checks import IntLike, RealScalar, check_int, check_real, check_state_control
 
 _DISCRETIZATIONS = ("bilinear", "exact")
 
 
-def _check_dt(dt: float) -> None:
-    if isinstance(dt, bool) or not isinstance(dt, numbers.Real) or not 0 < dt < math.inf:
-        raise ValueError(f"dt={dt!r} must be positive and finite")
-
-
-def _check_sizes(latent_dim: int, action_latent_dim: int, dt: float) -> tuple[int, int]:
-    """`(latent_dim, action_latent_dim)` as ints, checked, and `dt` checked."""
-    _check_dt(dt)
-    return check_int("latent_dim", latent_dim), check_int(
-        "action_latent_dim", action_latent_dim, minimum=0
+def _check_sizes(
+    latent_dim: object, action_latent_dim: object, dt: object
+) -> tuple[int, int, float]:
+    """`(latent_dim, action_latent_dim, dt)` as ints and a float, checked."""
+    return (
+        check_int("latent_dim", latent_dim),
+        check_int("action_latent_dim", action_latent_dim, minimum=0),
+        check_real("dt", dt),
     )
 
 
@@ -123,12 +120,12 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
 
     def __init__(
         self,
-        latent_dim: int,
-        action_latent_dim: int = 0,
+        latent_dim: IntLike,
+        action_latent_dim: IntLike = 0,
         *,
-        dt: float = 0.01,
+        dt: RealScalar = 0.01,
         discretization: str = "bilinear",
-        init_scale: float = 1.0,
+        init_scale: RealScalar = 1.0,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -137,10 +134,12 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         - `action_latent_dim`: size `m` of the encoded control input (0: autonomous).
         - `dt`: the data's sampling interval; initialises `delta`.
         - `discretization`: `"bilinear"` (the paper's) or `"exact"` (matrix exponential).
-        - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`.
+        - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`;
+            finite, `>= 0`.
         - `key`: PRNG key.
         """
-        latent_dim, action_latent_dim = _check_sizes(latent_dim, action_latent_dim, dt)
+        latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
+        init_scale = check_real("init_scale", init_scale, "nonnegative")
         if discretization not in _DISCRETIZATIONS:
             raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
         k_key, l_key = jr.split(key)
@@ -226,11 +225,11 @@ class MLPDynamics(AbstractLatentDynamics):
 
     def __init__(
         self,
-        latent_dim: int,
-        action_latent_dim: int = 0,
+        latent_dim: IntLike,
+        action_latent_dim: IntLike = 0,
         *,
-        width: int = 256,
-        dt: float = 0.01,
+        width: IntLike = 256,
+        dt: RealScalar = 0.01,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -241,7 +240,7 @@ class MLPDynamics(AbstractLatentDynamics):
         - `dt`: the data's sampling interval; initialises `delta`.
         - `key`: PRNG key.
         """
-        latent_dim, action_latent_dim = _check_sizes(latent_dim, action_latent_dim, dt)
+        latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         width = check_int("width", width)
         self.mlp = eqx.nn.MLP(
             latent_dim + action_latent_dim,

@@ -2,11 +2,14 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_finite
+from .._checks import IntLike, RealLike, check_finite
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
-from ._unroll import unroll, unroll_latents
+from ._unroll import check_model, unroll, unroll_latents
+
+_Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 
 
 def _norms(a: Array) -> Array:
@@ -14,28 +17,41 @@ def _norms(a: Array) -> Array:
     return jnp.sqrt(jnp.sum(a**2, axis=-1) + 1e-12)
 
 
-def _check_window(model: KoopmanAutoencoder | MLPBaseline, xs: Array) -> tuple[Array, int]:
-    """`(xs, steps)`: the window, checked to be finite, and its number of steps."""
+def _weight(name: str, value: object):
+    """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
+    one) or a float array; not a bool."""
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be a real number or a float array, got {name}={value!r}")
+    return float(value) if isinstance(value, np.generic) else value
+
+
+def _check_window(
+    model: KoopmanAutoencoder | MLPBaseline, xs: Array | np.ndarray, actions
+) -> tuple[Array, Array | None, int]:
+    """`(xs, actions, steps)`: the window, checked to be finite, the actions (as JAX
+    arrays) and the window's number of steps."""
+    xs = jnp.asarray(xs)
+    actions = None if actions is None else jnp.asarray(actions)
     if xs.ndim != 2 or xs.shape[1] != model.state_dim:
         raise ValueError(
             f"xs must have shape (window, state_dim={model.state_dim}), got xs.shape={xs.shape}"
         )
     if xs.shape[0] < 2:
         raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
-    return check_finite("xs", xs), xs.shape[0] - 1
+    return check_finite("xs", xs), actions, xs.shape[0] - 1
 
 
 def koopman_loss(
     model: KoopmanAutoencoder,
-    xs: Float[Array, "window state_dim"],
-    actions: Float[Array, "horizon action_dim"] | None = None,
+    xs: Float[Array | np.ndarray, "window state_dim"],
+    actions: Float[Array | np.ndarray, "horizon action_dim"] | None = None,
     *,
-    alignment: float | Float[Array, ""] = 1.0,
-    reconstruction: float | Float[Array, ""] = 1.0,
-    prediction: float | Float[Array, ""] = 0.0,
-    sparsity: float | Float[Array, ""] = 1e-3,
-    action: float | Float[Array, ""] = 1.0,
-    reencode_every: int | None = None,
+    alignment: _Weight = 1.0,
+    reconstruction: _Weight = 1.0,
+    prediction: _Weight = 0.0,
+    sparsity: _Weight = 1e-3,
+    action: _Weight = 1.0,
+    reencode_every: IntLike | None = None,
     method: str = "parallel",
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """The Koopman objective on one window `x_t, ..., x_{t+T}` (section 1.3.1).
@@ -55,10 +71,10 @@ def koopman_loss(
     **Arguments:**
 
     - `model`: the autoencoder.
-    - `xs`: states `(T + 1, state_dim)`, finite.
+    - `xs`: states `(T + 1, state_dim)`, finite (a JAX or NumPy array).
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
-        (Python numbers or arrays, e.g. traced under `jit`).
+        (Python or NumPy numbers, not bools, or float arrays, e.g. traced under `jit`).
     - `reencode_every`: reencoding period inside the training unroll, or `None`.
     - `method`: how the training unroll is computed (see [`unroll`][lineax_seq.unroll];
         for short windows on CPU `"sequential"` is often cheaper).
@@ -68,7 +84,8 @@ def koopman_loss(
     `(loss, terms)`: the weighted scalar loss and a dict of the unweighted terms
     (every term, whatever its weight; `"action"` only with an action head and actions).
     """
-    xs, steps = _check_window(model, xs)
+    check_model(model, KoopmanAutoencoder)
+    xs, actions, steps = _check_window(model, xs, actions)
     zs = jax.vmap(model.encode)(xs)
     zhat = unroll_latents(
         model, xs[0], actions, steps=steps, reencode_every=reencode_every, method=method
@@ -79,36 +96,37 @@ def koopman_loss(
         "prediction": jnp.sum(_norms(xs[1:] - jax.vmap(model.decode)(zhat))),
         "sparsity": jnp.sum(jnp.abs(zs)),
     }
+    if model.action_head is not None and actions is not None:
+        terms["action"] = jnp.sum(_norms(actions - jax.vmap(model.predict_action)(zs[:-1])))
     weights = {
         "alignment": alignment,
         "reconstruction": reconstruction,
         "prediction": prediction,
         "sparsity": sparsity,
+        "action": action,
     }
-    if model.action_head is not None and actions is not None:
-        terms["action"] = jnp.sum(_norms(actions - jax.vmap(model.predict_action)(zs[:-1])))
-        weights["action"] = action
-    loss = sum(weights[name] * value for name, value in terms.items())
+    loss = sum(_weight(name, weights[name]) * value for name, value in terms.items())
     return loss, terms
 
 
 def mlp_baseline_loss(
     model: MLPBaseline,
-    xs: Float[Array, "window state_dim"],
-    actions: Float[Array, "horizon action_dim"] | None = None,
+    xs: Float[Array | np.ndarray, "window state_dim"],
+    actions: Float[Array | np.ndarray, "horizon action_dim"] | None = None,
 ) -> Float[Array, ""]:
     """Multi-step prediction loss `sum_{i=1..T} ||x_{t+i} - xhat_{t+i}||_2` of the baseline.
 
     **Arguments:**
 
     - `model`: the baseline.
-    - `xs`: states `(T + 1, state_dim)`, finite.
+    - `xs`: states `(T + 1, state_dim)`, finite (a JAX or NumPy array).
     - `actions`: controls `(T, action_dim)`, or `None`.
 
     **Returns:**
 
     The scalar loss.
     """
-    xs, steps = _check_window(model, xs)
+    check_model(model, MLPBaseline)
+    xs, actions, steps = _check_window(model, xs, actions)
     pred = unroll(model, xs[0], actions, steps=steps)
     return jnp.sum(_norms(xs[1:] - pred))

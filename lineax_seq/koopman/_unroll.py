@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
-from .._checks import check_finite
+from .._checks import IntLike, RealScalar, check_finite, check_int, check_optional_int, check_real
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import LinearKoopmanDynamics
 
@@ -25,6 +25,15 @@ def _concrete(a: Array) -> np.ndarray | None:
     """The value of `a` on the host, or `None` when it is traced (a value inside `jit`
     that is closed over, not an argument, is concrete)."""
     return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
+
+
+def check_model(model: object, *classes: type) -> None:
+    """A `TypeError` naming `model` unless it is an instance of one of `classes`."""
+    if not isinstance(model, classes):
+        expected = " or ".join(cls.__name__ for cls in classes)
+        raise TypeError(
+            f"model must be an instance of {expected}, got an instance of {type(model).__name__}"
+        )
 
 
 def _check_x0(model, x0: Array) -> Array:
@@ -171,40 +180,32 @@ def _latent_rollout(
     return zs.reshape(num_blocks * block, -1)[:steps]
 
 
-def _check_reencode(reencode_every: int | None) -> None:
-    if reencode_every is not None and (
-        isinstance(reencode_every, bool)
-        or not isinstance(reencode_every, int)
-        or reencode_every <= 0
-    ):
-        raise ValueError(
-            f"reencode_every={reencode_every!r} must be None (never reencode) or a positive int"
-        )
-
-
-def _check_unroll(model, x0, actions, steps, reencode_every, method) -> tuple[Array, Array | None]:
-    """`(x0, actions)`, checked (traced ones are checked for NaN at run time)."""
-    _check_reencode(reencode_every)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps={steps!r} must be a positive int")
+def _check_unroll(
+    model, x0, actions, steps, reencode_every, method
+) -> tuple[Array, Array | None, int, int | None]:
+    """`(x0, actions, steps, reencode_every)`, checked, as JAX arrays and ints (traced
+    arrays are checked for NaN at run time)."""
+    reencode_every = check_optional_int("reencode_every", reencode_every)
+    steps = check_int("steps", steps)
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not one of {_METHODS}")
-    actions = _check_actions(model, actions, steps)
-    return _check_x0(model, x0), actions
+    actions = _check_actions(model, None if actions is None else jnp.asarray(actions), steps)
+    return _check_x0(model, jnp.asarray(x0)), actions, steps, reencode_every
 
 
-def _encode_actions(model: KoopmanAutoencoder, actions: Array | None) -> Array | None:
-    return None if actions is None else jax.vmap(model.encode_action)(actions)
+def _latents(model: KoopmanAutoencoder, x0, actions, steps, reencode_every, method) -> Array:
+    vs = None if actions is None else jax.vmap(model.encode_action)(actions)
+    return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
 
 
 @jaxtyped(typechecker=beartype)
 def unroll_latents(
     model: KoopmanAutoencoder,
-    x0: Float[Array, " state_dim"],
-    actions: Float[Array, "horizon action_dim"] | None = None,
+    x0: Float[Array | np.ndarray, " state_dim"],
+    actions: Float[Array | np.ndarray, "horizon action_dim"] | None = None,
     *,
-    steps: int,
-    reencode_every: int | None = None,
+    steps: IntLike,
+    reencode_every: IntLike | None = None,
     method: str = "parallel",
 ) -> Float[Array, "horizon latent_dim"]:
     """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll].
@@ -213,23 +214,19 @@ def unroll_latents(
     decoded). Same arguments as [`unroll`][lineax_seq.unroll] (a
     [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder] only); used by the losses.
     """
-    if not isinstance(model, KoopmanAutoencoder):
-        raise TypeError(
-            f"model must be a KoopmanAutoencoder (the one with latents), got {type(model).__name__}"
-        )
-    x0, actions = _check_unroll(model, x0, actions, steps, reencode_every, method)
-    vs = _encode_actions(model, actions)
-    return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
+    check_model(model, KoopmanAutoencoder)
+    checked = _check_unroll(model, x0, actions, steps, reencode_every, method)
+    return _latents(model, *checked, method)
 
 
 @jaxtyped(typechecker=beartype)
 def unroll(
     model: KoopmanAutoencoder | MLPBaseline,
-    x0: Float[Array, " state_dim"],
-    actions: Float[Array, "horizon action_dim"] | None = None,
+    x0: Float[Array | np.ndarray, " state_dim"],
+    actions: Float[Array | np.ndarray, "horizon action_dim"] | None = None,
     *,
-    steps: int,
-    reencode_every: int | None = None,
+    steps: IntLike,
+    reencode_every: IntLike | None = None,
     method: str = "parallel",
 ) -> Float[Array, "horizon state_dim"]:
     """Predict `steps` future states from `x0` in discrete time (section 1.3.2).
@@ -252,25 +249,27 @@ def unroll(
 
     - `model`: a [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder] or an
         [`MLPBaseline`][lineax_seq.MLPBaseline].
-    - `x0`: initial state `(state_dim,)`; must be finite.
+    - `x0`: initial state `(state_dim,)` (a JAX or NumPy array); must be finite.
     - `actions`: controls `(steps, action_dim)` applied at steps `0 .. steps-1`, or
         `None` for autonomous models.
-    - `steps`: number of steps to predict.
-    - `reencode_every`: reencoding period `k > 0`, or `None`.
+    - `steps`: number of steps to predict, a positive (Python or NumPy) integer.
+    - `reencode_every`: reencoding period, a positive integer, or `None`.
     - `method`: `"parallel"` or `"sequential"`.
 
     **Returns:**
 
     The predicted states `x_1 .. x_steps`, shape `(steps, state_dim)`.
     """
+    check_model(model, KoopmanAutoencoder, MLPBaseline)
+    x0, actions, steps, reencode_every = _check_unroll(
+        model, x0, actions, steps, reencode_every, method
+    )
     if isinstance(model, MLPBaseline):
-        _check_reencode(reencode_every)
         if reencode_every is not None:
             raise ValueError(
                 f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
                 "(it has no latent space): pass None"
             )
-        x0, actions = _check_unroll(model, x0, actions, steps, None, method)
 
         def one(x, u):
             x = model(x, u)
@@ -285,22 +284,36 @@ def unroll(
         and isinstance(model.decoder, UnitNormLinear)
     ):
         # Decoding fused into the powers of Kbar: O(d n) per step.
-        x0, _ = _check_unroll(model, x0, actions, steps, reencode_every, method)
         return _readout_rollout(model, model.encode(x0), steps, reencode_every)
-    zs = unroll_latents(
-        model, x0, actions, steps=steps, reencode_every=reencode_every, method=method
-    )
+    zs = _latents(model, x0, actions, steps, reencode_every, method)
     return jax.vmap(model.decode)(zs)
 
 
+def _check_reencode_dt(reencode_dt: object) -> tuple[float | None, float]:
+    """`(reencode_dt, eps)`: the interval as a `float` (or `None`), checked, and the
+    relative precision it came in: float32's machine epsilon for a NumPy or JAX scalar of
+    float32 (or less) precision, else 0 (a Python number, or a float64 one, is exact)."""
+    if reencode_dt is None:
+        return None, 0.0
+    value = check_real("reencode_dt", reencode_dt)
+    dtype = getattr(reencode_dt, "dtype", None)
+    eps32 = float(np.finfo(np.float32).eps)
+    low = (
+        dtype is not None
+        and jnp.issubdtype(dtype, jnp.floating)
+        and float(jnp.finfo(dtype).eps) >= eps32
+    )
+    return value, eps32 if low else 0.0
+
+
 def _segments(
-    ts: Array, ts_host: np.ndarray | None, reencode_dt: float | None, num_segments: int | None
+    ts: Array,
+    ts_host: np.ndarray | None,
+    reencode_dt: float | None,
+    tolerance,
+    num_segments: int | None,
 ) -> tuple[Array, int]:
     """`(ts, num)`: the number of reencoding segments, checked against `ts`."""
-    if num_segments is not None and (
-        isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments <= 0
-    ):
-        raise ValueError(f"num_segments={num_segments!r} must be a positive int or None")
     if reencode_dt is None:
         if num_segments not in (None, 1):
             raise ValueError(f"num_segments={num_segments} must be 1 (or None) without reencode_dt")
@@ -312,11 +325,11 @@ def _segments(
                 "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
             )
         # Too few segments would stop reencoding early: an error, not a wrong answer.
-        short = ts[-1] - ts[0] > (num_segments + _tolerance(ts, reencode_dt)) * reencode_dt
+        short = ts[-1] - ts[0] > (num_segments + tolerance) * reencode_dt
         message = f"num_segments={num_segments} is fewer than ceil((ts[-1] - ts[0]) / reencode_dt)"
         return eqx.error_if(ts, short, message), num_segments
     span = float(ts_host[-1] - ts_host[0])
-    num = max(1, math.ceil(span / reencode_dt - float(_tolerance(ts_host, reencode_dt))))
+    num = max(1, math.ceil(span / reencode_dt - tolerance))
     if num_segments is not None and num_segments != num:
         raise ValueError(
             f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
@@ -327,38 +340,47 @@ def _segments(
 
 # Reencoding times computed as `jnp.linspace` or `t0 + dt * arange` land up to ~1.5 units
 # in the last place of `max |ts|` past the exact ones, ~3 with the arithmetic on a traced
-# `ts`; and a `reencode_dt` from float32 data is off by float32 units of the span, even
-# for float64 times. 16 of each: 1.9e-6 at `max |ts| = 1` in float32 (the former `1e-4`
-# merged times far apart).
+# `ts`; and a `reencode_dt` given in float32 (from float32 data) is off by float32 units
+# of the span, even for float64 times. 16 of each: 1.9e-6 at `max |ts| = 1` in float32
+# (the former `1e-4` merged times far apart).
 _ULPS = 16
 
 
-def _tolerance(ts, reencode_dt: float):
-    """How far past a reencoding time, in segments, a time still belongs to the segment
-    that ends there: `_ULPS` units in the last place of `max |ts|` (the rounding of
-    computed times) plus `_ULPS` float32 units of the span (a float32 `reencode_dt`), and
-    no more (a later time is reencoded). Used both to count segments and to assign
-    times to them."""
+def _tolerance(ts, reencode_dt: float, reencode_eps: float):
+    """How far past a reencoding time, in segments, a time still counts as equal to it:
+    `_ULPS` units in the last place of `max |ts|` (the rounding of computed times) plus
+    `_ULPS` units of the span in `reencode_eps` (the precision `reencode_dt` came in: 0
+    for a Python number, float32's for a float32 one), and no more (a later time is
+    reencoded). Used both to count segments and to assign times to them; a `float` for
+    host `ts`."""
     xp = np if isinstance(ts, np.ndarray) else jnp
     rounding = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
-    span = float(np.finfo(np.float32).eps) * (ts[-1] - ts[0])  # a float32 reencode_dt
-    return _ULPS * (rounding + span) / reencode_dt
+    tolerance = _ULPS * (rounding + reencode_eps * (ts[-1] - ts[0])) / reencode_dt
+    return float(tolerance) if xp is np else tolerance
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
     """Reencoding times `taus` `(num + 1,)` and the segment of every output time.
 
-    Works on host arrays (`np`) or traced ones (`jnp`) alike.
+    A time `t` belongs to segment `j`, `(tau_j, tau_{j+1}]`, where a time up to
+    `tolerance` segments past `tau_{j+1}` counts as equal to it: the segment then ends
+    at that time (it is the reencoding time), so every time lies in its segment and is
+    evaluated at its own offset `t - tau_j` on every path. Works on host arrays (`np`)
+    or traced ones (`jnp`) alike.
     """
     xp = np if isinstance(ts, np.ndarray) else jnp
     if reencode_dt is None:
         return xp.stack([ts[0], ts[-1]]), xp.zeros(ts.shape, np.int32)
     taus = xp.minimum(ts[0] + reencode_dt * xp.arange(num + 1, dtype=ts.dtype), ts[-1])
     taus = xp.concatenate([taus[:-1], ts[-1:]])
-    # t in (tau_j, tau_{j+1}] belongs to segment j; the tolerance keeps grid points that
-    # equal a reencoding time in the segment that ends there.
     seg = xp.ceil((ts - ts[0]) / reencode_dt - tolerance).astype(np.int32) - 1
-    return taus, xp.clip(seg, 0, num - 1)
+    seg = xp.clip(seg, 0, num - 1)
+    # Each segment ends at the latest of its reencoding time and its own output times.
+    if xp is np:
+        np.maximum.at(taus, seg + 1, ts)
+    else:
+        taus = taus.at[seg + 1].max(ts)
+    return taus, seg
 
 
 def _distinct(values: np.ndarray, resolution: float) -> tuple[np.ndarray, np.ndarray]:
@@ -403,16 +425,16 @@ def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
 @jaxtyped(typechecker=beartype)
 def unroll_continuous(
     model: KoopmanAutoencoder,
-    x0: Float[Array, " state_dim"],
-    ts: Float[Array, " times"],
+    x0: Float[Array | np.ndarray, " state_dim"],
+    ts: Float[Array | np.ndarray, " times"],
     *,
-    reencode_dt: float | int | None = None,
-    num_segments: int | None = None,
+    reencode_dt: RealScalar | None = None,
+    num_segments: IntLike | None = None,
     exact: bool = False,
     solver: diffrax.AbstractSolver | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: float | int | None = None,
-    max_steps: int | None = 4096,
+    dt0: RealScalar | None = None,
+    max_steps: IntLike | None = 4096,
     adjoint: diffrax.AbstractAdjoint | None = None,
     progress_meter: diffrax.AbstractProgressMeter | None = None,
 ) -> Float[Array, "times state_dim"]:
@@ -420,13 +442,16 @@ def unroll_continuous(
 
     `z(ts[0]) = phi(x0)`; `dz/dt = f(z)` (the generator `(delta/dt) K` of linear
     dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
-    `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`) between reencoding times
+    `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`; a solver without an error
+    estimate, e.g. `diffrax.Euler()`, takes fixed steps, `ConstantStepSize()`, of `dt0`,
+    by default the data's sampling interval `model.dynamics.dt`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
     `ts`; a time equal to a reencoding time (up to the rounding of computed times such
     as `jnp.linspace`: 16 units in the last place of `max |ts|`, plus 16 float32 units
-    of the span for a float32 `reencode_dt`) is decoded *before* reencoding, as in
-    [`unroll`][lineax_seq.unroll]. Differentiable (diffrax's adjoint, default recursive
-    checkpointing), so models can be trained through it.
+    of the span for a NumPy or JAX `reencode_dt` of float32 precision; a Python number
+    is exact) is decoded *before* reencoding, as in [`unroll`][lineax_seq.unroll], and
+    the reencoding happens at that time. Differentiable (diffrax's adjoint, default
+    recursive checkpointing), so models can be trained through it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
@@ -439,17 +464,18 @@ def unroll_continuous(
     **Arguments:**
 
     - `model`: an autonomous [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
-    - `x0`: initial state `(state_dim,)`, finite.
-    - `ts`: finite, strictly increasing output times `(times,)`; `ts[0]` is the initial
-        time.
-    - `reencode_dt`: reencoding interval (positive, finite), or `None` (never reencode).
+    - `x0`: initial state `(state_dim,)`, finite (a JAX or NumPy array).
+    - `ts`: finite, strictly increasing output times `(times,)` (a JAX or NumPy
+        array); `ts[0]` is the initial time.
+    - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
+        JAX real scalar, or `None` (never reencode).
     - `num_segments`: number of reencoding segments,
         `ceil((ts[-1] - ts[0]) / reencode_dt)`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
         error); with concrete `ts` it must equal that count.
     - `exact`: use the matrix exponential instead of an ODE solver.
-    - `solver`, `stepsize_controller`, `dt0`, `max_steps`, `adjoint`,
-        `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
+    - `solver`, `stepsize_controller`, `dt0` (positive), `max_steps` (positive, or
+        `None`), `adjoint`, `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment).
 
@@ -457,25 +483,30 @@ def unroll_continuous(
 
     The decoded states at `ts`, shape `(times, state_dim)`.
     """
+    check_model(model, KoopmanAutoencoder)
     if model.action_dim != 0:
         raise ValueError(
             f"unroll_continuous supports autonomous models only; this model has "
             f"action_dim={model.action_dim} (use unroll for controlled systems)"
         )
-    if reencode_dt is not None and not 0 < reencode_dt < math.inf:
-        raise ValueError(f"reencode_dt={reencode_dt} must be positive and finite, or None")
+    reencode_dt, reencode_eps = _check_reencode_dt(reencode_dt)
+    num_segments = check_optional_int("num_segments", num_segments)
+    dt0 = None if dt0 is None else check_real("dt0", dt0)
+    max_steps = check_optional_int("max_steps", max_steps)
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
-    x0 = _check_x0(model, x0)
+    x0 = _check_x0(model, jnp.asarray(x0))
+    ts = jnp.asarray(ts)
     ts_host = _concrete(ts)
     ts = _check_ts(ts, ts_host)
-    ts, num = _segments(ts, ts_host, reencode_dt, num_segments)
+    tolerance = None
+    if reencode_dt is not None:
+        tolerance = _tolerance(ts if ts_host is None else ts_host, reencode_dt, reencode_eps)
+    ts, num = _segments(ts, ts_host, reencode_dt, tolerance, num_segments)
     if ts_host is None:
-        tolerance = None if reencode_dt is None else _tolerance(ts, reencode_dt)
         taus, seg = _reencoding_grid(ts, reencode_dt, num, tolerance)
     else:
-        tolerance = None if reencode_dt is None else float(_tolerance(ts_host, reencode_dt))
         host_taus, host_seg = _reencoding_grid(
             ts_host.astype(np.float64), reencode_dt, num, tolerance
         )
@@ -522,7 +553,14 @@ def unroll_continuous(
     term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
-        stepsize_controller = diffrax.PIDController(rtol=1e-6, atol=1e-8)
+        # Without an error estimate (e.g. Euler): fixed steps.
+        adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
+        pid = diffrax.PIDController(rtol=1e-6, atol=1e-8)
+        stepsize_controller = pid if adaptive else diffrax.ConstantStepSize()
+    if isinstance(stepsize_controller, diffrax.ConstantStepSize) and dt0 is None:
+        # The data's sampling interval: Euler steps of MLP dynamics are then the steps
+        # of the discrete unroll.
+        dt0 = model.dynamics.dt
     extra = {} if adjoint is None else {"adjoint": adjoint}
     if progress_meter is not None:
         extra["progress_meter"] = progress_meter
@@ -539,8 +577,9 @@ def unroll_continuous(
 
     def segment(z, inputs):
         t0, t1, saves = inputs
-        # Clipped here, against the very t0 and t1 diffrax gets: outside the scan, XLA
-        # may recompute `taus` with a different rounding (saves then fall outside).
+        # Every time lies in its segment; clipped here, against the very t0 and t1
+        # diffrax gets, as outside the scan XLA may recompute `taus` with a different
+        # rounding (saves then fall outside by that rounding).
         saves = jnp.clip(saves, t0, t1)
         sol = diffrax.diffeqsolve(
             term,

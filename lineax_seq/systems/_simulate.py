@@ -1,7 +1,5 @@
 """Trajectory simulation with diffrax at tight tolerance."""
 
-import math
-
 import diffrax
 import equinox as eqx
 import jax
@@ -11,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_finite, check_int
+from .._checks import IntLike, RealScalar, check_finite, check_int, check_real
 from ._systems import DynamicalSystem
 
 
@@ -24,34 +22,32 @@ def _check_state(system: DynamicalSystem, x0: Array) -> Array:
     return check_finite("x0", x0)
 
 
-def _check_steps(steps: object, dt: float | None) -> None:
-    check_int("steps", steps)
-    if dt is not None and not 0 < dt < math.inf:
-        raise ValueError(f"dt={dt!r} must be positive and finite (or None: system.dt)")
+def _check_steps(steps: object, dt: object) -> tuple[int, float | None]:
+    """`(steps, dt)` as an `int` and a `float` (or `None`: `system.dt`), checked."""
+    return check_int("steps", steps), None if dt is None else check_real("dt", dt)
 
 
-def _check_tolerances(rtol: float, atol: float) -> None:
-    for name, value in [("rtol", rtol), ("atol", atol)]:
-        if not 0 <= value < math.inf:
-            raise ValueError(f"{name}={value!r} must be >= 0 and finite")
+def _check_tolerances(rtol: object, atol: object) -> tuple[float, float]:
+    rtol, atol = check_real("rtol", rtol, "nonnegative"), check_real("atol", atol, "nonnegative")
     if rtol == 0 and atol == 0:
         raise ValueError("rtol=0 and atol=0: at least one tolerance must be positive")
+    return rtol, atol
 
 
 @jaxtyped(typechecker=beartype)
 def simulate(
     system: DynamicalSystem,
-    x0: Float[Array, " state_dim"],
-    steps: int,
+    x0: Float[Array | np.ndarray, " state_dim"],
+    steps: IntLike,
     *,
-    actions: Float[Array, "steps action_dim"] | None = None,
-    dt: float | int | None = None,
+    actions: Float[Array | np.ndarray, "steps action_dim"] | None = None,
+    dt: RealScalar | None = None,
     solver: diffrax.AbstractSolver | None = None,
-    rtol: float = 1e-7,
-    atol: float = 1e-9,
-    max_steps: int = 100_000,
+    rtol: RealScalar = 1e-7,
+    atol: RealScalar = 1e-9,
+    max_steps: IntLike = 100_000,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    dt0: float | int | None = None,
+    dt0: RealScalar | None = None,
 ) -> Float[Array, "times state_dim"]:
     """Integrate `system` from `x0` and sample the state every `dt`.
 
@@ -67,15 +63,15 @@ def simulate(
     **Arguments:**
 
     - `system`: the dynamical system.
-    - `x0`: initial state, shape `(state_dim,)`, finite.
-    - `steps`: number of sampling intervals, positive.
+    - `x0`: initial state, shape `(state_dim,)`, finite (a JAX or NumPy array).
+    - `steps`: number of sampling intervals, a positive (Python or NumPy) integer.
     - `actions`: control inputs `(steps, action_dim)`, one per interval, finite, for
         controlled systems; must be `None` for autonomous ones.
-    - `dt`: sampling interval, positive (default `system.dt`).
+    - `dt`: sampling interval, positive and finite (default `system.dt`).
     - `solver`: a diffrax solver (default `diffrax.Dopri8()`).
     - `rtol`, `atol`: tolerances of the default PID controller (adaptive solvers, no
         `stepsize_controller`), `>= 0` and not both 0.
-    - `max_steps`: passed to `diffrax.diffeqsolve`.
+    - `max_steps`: passed to `diffrax.diffeqsolve`, a positive integer.
     - `stepsize_controller`: overrides the default controller (`PIDController(rtol,
         atol)` for adaptive solvers, `StepTo` the sampling times otherwise); not
         `StepTo` with `actions` (each interval is solved on its own).
@@ -86,11 +82,11 @@ def simulate(
 
     The states at times `0, dt, ..., steps dt`, shape `(steps + 1, state_dim)`.
     """
-    x0 = _check_state(system, x0)
-    _check_steps(steps, dt)
-    _check_tolerances(rtol, atol)
-    if dt0 is not None and not 0 < dt0 < math.inf:
-        raise ValueError(f"dt0={dt0!r} must be positive and finite (or None: dt)")
+    x0 = _check_state(system, jnp.asarray(x0))
+    steps, dt = _check_steps(steps, dt)
+    rtol, atol = _check_tolerances(rtol, atol)
+    max_steps = check_int("max_steps", max_steps)
+    dt0 = None if dt0 is None else check_real("dt0", dt0)
     solver = diffrax.Dopri8() if solver is None else solver
     adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
     step_to = isinstance(stepsize_controller, diffrax.StepTo) or (
@@ -118,7 +114,7 @@ def simulate(
             f"{(steps, system.action_dim)}"
         )
     if actions is not None:
-        actions = check_finite("actions", actions)
+        actions = check_finite("actions", jnp.asarray(actions))
     dt = system.dt if dt is None else dt
     term = diffrax.ODETerm(system.vector_field)
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
@@ -157,10 +153,10 @@ def simulate(
 def sample_trajectories(
     system: DynamicalSystem,
     key: PRNGKeyArray,
-    num: int | np.integer,
-    steps: int | np.integer,
+    num: IntLike,
+    steps: IntLike,
     *,
-    dt: float | None = None,
+    dt: RealScalar | None = None,
 ) -> tuple[Float[Array, "num times state_dim"], Float[Array, "num intervals action_dim"] | None]:
     """Draw `num` initial conditions (and random actions) and simulate `steps` intervals.
 
@@ -178,11 +174,10 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
-    check_int("num", num)
-    _check_steps(steps, dt)
+    num = check_int("num", num)
+    steps, dt = _check_steps(steps, dt)
     # Static Python numbers (NumPy scalars would be traced as jit arguments).
-    dt = None if dt is None else float(dt)
-    return _sample_trajectories(system, key, int(num), int(steps), dt)
+    return _sample_trajectories(system, key, num, steps, dt)
 
 
 @eqx.filter_jit

@@ -5,9 +5,12 @@ import math
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray, Scalar
+
+from .._checks import IntLike, RealScalar, check_int, check_real
 
 
 class DynamicalSystem(eqx.Module):
@@ -16,11 +19,23 @@ class DynamicalSystem(eqx.Module):
     Subclasses define `state_dim`, `action_dim` (0 for autonomous systems), the default
     sampling interval `dt`, `vector_field` and `sample_initial`. `args` of the vector
     field is the control input `u` (`Float[Array, "action_dim"]`) or `None`.
+
+    The parameters named in the class variable `constraints` (`{name: sign}`, `sign`
+    one of `"positive"`, `"nonnegative"`, `"finite"`; by default `{"dt": "positive"}`)
+    are checked at construction to be real and finite, of that sign; a value traced
+    inside a JAX transform (a system built under `vmap`) cannot be, and is not.
     """
 
     state_dim: ClassVar[int]
     action_dim: ClassVar[int] = 0
-    dt: eqx.AbstractVar[float]
+    constraints: ClassVar[dict[str, str]] = {"dt": "positive"}
+    dt: eqx.AbstractVar[RealScalar]
+
+    def __check_init__(self):
+        for name, sign in self.constraints.items():
+            value = getattr(self, name)
+            if not isinstance(value, jax.core.Tracer):
+                check_real(f"{type(self).__name__}.{name}", value, sign)
 
     @abc.abstractmethod
     def vector_field(
@@ -29,8 +44,9 @@ class DynamicalSystem(eqx.Module):
         """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
     @abc.abstractmethod
-    def sample_initial(self, key: PRNGKeyArray, num: int) -> Float[Array, "num state_dim"]:
-        """`num` initial conditions `(num, state_dim)` drawn from the paper's distribution."""
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
+        """`num` initial conditions `(num, state_dim)` drawn from the paper's distribution
+        (`num` an integer `>= 0`)."""
 
 
 class ParabolicAttractor(DynamicalSystem):
@@ -41,14 +57,16 @@ class ParabolicAttractor(DynamicalSystem):
     """
 
     state_dim: ClassVar[int] = 2
-    mu: float = -0.1
-    lam: float = -1.0
-    dt: float = 0.01
+    constraints: ClassVar[dict[str, str]] = {"mu": "finite", "lam": "finite", "dt": "positive"}
+    mu: RealScalar = -0.1
+    lam: RealScalar = -1.0
+    dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
         return jnp.stack([self.mu * x[0], self.lam * (x[1] - x[0] ** 2)])
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=-1.0, maxval=1.0)
 
 
@@ -60,12 +78,13 @@ class Duffing(DynamicalSystem):
     """
 
     state_dim: ClassVar[int] = 2
-    dt: float = 0.01
+    dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
         return jnp.stack([x[1], x[0] - x[0] ** 3])
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         lo = jnp.array([-2.0, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
 
@@ -78,11 +97,14 @@ class LotkaVolterra(DynamicalSystem):
     """
 
     state_dim: ClassVar[int] = 2
-    alpha: float = 0.2
-    beta: float = 0.2
-    gamma: float = 0.2
-    delta: float = 0.2
-    dt: float = 0.01
+    constraints: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("alpha", "beta", "gamma", "delta", "dt"), "positive"
+    )
+    alpha: RealScalar = 0.2
+    beta: RealScalar = 0.2
+    gamma: RealScalar = 0.2
+    delta: RealScalar = 0.2
+    dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
         x1, x2 = x[0], x[1]
@@ -91,6 +113,7 @@ class LotkaVolterra(DynamicalSystem):
         )
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
 
     def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
@@ -99,6 +122,9 @@ class LotkaVolterra(DynamicalSystem):
         return (
             self.delta * x1 - self.gamma * jnp.log(x1) + self.beta * x2 - self.alpha * jnp.log(x2)
         )
+
+
+_PENDULUM = dict.fromkeys(("g", "length", "dt"), "positive")
 
 
 class Pendulum(DynamicalSystem):
@@ -110,15 +136,17 @@ class Pendulum(DynamicalSystem):
     """
 
     state_dim: ClassVar[int] = 2
-    g: float = 9.81
-    length: float = 1.0
-    max_offset_deg: float = 10.0
-    dt: float = 0.01
+    constraints: ClassVar[dict[str, str]] = {**_PENDULUM, "max_offset_deg": "nonnegative"}
+    g: RealScalar = 9.81
+    length: RealScalar = 1.0
+    max_offset_deg: RealScalar = 10.0
+    dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0])])
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         offset = math.radians(self.max_offset_deg)
         theta = math.pi + jr.uniform(key, (num,), minval=-offset, maxval=offset)
         return jnp.stack([theta, jnp.zeros_like(theta)], axis=-1)
@@ -138,24 +166,31 @@ class ControlledPendulum(DynamicalSystem):
 
     state_dim: ClassVar[int] = 2
     action_dim: ClassVar[int] = 1
-    g: float = 9.81
-    length: float = 1.0
-    damping: float = 0.1
-    max_torque: float = 2.0
-    dt: float = 0.01
+    constraints: ClassVar[dict[str, str]] = {
+        **_PENDULUM,
+        "damping": "nonnegative",
+        "max_torque": "nonnegative",
+    }
+    g: RealScalar = 9.81
+    length: RealScalar = 1.0
+    damping: RealScalar = 0.1
+    max_torque: RealScalar = 2.0
+    dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
         u = jnp.zeros(()) if args is None else args[0]
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         lo = jnp.array([-math.pi, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
 
     def sample_actions(
-        self, key: PRNGKeyArray, num: int, steps: int
+        self, key: PRNGKeyArray, num: IntLike, steps: IntLike
     ) -> Float[Array, "num steps 1"]:
         """Random piecewise-constant torques `(num, steps, 1)`, one per sampling interval."""
+        num, steps = check_int("num", num, minimum=0), check_int("steps", steps, minimum=0)
         return jr.uniform(key, (num, steps, 1), minval=-self.max_torque, maxval=self.max_torque)
 
 
@@ -167,10 +202,13 @@ class Lorenz63(DynamicalSystem):
     """
 
     state_dim: ClassVar[int] = 3
-    sigma: float = 10.0
-    rho: float = 28.0
-    beta: float = 8.0 / 3.0
-    dt: float = 0.02
+    constraints: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("sigma", "rho", "beta", "dt"), "positive"
+    )
+    sigma: RealScalar = 10.0
+    rho: RealScalar = 28.0
+    beta: RealScalar = 8.0 / 3.0
+    dt: RealScalar = 0.02
 
     def vector_field(self, t, x, args):
         return jnp.stack(
@@ -182,6 +220,7 @@ class Lorenz63(DynamicalSystem):
         )
 
     def sample_initial(self, key, num):
+        num = check_int("num", num, minimum=0)
         return jnp.array([0.0, 1.0, 1.05]) + jr.normal(key, (num, 3))
 
 
@@ -197,6 +236,8 @@ SYSTEMS: dict[str, type[DynamicalSystem]] = {
 
 def get_system(name: str) -> DynamicalSystem:
     """The system called `name` (one of `SYSTEMS`) with the paper's parameters."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, one of {sorted(SYSTEMS)}; got name={name!r}")
     if name not in SYSTEMS:
-        raise ValueError(f"system={name!r} is not one of {sorted(SYSTEMS)}")
+        raise ValueError(f"name={name!r} is not one of {sorted(SYSTEMS)}")
     return SYSTEMS[name]()
