@@ -172,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         done.append(length)
-        _report(times, best, memory, flops, params, repeats, gemm, done)
+        _report(times, best, memory, flops, params, repeats, gemm, done, quick=args.quick)
 
     return 0
 
 
-def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.Path:
+def _report(
+    times, best, memory, flops, params, repeats, gemm, done, *, quick: bool
+) -> pathlib.Path:
     """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
     length, so an interrupted long run keeps what it measured)."""
     ratios = _ratios(times, done)
@@ -220,7 +222,7 @@ def _report(times, best, memory, flops, params, repeats, gemm, done) -> pathlib.
             v: {str(k): flops[v][k] / times[v][k] / 1e9 for k in d} for v, d in times.items()
         },
     }
-    path = save("bst_quick" if args.quick else "bst", payload)  # quick runs keep the full
+    path = save("bst_quick" if quick else "bst", payload)  # quick runs keep the full
     _plot(times, memory, done, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path

@@ -701,6 +701,11 @@ def test_scalar_arguments_are_checked(model):
         ls.LinearKoopmanDynamics(4, init_scale=float("nan"), key=jr.key(0))
     dynamics = ls.LinearKoopmanDynamics(4, dt=np.float32(0.1), init_scale=0, key=jr.key(0))
     assert type(dynamics.dt) is float and not jnp.any(dynamics.K)
+    # An ensemble over init_scale under filter_vmap (traced, so not checked there).
+    make = lambda s: ls.LinearKoopmanDynamics(4, init_scale=s, key=jr.key(0))
+    ensemble = eqx.filter_vmap(make)(jnp.array([0.0, 2.0]))
+    np.testing.assert_allclose(ensemble.K[1], make(2.0).K, rtol=1e-6)
+    assert not jnp.any(ensemble.K[0])
 
 
 def test_models_are_type_checked_without_jaxtyping(model, no_jaxtyping):

@@ -342,3 +342,14 @@ def test_memory_task_batches_and_training_runs(tmp_path):
     result = train_memory_task(length=32, steps=3, batch=4, out_dir=tmp_path, progress=False)
     assert 0.0 <= result["accuracy"] <= 1.0
     assert (tmp_path / "s4d_kernels.png").exists()
+
+
+def test_hyena_filter_frequency_from_jax_scalars(getkey):
+    """`frequency` may be a JAX scalar, or traced (an ensemble of filters built under
+    `filter_vmap` over frequencies)."""
+    key = getkey()
+    make = lambda f: ls.HyenaFilter(2, order=4, max_length=8, frequency=f, key=key)
+    one = make(jnp.float32(5.0))
+    np.testing.assert_allclose(one.frequencies[0], 5.0)
+    ensemble = eqx.filter_vmap(make)(jnp.array([1.0, 5.0]))
+    np.testing.assert_allclose(ensemble.frequencies[0][1], one.frequencies[0])

@@ -4,6 +4,7 @@ import math
 from typing import ClassVar
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -217,3 +218,15 @@ def test_simulate_takes_numpy_inputs():
     )
     expected = ls.simulate(system, jnp.asarray(x), 5, actions=jnp.asarray(us), dt=0.02, rtol=1e-6)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_batched_system_parameters(no_jaxtyping):
+    """A system holding an array of parameters (a batch, for `filter_vmap`) is checked
+    entry by entry: valid entries build and vmap, one invalid entry is named."""
+    x = jnp.array([1.0, 0.0])
+    gs = jnp.array([2.0, 4.0])
+    batch = ls.Pendulum(g=gs)
+    fields = eqx.filter_vmap(lambda s: s.vector_field(0.0, x, None))(batch)
+    np.testing.assert_allclose(fields[:, 1], -gs * jnp.sin(1.0), rtol=1e-6)
+    with pytest.raises(ValueError, match="Pendulum.g must be a positive, finite real number"):
+        ls.Pendulum(g=jnp.array([2.0, 0.0]))

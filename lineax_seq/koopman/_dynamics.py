@@ -139,7 +139,8 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         - `key`: PRNG key.
         """
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
-        init_scale = check_real("init_scale", init_scale, "nonnegative")
+        if not isinstance(init_scale, jax.core.Tracer):  # (traced: an ensemble under vmap)
+            init_scale = check_real("init_scale", init_scale, "nonnegative")
         if discretization not in _DISCRETIZATIONS:
             raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
         k_key, l_key = jr.split(key)

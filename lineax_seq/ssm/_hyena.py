@@ -1,7 +1,6 @@
 """Implicit long-convolution filters (Hyena-style, the BST paper's "UNSTRUCT")."""
 
 import math
-import numbers
 
 import equinox as eqx
 import jax
@@ -9,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_int
+from .._checks import RealScalar, check_int, check_real
 
 
 class HyenaFilter(eqx.Module):
@@ -60,7 +59,7 @@ class HyenaFilter(eqx.Module):
         max_length: int,
         emb_dim: int = 33,
         depth: int = 2,
-        frequency: float = 1.0,
+        frequency: RealScalar = 1.0,
         fast_decay: float = 0.3,
         slow_decay: float = 1.5,
         target: float = 1e-2,
@@ -86,8 +85,8 @@ class HyenaFilter(eqx.Module):
         if check_int("emb_dim", emb_dim, 3) % 2 == 0:
             raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
         emb_dim = int(emb_dim)
-        if not (isinstance(frequency, numbers.Real) and math.isfinite(frequency)):
-            raise ValueError(f"frequency must be a finite number, got frequency={frequency!r}")
+        if not isinstance(frequency, jax.core.Tracer):  # (traced: an ensemble under vmap)
+            check_real("frequency", frequency, "finite")
         if not (0 < fast_decay <= slow_decay):
             raise ValueError(
                 f"need 0 < fast_decay <= slow_decay, got fast_decay={fast_decay!r}, "
@@ -99,7 +98,8 @@ class HyenaFilter(eqx.Module):
         sizes = [emb_dim] + [order] * depth
         pairs = zip(sizes[:-1], sizes[1:], keys[:depth], strict=True)
         self.layers = tuple(eqx.nn.Linear(i, o, key=k) for i, o, k in pairs)
-        self.frequencies = tuple(jnp.full((order,), float(frequency)) for _ in range(depth))
+        dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float, even for frequency=10
+        self.frequencies = tuple(jnp.full((order,), frequency, dtype) for _ in range(depth))
         self.output = eqx.nn.Linear(order, channels, use_bias=False, key=keys[depth])
         self.bias = jr.normal(keys[depth + 1], (channels,))
         self.channels = channels

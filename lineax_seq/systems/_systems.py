@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, Scalar
 
 from .._checks import IntLike, RealScalar, check_int, check_real
@@ -34,8 +35,11 @@ class DynamicalSystem(eqx.Module):
     def __check_init__(self):
         for name, sign in self.constraints.items():
             value = getattr(self, name)
-            if not isinstance(value, jax.core.Tracer):
-                check_real(f"{type(self).__name__}.{name}", value, sign)
+            if isinstance(value, jax.core.Tracer):  # built under vmap: unknown here
+                continue
+            # An array of parameters (a batch of systems, for vmap): every entry.
+            for v in np.ravel(np.asarray(value)) if np.ndim(value) else (value,):
+                check_real(f"{type(self).__name__}.{name}", v, sign)
 
     @abc.abstractmethod
     def vector_field(

@@ -185,8 +185,8 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
     Groups are tried in order and the first one that selects a leaf wins; leaves that
     no group selects get the label `"default"`. Leaves that are not inexact arrays
     (integers, static fields, functions) become `None` and are not optimised. A group
-    that selects no leaf at all is an error (a typo in a regular expression would
-    otherwise drop its learning rate silently).
+    that selects no leaf at all, or only leaves that earlier groups take, is an error
+    (a typo in a regular expression would otherwise drop its learning rate silently).
 
     **Arguments:**
 
