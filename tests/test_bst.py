@@ -439,6 +439,8 @@ def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping)
         build(ls.ContextSSM, DIM, 2, True)
     with pytest.raises(ValueError, match="features=2.0"):
         build(ls.ContextSSM, DIM, 2.0, 1)
+    with pytest.raises(ValueError, match=r"`dim`=2 is too small .*dim // 4.*ssm_features"):
+        build(ls.BlockStateTransformerLayer, 2, 1, W)
     with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(8,\)"):
         zoo["sh:s4"].ssm(jnp.zeros(DIM))
     for bad in (0, -1, 2.5, None):

@@ -375,9 +375,14 @@ class BlockStateTransformerLayer(eqx.Module):
         )
         if ssm_features is None:
             ssm_features = dim // 8 if context == "mf" else dim // 4
-        streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]
+            if ssm_features < 1:
+                raise ValueError(
+                    f"`dim`={dim} is too small for the default SSM width (dim // "
+                    f"{8 if context == 'mf' else 4}); pass `ssm_features`."
+                )
         if context == "mf":
             num_filters = check_int("num_filters", num_filters)
+        streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]
         self.ssm = ContextSSM(
             dim,
             ssm_features,

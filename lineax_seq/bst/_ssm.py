@@ -1,7 +1,5 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
-import numbers
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -78,12 +76,6 @@ class ContextSSM(eqx.Module):
         """
         if ssm not in SSMS:
             raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
-        if isinstance(features, numbers.Integral) and not isinstance(features, bool):
-            if features < 1:
-                raise ValueError(
-                    f"the SSM feature size must be >= 1, got {features} (is `dim`={dim} too "
-                    "small for the down projection?)."
-                )
         dim = check_int("dim", dim)
         features = check_int("features", features)
         streams = check_int("streams", streams)
