@@ -202,7 +202,10 @@ def main() -> None:
             for other in ("sequential_scan", "linear_scan"):
                 if other in times:
                     ratios[f"{other}_over_layer"] = paired(other, "layer_fft")
-        if "layer" in times and not args.quick and length in PYTORCH_REFERENCE_MS:
+        # The reference figures are CPU timings: no ratio to them off the CPU (there,
+        # `benchmarks/ssm_torch.py` runs the reference on the same GPU).
+        on_cpu = jax.default_backend() == "cpu"
+        if "layer" in times and on_cpu and not args.quick and length in PYTORCH_REFERENCE_MS:
             row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
             ratios["pytorch_reference_over_layer"] = (
                 PYTORCH_REFERENCE_MS[length] / row["ms"]["layer"]
@@ -240,7 +243,7 @@ def main() -> None:
     }
     name = "ssm_quick" if args.quick else "ssm"
     path = save(name, payload)
-    _plot(results, path.with_suffix(".png"), quick=args.quick)
+    _plot(results, path.with_suffix(".png"), quick=args.quick, backend=jax.default_backend())
     print(f"wrote {path}")
 
 
@@ -274,7 +277,7 @@ def _targets(results: list[dict]) -> dict:
     return targets
 
 
-def _plot(results: list[dict], path: pathlib.Path, *, quick: bool) -> None:
+def _plot(results: list[dict], path: pathlib.Path, *, quick: bool, backend: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,16 +290,14 @@ def _plot(results: list[dict], path: pathlib.Path, *, quick: bool) -> None:
     for name in dict.fromkeys(names):
         points = [(r["length"], r["ms"][name]) for r in results if name in r["ms"]]
         ax.plot(*zip(*points, strict=True), marker="o", label=name)
-    if not quick:
+    if not quick and backend == "cpu":
         ref = sorted(PYTORCH_REFERENCE_MS.items())
         ax.plot(*zip(*ref, strict=True), "k--", marker="x", label="PyTorch S4D reference")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length L")
     ax.set_ylabel("forward time per batch (ms)")
-    ax.set_title(
-        f"S4D forward, {jax.default_backend()} ({'quick' if quick else 'batch 8, H 256, N 64'})"
-    )
+    ax.set_title(f"S4D forward, {backend} ({'quick' if quick else 'batch 8, H 256, N 64'})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -48,11 +48,15 @@ def reference_layer(dim: int, state_size: int):
         def __init__(self):
             super().__init__()
             log_dt = torch.rand(dim, generator=generator)
-            self.log_dt = log_dt * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
-            self.C = torch.randn(dim, state_size // 2, dtype=torch.cfloat, generator=generator)
-            self.log_A_real = torch.log(0.5 * torch.ones(dim, state_size // 2))
-            self.A_imag = math.pi * torch.arange(state_size // 2).repeat(dim, 1).float()
-            self.D = torch.randn(dim, generator=generator)
+            log_dt = log_dt * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
+            c = torch.randn(dim, state_size // 2, dtype=torch.cfloat, generator=generator)
+            log_a_real = torch.log(0.5 * torch.ones(dim, state_size // 2))
+            a_imag = math.pi * torch.arange(state_size // 2).repeat(dim, 1).float()
+            self.log_dt = nn.Parameter(log_dt)
+            self.C = nn.Parameter(c)
+            self.log_A_real = nn.Parameter(log_a_real)
+            self.A_imag = nn.Parameter(a_imag)
+            self.D = nn.Parameter(torch.randn(dim, generator=generator))
             self.output = nn.Sequential(nn.Conv1d(dim, 2 * dim, 1), nn.GLU(dim=-2))
 
         def kernel(self, length):
@@ -60,7 +64,7 @@ def reference_layer(dim: int, state_size: int):
             a = -torch.exp(self.log_A_real) + 1j * self.A_imag
             dt_a = a * dt.unsqueeze(-1)
             c = self.C * (torch.exp(dt_a) - 1.0) / a
-            powers = torch.exp(dt_a.unsqueeze(-1) * torch.arange(length))
+            powers = torch.exp(dt_a.unsqueeze(-1) * torch.arange(length, device=dt_a.device))
             return 2 * torch.einsum("hn,hnl->hl", c, powers).real
 
         def forward(self, u):  # (batch, dim, length)
@@ -77,18 +81,23 @@ def main() -> int:
     if torch is None:
         print("skipped: PyTorch is not installed (pip install torch==2.13.0)")
         return 0
-    reference = reference_layer(DIM, STATE)
+    # Same device class for both: off CPU, the reference runs on CUDA (synchronised).
+    cuda = jax.default_backend() == "gpu" and torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    reference = reference_layer(DIM, STATE).to(device)
     linear = ls.S4D(DIM, state_size=STATE, key=jr.key(0))
     full = ls.S4D(DIM, state_size=STATE, activation=jax.nn.gelu, glu=True, key=jr.key(0))
     forward = eqx.filter_jit(lambda layer, x: jax.vmap(layer)(x))
     rows = []
     for length in LENGTHS:
         x = jr.normal(jr.key(1), (BATCH, length, DIM))
-        u = torch.randn(BATCH, DIM, length)
+        u = torch.randn(BATCH, DIM, length, device=device)
 
         def run_reference(u=u):
             with torch.no_grad():
                 reference(u)
+            if cuda:
+                torch.cuda.synchronize()
 
         calls = {
             "layer": lambda x=x: forward(linear, x),
@@ -108,6 +117,7 @@ def main() -> int:
         {
             "config": {"batch": BATCH, "dim": DIM, "state_size": STATE, "rounds": ROUNDS},
             "torch": torch.__version__,
+            "torch_device": str(device),
             "torch_threads": torch.get_num_threads(),
             "results": rows,
         },

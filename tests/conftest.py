@@ -2,6 +2,11 @@
 
 * 8 host CPU devices, so sharding tests can build meshes (must be set before JAX starts),
   and XLA's warnings on stderr (the mesh tests read them).
+* The same suite runs on a GPU: float32 matrix products at full precision (GPUs round
+  their operands to TF32 by default, 3e-4 off the float32 references of the oracle
+  tests), and no memory preallocation, so that the scripts the tests start in
+  subprocesses find GPU memory left. Both are environment variables, which those
+  subprocesses inherit.
 * Strict dtype promotion: implicit float32 -> complex64 / int -> float mixes are errors.
 * Shared PRNG keys; keep shapes small, since compile time dominates the suite.
 """
@@ -10,6 +15,8 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # XLA's warnings reach stderr: tests/test_mesh_models.py fails on a resharding warning.
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
 
