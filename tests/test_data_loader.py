@@ -61,7 +61,12 @@ def _free_port() -> int:
 
 def test_default_sharding_splits_examples_over_jax_processes(tmp_path):
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    # Two processes on loopback, as two hosts: CPU devices, even beside an accelerator.
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_PLATFORMS": "cpu",
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(i), "2", str(port), str(tmp_path)],

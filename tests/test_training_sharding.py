@@ -127,7 +127,7 @@ def _free_port():
 @pytest.mark.slow
 def test_two_processes_data_parallel_equals_single_process(tmp_path):
     port = _free_port()
-    env = dict(os.environ)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # two hosts on loopback, CPU devices
     env.pop("XLA_FLAGS", None)
     procs = [
         subprocess.Popen(
