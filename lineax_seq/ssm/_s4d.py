@@ -40,7 +40,9 @@ class S4D(eqx.Module):
     at 1k-64k positions) and `"fft"` for per-channel kernels (there the chunked
     method's `2 C + 8 modes` flops per position and feature, in small per-channel
     GEMMs, were 1.3-2.5x slower than XLA's FFT on CPU at `state_size=64`; both in
-    `benchmarks/results/ssm.json`).
+    `benchmarks/results/ssm.json`). On a GPU the FFT is memory-bound at long lengths:
+    on an H100 the per-channel chunked forward was 1.3x faster at 16k positions and
+    2.2x at 64k (`ssm_gpu.json`), so there pass `conv="chunked"` for long sequences.
 
     Causal layers also run recurrently, one step at a time, via
     [`lineax_seq.S4D.init_state`][] and [`lineax_seq.S4D.step`][]; this reproduces
