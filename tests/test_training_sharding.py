@@ -14,17 +14,12 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from _devices import needs_8_devices
 from jax.sharding import PartitionSpec as P
 
 import lineax_seq as ls
 
-# (data, model) meshes of 8 devices: the host CPU devices tests/conftest.py asks for. On a
-# machine with one accelerator, JAX's default devices are the accelerator's.
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < 8,
-    reason=f"needs 8 devices, JAX has {jax.device_count()} ({jax.default_backend()}); "
-    "on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 provides them",
-)
+pytestmark = needs_8_devices
 
 HERE = pathlib.Path(__file__).resolve().parent
 
