@@ -105,6 +105,14 @@ def check_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """`value` if it is a Python `bool`, else a `TypeError` naming it (a truthy string or
+    an integer is not a flag)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {name}={value!r}")
+    return value
+
+
 def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None:
     """`None`, or `value` as an `int` as for `check_int`."""
     if value is None:

@@ -505,6 +505,13 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
     ]:
         with pytest.raises(ValueError, match=pattern):
             ls.BiGS(10, 8, 1, routing="attention", key=jr.key(0), **option)
+    # NumPy integers are sizes (stored as ints: a NumPy one would be traced when built).
+    model = ls.BiGS(np.int64(10), np.int64(8), np.int64(1), inner_dim=np.int32(24), key=jr.key(0))
+    assert (model.dim, model.num_layers) == (8, 1) and type(model.dim) is int
+    head = ls.SequenceClassificationHead(np.int64(8), np.int64(3), key=jr.key(0))
+    assert head(jnp.ones((5, 8)), inference=True).shape == (3,)
+    with pytest.raises(ValueError, match="num_token_types must be an integer >= 0"):
+        ls.BiGS(10, 8, 1, num_token_types=-1, key=jr.key(0))
 
 
 def test_narrow_token_dtypes_and_masked_mean_mask(mods):

@@ -10,12 +10,11 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 
 
 def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"`bidirectional` must be a bool, got bidirectional={bidirectional!r}.")
+    check_bool("bidirectional", bidirectional)
     check_int("num_buckets", num_buckets)
     check_int("max_distance", max_distance)
     min_buckets = 4 if bidirectional else 2

@@ -6,7 +6,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ._core import attend
 
 
@@ -65,9 +65,8 @@ class MultiHeadAttention(eqx.Module):
                 f"`num_heads`={num_heads} must divide `dim`={dim} (head size dim // num_heads)."
             )
         kv_dim = dim if kv_dim is None else check_int("kv_dim", kv_dim)
-        for name, flag in (("use_bias", use_bias), ("output_projection", output_projection)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, got {name}={flag!r}.")
+        check_bool("use_bias", use_bias)
+        check_bool("output_projection", output_projection)
         kq, kk, kv, ko = jr.split(key, 4)
         self.query_proj = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
         self.key_proj = eqx.nn.Linear(kv_dim, dim, use_bias=use_bias, key=kk)

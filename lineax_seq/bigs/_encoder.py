@@ -9,7 +9,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_ids
+from .._checks import check_ids, check_int
 from ._layers import (
     ARCHITECTURES,
     KERNELS,
@@ -17,7 +17,6 @@ from ._layers import (
     GatedLayer,
     StackLayer,
     _check,
-    _check_positive,
     apply_norm,
     check_dropout,
     check_init_std,
@@ -190,23 +189,20 @@ class BiGS(eqx.Module):
             see "Initialisation" above for small widths).
         - `key`: a `jax.random.key`.
         """
-        _check_positive("vocab_size", vocab_size)
-        _check_positive("dim", dim)
-        _check_positive("num_layers", num_layers)
+        vocab_size = check_int("vocab_size", vocab_size)
+        dim = check_int("dim", dim)
+        num_layers = check_int("num_layers", num_layers)
         _check("architecture", architecture, ARCHITECTURES)
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
         if max_length is not None:
-            _check_positive("max_length", max_length)
-        if isinstance(num_token_types, bool) or not isinstance(num_token_types, int):
-            raise ValueError(f"num_token_types must be an int >= 0, got {num_token_types!r}")
-        if num_token_types < 0:
-            raise ValueError(f"num_token_types must be >= 0, got {num_token_types!r}")
+            max_length = check_int("max_length", max_length)
+        num_token_types = check_int("num_token_types", num_token_types, minimum=0)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
-        _check_positive("inner_dim", inner_dim)
+        inner_dim = check_int("inner_dim", inner_dim)
         layer_cls = GatedLayer if architecture == "gated" else StackLayer
         settings = dict(
             inner_dim=inner_dim,

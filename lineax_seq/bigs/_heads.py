@@ -7,9 +7,9 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ._layers import (
     INIT_STD,
-    _check_positive,
     apply_dense,
     apply_norm,
     check_dropout,
@@ -61,8 +61,8 @@ class MaskedLMHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
-        _check_positive("dim", dim)
-        _check_positive("vocab_size", vocab_size)
+        dim = check_int("dim", dim)
+        vocab_size = check_int("vocab_size", vocab_size)
         init_std = check_init_std(init_std)
         self.transform = dense(dim, dim, std=init_std, key=key)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
@@ -122,8 +122,8 @@ class SequenceClassificationHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
-        _check_positive("dim", dim)
-        _check_positive("num_outputs", num_outputs)
+        dim = check_int("dim", dim)
+        num_outputs = check_int("num_outputs", num_outputs)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
         pool_key, cls_key = jr.split(key)
@@ -176,7 +176,7 @@ class SpanExtractionHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
-        _check_positive("dim", dim)
+        dim = check_int("dim", dim)
         init_std = check_init_std(init_std)
         self.proj = dense(dim, 2, std=init_std, key=key)
 

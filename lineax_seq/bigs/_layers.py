@@ -12,6 +12,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_int
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -100,11 +101,6 @@ def _gelu_gate(a: Array, b: Array) -> Array:
 def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
-
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
 
 
 def _key_mask(mask: Bool[Array, " length"] | None) -> Bool[Array, "length length"] | None:
@@ -199,16 +195,16 @@ class _Layer(eqx.Module):
             [`lineax_seq.BiGS`][] on small widths).
         - `key`: a `jax.random.key`.
         """
-        _check_positive("dim", dim)
+        dim = check_int("dim", dim)
         inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
-        _check_positive("inner_dim", inner_dim)
+        inner_dim = check_int("inner_dim", inner_dim)
         routing = self._default_routing if routing is None else routing
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
-        _check_positive("num_heads", heads)
+        heads = check_int("num_heads", heads)
         check_kernel_options(state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init")
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, init_std, key)

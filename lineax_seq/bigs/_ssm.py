@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import check_bool, check_int
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -180,10 +181,8 @@ class DirectionalSSM(eqx.Module):
         """
         if kernel not in ("shared", "per_channel"):
             raise ValueError(f"kernel must be 'shared' or 'per_channel', got kernel={kernel!r}")
-        if not isinstance(reverse, bool):
-            raise TypeError(f"reverse must be a bool, got reverse={reverse!r}")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got dim={dim!r}")
+        check_bool("reverse", reverse)
+        dim = check_int("dim", dim)
         channels = 1 if kernel == "shared" else dim
         self.kernel_fn = S4DKernel(
             state_size, channels, init=init, dt_min=dt_min, dt_max=dt_max, key=key

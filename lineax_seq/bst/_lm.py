@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_ids, check_int
+from .._checks import check_bool, check_ids, check_int
 from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
@@ -165,10 +165,7 @@ class BlockStateTransformerLM(eqx.Module):
         num_layers = check_int("num_layers", num_layers)
         num_heads = check_int("num_heads", num_heads)
         window = check_window(window)
-        if not isinstance(tie_embeddings, bool):
-            raise TypeError(
-                f"`tie_embeddings` must be a bool, got tie_embeddings={tie_embeddings!r}."
-            )
+        check_bool("tie_embeddings", tie_embeddings)
         if dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
         if context not in CONTEXTS:

@@ -157,8 +157,7 @@ class ContextSSM(eqx.Module):
         """
         self._check_dim(x, "x")
         length = x.shape[0]
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive integer, got window={window!r}")
+        window = check_int("window", window)
         if length % window:
             raise ValueError(f"length={length} must be a multiple of window={window}")
         if self.ssm != "s4":

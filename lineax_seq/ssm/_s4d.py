@@ -10,7 +10,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -91,9 +91,8 @@ class S4D(eqx.Module):
         - `key`: a `jax.random.key`.
         """
         dim = check_int("dim", dim)
-        for name, flag in (("bidirectional", bidirectional), ("glu", glu)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {name}={flag!r}")
+        check_bool("bidirectional", bidirectional)
+        check_bool("glu", glu)
         if activation is not None and not callable(activation):
             raise TypeError(f"activation must be a callable or None, got activation={activation!r}")
         channels = dim if channels is None else channels

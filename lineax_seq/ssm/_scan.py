@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Inexact
 
+from .._checks import check_bool
+
 
 def _matvec(a: Array, x: Array) -> Array:
     return jnp.einsum("...ij,...j->...i", a, x, precision=jax.lax.Precision.HIGHEST)
@@ -54,8 +56,7 @@ def linear_scan(
             f"a must have shape (length, n) or (length, n, n) matching b.shape={b.shape}, "
             f"got a.shape={a.shape}"
         )
-    if not isinstance(reverse, bool):
-        raise TypeError(f"reverse must be a Python bool, got reverse={reverse!r}")
+    check_bool("reverse", reverse)
     if not jnp.issubdtype(b.dtype, jnp.inexact):
         raise TypeError(f"b must have a floating or complex dtype, got b.dtype={b.dtype}")
     arrays = (("a", a), ("initial", initial))
