@@ -216,6 +216,25 @@ def test_fft_conv_bidirectional_equals_direct(kc, getkey):
     np.testing.assert_allclose(ls.fft_conv(u, k, kb), _direct_conv(u, k, kb), atol=1e-4)
 
 
+def test_fft_conv_bidirectional_flag_splits_stacked_kernels(getkey):
+    """`bidirectional=True` reads `k` as forward kernels over backward ones (S4's layout)."""
+    u = jr.normal(getkey(), (37, 3))
+    k, kb = jr.normal(getkey(), (2, 3, 37))
+    stacked = jnp.concatenate([k, kb])
+    np.testing.assert_allclose(
+        ls.fft_conv(u, stacked, bidirectional=True), _direct_conv(u, k, kb), atol=1e-4
+    )
+    causal = ls.fft_conv(u, k, bidirectional=False)
+    np.testing.assert_allclose(causal, _direct_conv(u, k), atol=1e-4)
+    np.testing.assert_allclose(
+        ls.fft_conv(u, k, kb, bidirectional=True), _direct_conv(u, k, kb), atol=1e-4
+    )
+    with pytest.raises(ValueError, match=r"bidirectional=True.*\(2 \* kc, length\).*\(3, 37\)"):
+        ls.fft_conv.__wrapped__(u, k, bidirectional=True)
+    with pytest.raises(TypeError, match="bidirectional must be a bool, got bidirectional=1"):
+        ls.fft_conv.__wrapped__(u, k, bidirectional=1)
+
+
 def test_fft_conv_bidirectional_impulse_response(getkey):
     length, p = 20, 7
     k, kb = jr.normal(getkey(), (2, 1, length))

@@ -192,6 +192,15 @@ def test_hyena_filter_formula(getkey):
     np.testing.assert_allclose(filt.decay, np.log(100) / np.array([1.5, 0.5, 0.3]), rtol=1e-5)
 
 
+def test_hyena_filter_positional_form(getkey):
+    """`HyenaFilter(channels, order, max_length, key=...)` (the design sketch's call)."""
+    key = getkey()
+    positional = ls.HyenaFilter(3, 8, 16, key=key)
+    keywords = ls.HyenaFilter(3, order=8, max_length=16, key=key)
+    assert positional.max_length == 16 and positional.layers[0].out_features == 8
+    np.testing.assert_array_equal(positional(20), keywords(20))
+
+
 def test_hyena_filter_extrapolates_beyond_max_length(getkey):
     filt = ls.HyenaFilter(2, max_length=32, key=getkey())
     long, short = eqx.filter_jit(lambda f: (f(100), f(32)))(filt)
@@ -228,6 +237,8 @@ def test_hyena_filter_bad_inputs(getkey, no_jaxtyping):
         ls.HyenaFilter(2, max_length=8, emb_dim=4, key=getkey())
     with pytest.raises(ValueError, match="max_length.*0"):
         ls.HyenaFilter(2, max_length=0, key=getkey())
+    with pytest.raises(TypeError, match="needs `max_length`"):
+        ls.HyenaFilter(2, order=4, key=getkey())
     with pytest.raises(ValueError, match="fast_decay"):
         ls.HyenaFilter(2, max_length=8, fast_decay=2.0, slow_decay=1.0, key=getkey())
     with pytest.raises(ValueError, match="depth=True"):

@@ -3,6 +3,8 @@
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._checks import check_bool
+
 
 def _work_dtype(dtype) -> type:
     """The real dtype FFTs and complex arithmetic run in: float64 stays float64, anything
@@ -30,6 +32,8 @@ def fft_conv(
     u: Float[Array, "length channels"],
     k: Float[Array, "kc length"],
     k_backward: Float[Array, "kc length"] | None = None,
+    *,
+    bidirectional: bool = False,
 ) -> Float[Array, "length channels"]:
     """Causal or bidirectional long convolution of each channel with its own kernel.
 
@@ -57,7 +61,11 @@ def fft_conv(
         are computed in float32).
     - `k`: forward kernel of shape `(kc, length)`, as long as `u`, `kc` either
         `channels` (one kernel per channel) or `1` (one kernel shared by all channels).
-    - `k_backward`: optional backward kernel of the same shape as `k`.
+    - `k_backward`: optional backward kernel of the same shape as `k`; giving it makes
+        the convolution bidirectional.
+    - `bidirectional`: with `k_backward=None`, read `k` as the forward kernels stacked
+        over the backward ones, shape `(2 * kc, length)` (S4's convention: an
+        `S4DKernel` with twice the channels). Ignored when `k_backward` is given.
 
     **Returns:**
 
@@ -68,6 +76,14 @@ def fft_conv(
     if not jnp.issubdtype(u.dtype, jnp.floating):
         raise TypeError(f"u must have a floating dtype, got u.dtype={u.dtype}")
     length, channels = u.shape
+    bidirectional = check_bool("bidirectional", bidirectional)
+    if bidirectional and k_backward is None:
+        if k.ndim != 2 or k.shape[0] % 2:
+            raise ValueError(
+                "With bidirectional=True and no k_backward, k must stack the forward over "
+                f"the backward kernels, shape (2 * kc, length), got k.shape={k.shape}"
+            )
+        k, k_backward = k[: k.shape[0] // 2], k[k.shape[0] // 2 :]
     if k.ndim != 2 or k.shape[0] not in (1, channels) or k.shape[1] != length:
         raise ValueError(
             f"k must have shape (kc, length={length}) with kc = 1 or channels={channels}, "

@@ -54,9 +54,9 @@ class HyenaFilter(eqx.Module):
     def __init__(
         self,
         channels: int,
-        *,
         order: int = 64,
-        max_length: int,
+        max_length: int | None = None,
+        *,
         emb_dim: int = 33,
         depth: int = 2,
         frequency: RealScalar = 1.0,
@@ -69,7 +69,8 @@ class HyenaFilter(eqx.Module):
 
         - `channels`: number of filters.
         - `order`: width of the FFN's hidden layers.
-        - `max_length`: the (training) length that positions are normalised by.
+        - `max_length`: the (training) length that positions are normalised by;
+            required (`HyenaFilter(channels, order, max_length, key=key)`).
         - `emb_dim`: size of the positional encoding (odd, >= 3).
         - `depth`: number of hidden (linear + sine) layers, >= 1.
         - `frequency`: initial frequency of the sine activations.
@@ -80,6 +81,8 @@ class HyenaFilter(eqx.Module):
         """
         channels = check_int("channels", channels)
         order = check_int("order", order)
+        if max_length is None:
+            raise TypeError("HyenaFilter needs `max_length`, the training length (an int >= 1).")
         max_length = check_int("max_length", max_length)
         depth = check_int("depth", depth)
         if check_int("emb_dim", emb_dim, 3) % 2 == 0:
