@@ -20,9 +20,10 @@ from lineax_seq.experiments import _koopman as kx
 def test_cli_tiny_run(tmp_path, capsys):
     argv = ["koopman", "--system", "duffing", "--small", "--variants", "koopman/linear"]
     argv += ["--periods", "1,5,50", "--horizons", "20,50", "--out", str(tmp_path)]
+    argv += ["--system-param", "dt=0.02"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "| duffing |" in printed and "MSE over 50 steps" in printed
+    assert "| duffing (dt=0.02) |" in printed and "MSE over 50 steps" in printed
 
     payload = json.loads((tmp_path / "koopman_table.json").read_text())
     assert payload["config"]["steps"] == 20 and payload["config"]["periods"] == [1, 5, 50]
@@ -48,7 +49,8 @@ def test_cli_tiny_run(tmp_path, capsys):
 
     for name in payload["systems"]["duffing"]["figures"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| duffing |" in (tmp_path / "koopman_table.md").read_text()
+    assert "| duffing (dt=0.02) |" in (tmp_path / "koopman_table.md").read_text()
+    assert payload["systems"]["duffing"]["params"] == {"dt": 0.02}
     floor = payload["systems"]["duffing"]["floor"]
     assert floor["eps"] == kx.FLOOR_EPS and set(floor["horizons"]) == {"20", "50"}
     assert 0 < floor["horizons"]["20"] < floor["horizons"]["50"] < math.inf
@@ -64,6 +66,9 @@ def test_cli_tiny_run(tmp_path, capsys):
             want = tuple(value) if isinstance(value, list) else value
             if name == "variants":
                 want = tuple(kx.VARIANT_NAMES[v] for v in value)
+            if name == "system_param":
+                assert value == [["dt", 0.02]]
+                want = [tuple(p) for p in value]
             assert again[name] == want, name
 
 
@@ -147,6 +152,8 @@ def test_format_table_ours_beside_paper():
         (["--horizons", "100,100"], "--horizons='100,100' must be distinct"),
         (["--steps", "-3"], "'-3' is not a positive integer"),
         (["--prediction", "-1"], "'-1' is not a non-negative finite number"),
+        (["--system-param", "g"], "expected NAME=VALUE .* got 'g'"),
+        (["--system-param", "g=fast"], "expected NAME=VALUE .* got 'g=fast'"),
     ],
 )
 def test_bad_options(argv, message, capsys):
@@ -169,6 +176,17 @@ def test_main_imports_only_the_chosen_command(monkeypatch, capsys):
         main(["koopman", "--help"])
     assert imported == ["lineax_seq.experiments._koopman"]
     assert "--prediction" in capsys.readouterr().out
+
+
+def test_system_param_is_checked_before_training(tmp_path):
+    for argv, message in [
+        (["--system", "duffing", "--system-param", "g=1"], "g is not a parameter of the 'duffing'"),
+        (["--system", "pendulum", "--system-param", "g=-1"], "Pendulum.g must be a positive"),
+        (["--all", "--system-param", "g=1"], "g is not a parameter of the 'parabolic'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            main(["koopman", *argv, "--small", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())  # nothing trained, nothing written
 
 
 def test_window_longer_than_trajectories(tmp_path):

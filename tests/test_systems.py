@@ -177,6 +177,18 @@ def test_get_system_names_its_argument(no_jaxtyping):
         ls.get_system(["duffing"])
 
 
+def test_get_system_overrides_parameters(no_jaxtyping):
+    pendulum = ls.get_system("pendulum", g=1.0, max_offset_deg=5.0)
+    assert isinstance(pendulum, ls.Pendulum) and (pendulum.g, pendulum.max_offset_deg) == (1, 5)
+    assert pendulum.length == ls.Pendulum().length  # the others keep the paper's values
+    with pytest.raises(ValueError, match=r"gravity is not a parameter of the 'pendulum' system"):
+        ls.get_system("pendulum", gravity=1.0)
+    with pytest.raises(ValueError, match=r"a, b are not parameters .*\['dt'\]"):
+        ls.get_system("duffing", a=1.0, b=2.0)
+    with pytest.raises(ValueError, match="Pendulum.g must be a positive"):
+        ls.get_system("pendulum", g=0.0)
+
+
 def test_system_parameters_are_checked(key):
     """Parameters are checked at construction: finite, and positive (or >= 0) where
     the physics needs it; NumPy and JAX scalars are parameters too, and a system built

@@ -86,9 +86,13 @@ def make_data(
     train_steps: int,
     test_steps: int,
     num_test: int = 100,
+    params: dict[str, float] | None = None,
 ):
-    """Training trajectories and trajectories from fresh test initial conditions."""
-    system = ls.get_system(system_name)
+    """Training trajectories and trajectories from fresh test initial conditions.
+
+    `params` overrides the system's parameters (`ls.get_system(system_name, **params)`).
+    """
+    system = ls.get_system(system_name, **(params or {}))
     if num_train is None:
         num_train = 100 if system_name == "lorenz" else 50
     train_key, test_key = jr.split(key)
@@ -308,10 +312,13 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
         train_steps=args.train_length,
         test_steps=max(horizons),
         num_test=args.num_test,
+        params=dict(args.system_param),
     )
     mean, std = _standardiser(train_xs, args.normalize)
     scale = scale_of(system_name)
     results = {"system": system_name, "scale": scale, "variants": {}}
+    if args.system_param:
+        results["params"] = dict(args.system_param)
     spread = _standardiser(train_xs, True)[1]
     floor = sensitivity_floor(system, test_xs, std=spread, key=jr.fold_in(data_key, 1))
     results["floor"] = {
@@ -454,7 +461,9 @@ def format_table(all_results: dict) -> str:
                 for o, p in zip(ours, paper, strict=True)
             ]
             cells.append(_fmt(res.get("floor", {}).get("horizons", {}).get(str(h))))
-            lines.append(f"| {system} | " + " | ".join(cells) + " |")
+            params = "".join(f", {n}={v:g}" for n, v in res.get("params", {}).items())
+            label = f"{system} ({params[2:]})" if params else system
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -542,6 +551,18 @@ def _int_list(name: str):
     return parse
 
 
+def _system_param(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        if not (sep and name.isidentifier()):
+            raise ValueError
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with a real VALUE (e.g. g=1.0), got {text!r}"
+        ) from None
+
+
 def _variant_list(text: str) -> tuple[tuple[str, str], ...]:
     names = [v.strip() for v in text.split(",")]
     bad = [v for v in names if v not in VARIANT_NAMES]
@@ -557,6 +578,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `koopman` command's options (defaults: the committed Table 1.1 run)."""
     parser.add_argument("--system", choices=SYSTEM_NAMES, default="duffing")
     parser.add_argument("--all", action="store_true", help="run all five systems")
+    parser.add_argument(
+        "--system-param",
+        type=_system_param,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a parameter of the system(s), e.g. 'g=1.0' for the pendulum "
+        "(repeatable; default: the paper's parameters)",
+    )
     parser.add_argument(
         "--variants",
         type=_variant_list,
@@ -677,6 +707,8 @@ def _command_line(args) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
             words.append(flag if value else "--no-" + flag[2:])
+        elif name == "system_param":
+            words += [f"{flag} {n}={v:g}" for n, v in value]
         elif name == "variants":
             words.append(f"{flag} " + ",".join(f"{dyn}/{dec}" for dyn, dec in value))
         elif isinstance(value, tuple):
@@ -693,6 +725,8 @@ def run(args: argparse.Namespace) -> int:
     if args.window >= args.train_length:
         raise ValueError(f"--window={args.window} must be below --train-length={args.train_length}")
     names = SYSTEM_NAMES if args.all else (args.system,)
+    for name in names:  # a bad --system-param fails here, before any training
+        ls.get_system(name, **dict(args.system_param))
     key = jr.key(args.seed)
     all_results = {}
     for name in names:

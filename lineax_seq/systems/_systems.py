@@ -1,6 +1,7 @@
 """Vector fields and initial-condition samplers of the chapter-1 dynamical systems."""
 
 import abc
+import dataclasses
 import math
 from typing import ClassVar
 
@@ -238,10 +239,21 @@ SYSTEMS: dict[str, type[DynamicalSystem]] = {
 }
 
 
-def get_system(name: str) -> DynamicalSystem:
-    """The system called `name` (one of `SYSTEMS`) with the paper's parameters."""
+def get_system(name: str, **params: float) -> DynamicalSystem:
+    """The system called `name` (one of `SYSTEMS`) with the paper's parameters, except
+    those given as keywords, e.g. `get_system("pendulum", g=1.0)` (checked as the class
+    checks them; an unknown name is an error that lists the system's parameters)."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, one of {sorted(SYSTEMS)}; got name={name!r}")
     if name not in SYSTEMS:
         raise ValueError(f"name={name!r} is not one of {sorted(SYSTEMS)}")
-    return SYSTEMS[name]()
+    cls = SYSTEMS[name]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        verb = "is not a parameter" if len(unknown) == 1 else "are not parameters"
+        raise ValueError(
+            f"{', '.join(unknown)} {verb} of the {name!r} system ({cls.__name__}); "
+            f"its parameters are {fields}"
+        )
+    return cls(**params)
