@@ -708,7 +708,7 @@ def _command_line(args) -> list[str]:
         if isinstance(value, bool):
             words.append(flag if value else "--no-" + flag[2:])
         elif name == "system_param":
-            words += [f"{flag} {n}={v:g}" for n, v in value]
+            words += [f"{flag} {n}={v!r}" for n, v in value]
         elif name == "variants":
             words.append(f"{flag} " + ",".join(f"{dyn}/{dec}" for dyn, dec in value))
         elif isinstance(value, tuple):
