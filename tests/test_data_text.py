@@ -66,6 +66,29 @@ def test_user_corpus_and_deterministic_split(corpus_dir):
     assert abs(frac - 0.2) < 0.03
 
 
+def test_single_text_file_is_split_by_position(tmp_path):
+    """One `.txt` file (a book): train, valid, test are consecutive parts of it."""
+    book = tmp_path / "book.txt"
+    lines = [f"line {i:03d} " + "x" * (i % 7) + "\n" for i in range(400)]
+    book.write_text("".join(lines))
+    parts = [ls.text_corpus(book, split=s, valid_fraction=0.1, test_fraction=0.2)[0]
+             for s in ("train", "valid", "test")]  # fmt: skip
+    assert "".join(parts) == book.read_text() == ls.text_corpus(book, split="all")[0]
+    assert all(p.startswith("line ") and p.endswith("\n") for p in parts)  # cut at lines
+    sizes = np.array([len(p) for p in parts]) / len(book.read_text())
+    np.testing.assert_allclose(sizes, [0.7, 0.1, 0.2], atol=0.01)
+    # A text without line breaks is cut mid-line rather than leaving a split empty.
+    flat = tmp_path / "flat.txt"
+    flat.write_text("a" * 1000)
+    valid = ls.text_corpus(flat, split="valid")[0]
+    assert len(valid) == 50
+    # A split that the file is too short to fill is an error that says why.
+    short = tmp_path / "short.txt"
+    short.write_text("print('hi')\n")
+    with pytest.raises(ValueError, match=r"split='valid' .* by position, .* 12 characters"):
+        ls.text_corpus(short, split="valid")
+
+
 def test_corpus_bad_inputs(tmp_path, corpus_dir):
     with pytest.raises(FileNotFoundError, match="source"):
         ls.text_corpus(tmp_path / "missing")

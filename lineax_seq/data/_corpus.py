@@ -126,6 +126,34 @@ def _read_documents_uncached(source, text_field):
     return sorted(docs.items())
 
 
+def _is_text_file(source) -> bool:
+    """Whether `source` is a single `.txt` / `.py` file (one long text)."""
+    if source is None:
+        return False
+    path = pathlib.Path(source)
+    return path.is_file() and path.suffix in (".txt", ".py")
+
+
+def _contiguous_split(
+    text: str, split: str, valid_fraction: RealLike, test_fraction: RealLike
+) -> str:
+    """The `split` part of one long text: train, then valid, then test, in that order,
+    of `1 - valid - test`, `valid` and `test` of its characters, each cut moved to the
+    next line start (or left mid-line where no line break follows)."""
+    n = len(text)
+
+    def cut(fraction) -> int:
+        pos = min(n, max(0, round(n * float(fraction))))
+        if pos in (0, n):
+            return pos
+        newline = text.find("\n", pos - 1)
+        return newline + 1 if newline >= 0 else pos
+
+    a = cut(1 - float(valid_fraction) - float(test_fraction))
+    b = max(a, cut(1 - float(test_fraction)))
+    return {"train": text[:a], "valid": text[a:b], "test": text[b:]}[split]
+
+
 def text_corpus(
     source: str | os.PathLike | None = None,
     *,
@@ -146,7 +174,11 @@ def text_corpus(
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
     path relative to `source`, or `path:line` for JSONL), so the split never depends
-    on the machine, the order of files, or on which other documents exist.
+    on the machine, the order of files, or on which other documents exist. A single
+    `.txt`/`.py` file (e.g. a book) is instead split by position, as is usual for
+    one-file corpora: its first `1 - valid_fraction - test_fraction` of characters
+    train, the next `valid_fraction` validate, the last `test_fraction` test (each cut
+    at the next line start), one document per split.
 
     **Arguments:**
 
@@ -169,7 +201,17 @@ def text_corpus(
     """
     check_split(split, valid_fraction, test_fraction)
     docs = read_documents(source, text_field=text_field)
-    if split != "all":
+    if split != "all" and _is_text_file(source):
+        text = docs[0][1]
+        piece = _contiguous_split(text, split, valid_fraction, test_fraction)
+        if not piece.strip():
+            raise ValueError(
+                f"split={split!r} of source {str(source)!r} has no documents (a single text "
+                f"file is split by position, and this one's {len(text)} characters leave "
+                f"that part empty; use a longer file, larger fractions, or split='all')"
+            )
+        docs = [(docs[0][0], piece)]
+    elif split != "all":
         docs = [
             d
             for d in docs
