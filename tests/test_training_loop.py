@@ -193,6 +193,20 @@ def test_finite_grain_eval_data_is_evaluated_whole(data):
     assert [r["step"] for r in result.history if r["split"] == "eval"] == [1]
 
 
+def test_eval_weights_batches_by_their_size(data):
+    """A short last batch counts for its examples: the record is the per-example mean."""
+    (x0, y0), (x1, y1) = data[:2]
+    uneven = [(x0, y0), (x1[:3], y1[:3])]
+    result = ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data, steps=1,
+        key=jr.key(0), eval_data=uneven, progress=False,
+    )  # fmt: skip
+    (record,) = [r for r in result.history if r["split"] == "eval"]
+    whole = (np.concatenate([x0, x1[:3]]), np.concatenate([y0, y1[:3]]))
+    want = float(common.loss_fn(result.model, whole, None)[0])
+    np.testing.assert_allclose(record["loss"], want, rtol=1e-5)
+
+
 def test_resume_with_another_data_layout_says_so(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn)
     kw = dict(steps=2, key=jr.key(0), out_dir=tmp_path, checkpoint_every=1, progress=False)

@@ -345,7 +345,9 @@ def train(
     - `opt_state`: initial optimiser state (default `optimizer.init` on the inexact
         arrays of `model`).
     - `eval_data`: an iterable of evaluation batches; `iter(eval_data)` is called
-        afresh at every evaluation.
+        afresh at every evaluation. An evaluation record holds the batches' metrics
+        averaged with weights proportional to their sizes (the leading size of the first
+        batch leaf), so a shorter last batch counts for what it holds.
     - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`).
     - `eval_every`: evaluate every this many steps and at the end (0: only at the end,
         if `eval_data` is given).
@@ -536,9 +538,10 @@ def train(
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
             m = eval_step(model, batch, jr.fold_in(k, i))
+            size = max(_count(batch, "samples"), 1)
             for name, v in m.items():
-                sums[name] = sums.get(name, 0.0) + _host(v)
-            n += 1
+                sums[name] = sums.get(name, 0.0) + size * _host(v)
+            n += size
         if n == 0:
             raise ValueError("eval_data yielded no batches.")
         record = {"step": s, "split": "eval"}
