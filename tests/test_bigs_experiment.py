@@ -456,7 +456,8 @@ def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
 def test_finetune_file_and_kernels(pretrained, tmp_path):
     out, _, _ = pretrained
     # 10 classes and the same settings as the ListOps test below: one compiled step.
-    rows = [(f"x{'y' * (i % 5)}", i % 10) for i in range(40)]
+    # The classes are named (c0 ... c9), as in files whose labels are words.
+    rows = [(f"x{'y' * (i % 5)}", f"c{i % 10}") for i in range(40)]
     train = _bigs_ablation.write_rows(rows, tmp_path / "train.csv")
     held = tmp_path / "held.jsonl"  # CSV for training, JSONL for evaluation
     held.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows[:8]))
@@ -466,7 +467,8 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     )  # fmt: skip
     metrics = _bigs.finetune(args)
     assert 0.0 <= metrics["accuracy"] <= 1.0
-    assert (tmp_path / "ft" / "result.json").exists()
+    result = json.loads((tmp_path / "ft" / "result.json").read_text())
+    assert result["label_names"] == [f"c{i}" for i in range(10)]
     png = _bigs.kernels(
         _parse(["kernels", "--checkpoint", str(out), "--out", str(tmp_path / "k.png")])
     )
@@ -483,12 +485,37 @@ def test_read_rows_regression_and_pairs(tmp_path):
     path = tmp_path / "reg.jsonl"
     rows = [{"text": "a" * (1 + i), "text_pair": "b", "label": 0.25 * i} for i in range(6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    records, outputs = _bigs_train.read_rows(path, regression=True)
+    records, outputs, _ = _bigs_train.read_rows(path, regression=True)
     assert outputs == 1 and [records[i]["label"] for i in range(6)] == [r["label"] for r in rows]
     assert records[2]["text_pair"] == "b"
+    records, outputs, names = _bigs_train.read_rows(path, regression=True)
+    assert outputs == 1 and names is None
     csv_path = _bigs_ablation.write_rows([("x", 3), ("y", 0)], tmp_path / "cls.csv")
-    records, outputs = _bigs_train.read_rows(csv_path, regression=False)
-    assert outputs == 4 and records[0]["label"] == 3
+    records, outputs, names = _bigs_train.read_rows(csv_path, regression=False)
+    assert outputs == 4 and records[0]["label"] == 3 and names is None
+    # Class names: numbered in sorted order; a held-out file reuses the training names.
+    named = _bigs_ablation.write_rows(
+        [("x", "pos"), ("y", "neg"), ("z", "pos")], tmp_path / "n.csv"
+    )
+    records, outputs, names = _bigs_train.read_rows(named, regression=False)
+    assert (outputs, names) == (2, ("neg", "pos"))
+    assert [records[i]["label"] for i in range(3)] == [1, 0, 1]
+    held = _bigs_ablation.write_rows([("w", "pos")], tmp_path / "h.csv")
+    records, outputs, _ = _bigs_train.read_rows(held, regression=False, label_names=names)
+    assert outputs == 2 and records[0]["label"] == 1
+    unseen = _bigs_ablation.write_rows([("w", "meh")], tmp_path / "u.csv")
+    with pytest.raises(ValueError, match=r"u.csv:2: label 'meh' is not one of"):
+        _bigs_train.read_rows(unseen, regression=False, label_names=names)
+    for rows, message in [
+        ([("a", 0.5), ("b", 2)], "numbers but not class ids .* --regression"),
+        ([("a", -1), ("b", 1)], "numbers but not class ids"),
+        ([("a", "pos"), ("b", "pos")], "every label is 'pos'"),
+        ([("a", "pos"), ("b", " ")], "b.csv:3: empty label"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _bigs_train.read_rows(
+                _bigs_ablation.write_rows(rows, tmp_path / "b.csv"), regression=False
+            )
 
 
 def test_finetune_listops(pretrained, tmp_path):

@@ -51,6 +51,27 @@ def test_read_classification_csv_and_jsonl(tmp_path):
     np.testing.assert_allclose(rb["label"], [0.5, -1.25])
 
 
+def test_read_classification_named_labels(tmp_path):
+    """Class names (MNLI's "entailment", ...) map to their index in `label_names`."""
+    names = ("entailment", "neutral", "contradiction")
+    path = _write_csv(tmp_path / "nli.csv", [("a", "neutral"), ("b", " contradiction "),
+                                            ("c", "entailment")])  # fmt: skip
+    ds = ls.read_classification(path, num_classes=None, label_names=names)
+    assert [ds[i]["label"] for i in range(3)] == [1, 2, 0]
+    assert ls.read_classification(path, num_classes=3, label_names=list(names))[0]["label"] == 1
+    jsonl = tmp_path / "nli.jsonl"
+    jsonl.write_text(json.dumps({"text": "x", "label": "entailment"}) + "\n")
+    assert ls.read_classification(jsonl, num_classes=None, label_names=names)[0]["label"] == 0
+    with pytest.raises(ValueError, match=r"nli.csv:3: label ' contradiction ' is not one of"):
+        ls.read_classification(path, num_classes=None, label_names=("entailment", "neutral"))
+    with pytest.raises(ValueError, match=r"num_classes=2 does not match the 3 label_names"):
+        ls.read_classification(path, num_classes=2, label_names=names)
+    with pytest.raises(
+        ValueError, match=r"at least 2 distinct names, got label_names=\('a', 'a'\)"
+    ):
+        ls.read_classification(path, num_classes=None, label_names=("a", "a"))
+
+
 def test_read_classification_encodings_and_json_values(tmp_path):
     bom = tmp_path / "excel.csv"  # Excel writes UTF-8 with a byte-order mark
     bom.write_text("text,label\ncafé,1\n", encoding="utf-8-sig")

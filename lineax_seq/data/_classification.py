@@ -61,7 +61,14 @@ def _read_rows(f, path: pathlib.Path):
                 yield lineno, _json_line(line, path, lineno)
 
 
-def _check_label(value, num_classes: int | None, where: str) -> int | float:
+def _check_label(
+    value, num_classes: int | None, where: str, label_names: tuple[str, ...] | None = None
+) -> int | float:
+    if label_names is not None:  # named classes
+        name = value.strip() if isinstance(value, str) else value
+        if isinstance(name, bool) or str(name) not in label_names:
+            raise ValueError(f"{where}: label {value!r} is not one of label_names={label_names}")
+        return label_names.index(str(name))
     if num_classes is None:  # regression
         try:
             target = float(str(value).strip()) if not isinstance(value, int | float) else value
@@ -90,20 +97,26 @@ def read_classification(
     text_field: str = "text",
     label_field: str = "label",
     pair_field: str | None = None,
+    label_names: Sequence[str] | None = None,
 ) -> grain.MapDataset:
     """Read a (text, label) CSV (with a header row) or JSONL file for fine-tuning.
 
-    Classification labels are integers in `[0, num_classes)`; with `num_classes=None`
-    the task is regression and labels are finite floats (e.g. STS-B).
+    Classification labels are integers in `[0, num_classes)`, or class names mapped to
+    their position in `label_names` (e.g. MNLI's `"entailment"`, ...); with
+    `num_classes=None` and no `label_names` the task is regression and labels are
+    finite floats (e.g. STS-B).
 
     **Arguments:**
 
     - `path`: a `.csv` or `.jsonl` file, UTF-8 (a byte-order mark, as Excel writes,
         is skipped).
     - `num_classes`: labels must be integers in `[0, num_classes)`; `None` for
-        regression (float labels).
+        regression (float labels), or with `label_names`.
     - `text_field`, `label_field`: column / field names.
     - `pair_field`: optional second text (sentence-pair tasks such as MNLI).
+    - `label_names`: the class names, in class order; each label (surrounding
+        whitespace ignored) must be one of them and becomes its index. `num_classes`,
+        if given as well, must equal their number.
 
     **Returns:**
 
@@ -114,10 +127,22 @@ def read_classification(
 
     `FileNotFoundError` for a missing file; `ValueError` (naming file and line) for an
     empty file, bytes that are not UTF-8, a JSONL line that is not a JSON object, a
-    missing field, or a label that is not an integer in range.
+    missing field, or a label that is not an integer in range (not one of
+    `label_names`).
     """
     if num_classes is not None:
         num_classes = check_int("num_classes", num_classes, minimum=2)
+    if label_names is not None:
+        label_names = tuple(label_names)
+        if len(label_names) < 2 or len(set(label_names)) != len(label_names):
+            raise ValueError(
+                f"label_names must be at least 2 distinct names, got label_names={label_names}"
+            )
+        if num_classes is not None and num_classes != len(label_names):
+            raise ValueError(
+                f"num_classes={num_classes} does not match the {len(label_names)} "
+                f"label_names={label_names}"
+            )
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(path)!r} is not a file")
@@ -134,7 +159,7 @@ def read_classification(
                         raise ValueError(f"{where}: missing field {name!r}")
                 record = {
                     "text": str(row[text_field]),
-                    "label": _check_label(row[label_field], num_classes, where),
+                    "label": _check_label(row[label_field], num_classes, where, label_names),
                 }
                 if pair_field:
                     record["text_pair"] = str(row[pair_field])

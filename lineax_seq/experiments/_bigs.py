@@ -205,16 +205,19 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
             args.listops_examples, seed=args.seed, tok=tok, length=args.length
         )
         train_records, eval_records = split_records(records)
-        num_outputs = 10
+        num_outputs, names = 10, None
     else:
-        train_records, num_outputs = read_rows(args.train, regression=args.regression)
+        train_records, num_outputs, names = read_rows(args.train, regression=args.regression)
         if args.eval is not None:
-            eval_records, eval_outputs = read_rows(args.eval, regression=args.regression)
+            eval_records, eval_outputs, _ = read_rows(
+                args.eval, regression=args.regression, label_names=names
+            )
             num_outputs = max(num_outputs, eval_outputs)
         else:
             train_records, eval_records = split_records(train_records)
     model = Classifier(mlm.encoder, num_outputs, key=jr.key(args.seed + 1))
     kind = "regression" if num_outputs == 1 else f"{num_outputs} classes"
+    kind += f": {', '.join(names)}" if names else ""
     print(
         f"fine-tuning {args.checkpoint} ({args.task}, {kind}): {len(train_records)} "
         f"training / {len(eval_records)} held-out examples, length {args.length}",
@@ -226,6 +229,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
     summary = {"checkpoint": str(args.checkpoint), "task": args.task, **metrics}
+    if names is not None:
+        summary["label_names"] = list(names)  # class i is names[i]
     save_json(summary, args.out / "result.json")
     if result.model.encoder.routing == "ssm":
         length = max(args.length, 2 * KERNEL_RADIUS + 1)
@@ -398,7 +403,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(
         fin,
         "--train",
-        "(text, label) CSV or JSONL file (optional text_pair column)",
+        "(text, label) CSV or JSONL file (optional text_pair column); labels are class "
+        "ids 0, 1, ..., class names (numbered in sorted order), or reals with --regression",
         type=existing_path,
     )
     _path(fin, "--eval", "held-out file (default: every 10th row of --train)", type=existing_path)

@@ -378,10 +378,16 @@ def classification_data(
     )
 
 
-def read_rows(path: pathlib.Path, *, regression: bool) -> tuple[Any, int]:
+def read_rows(
+    path: pathlib.Path, *, regression: bool, label_names: Sequence[str] | None = None
+) -> tuple[Any, int, tuple[str, ...] | None]:
     """A (text, label) CSV/JSONL file (optional `text_pair` column) as records, via
-    [`lineax_seq.read_classification`][], and the number of outputs (classes, or 1 for
-    regression)."""
+    [`lineax_seq.read_classification`][]: `(records, outputs, label_names)`.
+
+    `outputs` is 1 for regression, else the number of classes: integer labels are
+    classes `0 .. max`; other labels are class names, numbered in sorted order unless
+    `label_names` (e.g. the training file's) is given, which is then returned.
+    """
     path = pathlib.Path(path)
     with path.open(newline="", encoding="utf-8") as f:
         if path.suffix == ".jsonl":
@@ -390,14 +396,51 @@ def read_rows(path: pathlib.Path, *, regression: bool) -> tuple[Any, int]:
         else:
             fields = next(csv.reader(f), [])
     pair = "text_pair" if "text_pair" in fields else None
-    records = ls.read_classification(path, num_classes=None, pair_field=pair)
     if regression:
-        return records, 1
-    labels = [records[i]["label"] for i in range(len(records))]
-    if not _is_integer_labels(labels):
-        raise ValueError(f"{path}: labels are not integers; pass --regression for real values")
-    num_classes = max(2, int(max(labels)) + 1)
-    return ls.read_classification(path, num_classes=num_classes, pair_field=pair), num_classes
+        return ls.read_classification(path, num_classes=None, pair_field=pair), 1, None
+    raw = [label for _, label in _raw_labels(path)]
+    numbers = [_as_number(y) for y in raw]
+    if label_names is None and all(x is not None for x in numbers):
+        if not all(x.is_integer() and x >= 0 for x in numbers):
+            raise ValueError(
+                f"{path}: the labels are numbers but not class ids 0, 1, ...; "
+                "pass --regression for real values"
+            )
+        num_classes = max(2, int(max(numbers)) + 1)
+        records = ls.read_classification(path, num_classes=num_classes, pair_field=pair)
+        return records, num_classes, None
+    if label_names is None:
+        label_names = tuple(sorted({str(y).strip() for y in raw}))
+        if len(label_names) < 2:
+            raise ValueError(f"{path}: every label is {label_names[0]!r}; a class task needs two")
+    records = ls.read_classification(
+        path, num_classes=None, pair_field=pair, label_names=label_names
+    )
+    return records, len(label_names), tuple(label_names)
+
+
+def _raw_labels(path: pathlib.Path):
+    """`(line, label value)` of every row, before any conversion."""
+    from ..data._classification import _read_rows
+
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        for lineno, row in _read_rows(f, path):
+            if "label" not in row or row["label"] is None:
+                raise ValueError(f"{path}:{lineno}: missing field 'label'")
+            if not str(row["label"]).strip():
+                raise ValueError(f"{path}:{lineno}: empty label")
+            yield lineno, row["label"]
+
+
+def _as_number(value) -> float | None:
+    """A label as a finite number, or `None` if it is not one (a class name)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(str(value).strip())
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
@@ -579,10 +622,6 @@ def _train(
         plot=out_dir is not None,
         **options,
     )
-
-
-def _is_integer_labels(labels: Sequence[float]) -> bool:
-    return all(float(x).is_integer() for x in labels) and not any(math.isnan(x) for x in labels)
 
 
 def save_json(payload: dict[str, Any], path: pathlib.Path) -> pathlib.Path:
