@@ -469,6 +469,10 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     assert 0.0 <= metrics["accuracy"] <= 1.0
     result = json.loads((tmp_path / "ft" / "result.json").read_text())
     assert result["label_names"] == [f"c{i}" for i in range(10)]
+    ids = _bigs_ablation.write_rows([(t, int(y[1])) for t, y in rows], tmp_path / "ids.csv")
+    with pytest.raises(ValueError, match="has class names .* but --train .* has class ids"):
+        _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(ids),
+                               "--eval", str(held), "--out", str(tmp_path / "ft2")]))  # fmt: skip
     png = _bigs.kernels(
         _parse(["kernels", "--checkpoint", str(out), "--out", str(tmp_path / "k.png")])
     )
@@ -485,11 +489,13 @@ def test_read_rows_regression_and_pairs(tmp_path):
     path = tmp_path / "reg.jsonl"
     rows = [{"text": "a" * (1 + i), "text_pair": "b", "label": 0.25 * i} for i in range(6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    records, outputs, _ = _bigs_train.read_rows(path, regression=True)
-    assert outputs == 1 and [records[i]["label"] for i in range(6)] == [r["label"] for r in rows]
-    assert records[2]["text_pair"] == "b"
     records, outputs, names = _bigs_train.read_rows(path, regression=True)
-    assert outputs == 1 and names is None
+    assert (
+        outputs == 1
+        and names is None
+        and [records[i]["label"] for i in range(6)] == [r["label"] for r in rows]
+    )
+    assert records[2]["text_pair"] == "b"
     csv_path = _bigs_ablation.write_rows([("x", 3), ("y", 0)], tmp_path / "cls.csv")
     records, outputs, names = _bigs_train.read_rows(csv_path, regression=False)
     assert outputs == 4 and records[0]["label"] == 3 and names is None
@@ -503,6 +509,18 @@ def test_read_rows_regression_and_pairs(tmp_path):
     held = _bigs_ablation.write_rows([("w", "pos")], tmp_path / "h.csv")
     records, outputs, _ = _bigs_train.read_rows(held, regression=False, label_names=names)
     assert outputs == 2 and records[0]["label"] == 1
+    # Whole-number floats are class ids; JSON booleans are refused with a way out.
+    floats = tmp_path / "f.jsonl"
+    floats.write_text(
+        "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in [("a", 1.0), ("b", 0)])
+    )
+    records, outputs, float_names = _bigs_train.read_rows(floats, regression=False)
+    assert (outputs, float_names, records[0]["label"]) == (2, None, 1)
+    floats.write_text(json.dumps({"text": "a", "label": True}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"f.jsonl:1: label True is a JSON boolean; write class ids"
+    ):
+        _bigs_train.read_rows(floats, regression=False)
     unseen = _bigs_ablation.write_rows([("w", "meh")], tmp_path / "u.csv")
     with pytest.raises(ValueError, match=r"u.csv:2: label 'meh' is not one of"):
         _bigs_train.read_rows(unseen, regression=False, label_names=names)

@@ -70,6 +70,13 @@ def test_read_classification_named_labels(tmp_path):
         ValueError, match=r"at least 2 distinct names, got label_names=\('a', 'a'\)"
     ):
         ls.read_classification(path, num_classes=None, label_names=("a", "a"))
+    for bad in ("ab", ("a", " b"), ("a", "")):
+        with pytest.raises(ValueError, match="label_names must be a sequence of non-empty"):
+            ls.read_classification(path, num_classes=None, label_names=bad)
+    whole = _write_csv(tmp_path / "w.csv", [("a", "2.0"), ("b", "1")])
+    assert [r["label"] for r in ls.read_classification(whole, num_classes=3)] == [2, 1]
+    with pytest.raises(ValueError, match="label '1.5' is not an integer"):
+        ls.read_classification(_write_csv(tmp_path / "h.csv", [("a", "1.5")]), num_classes=3)
 
 
 def test_read_classification_encodings_and_json_values(tmp_path):

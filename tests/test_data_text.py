@@ -82,6 +82,16 @@ def test_single_text_file_is_split_by_position(tmp_path):
     flat.write_text("a" * 1000)
     valid = ls.text_corpus(flat, split="valid")[0]
     assert len(valid) == 50
+    # Nor does one long line ending in a line break; Windows line endings read as \n.
+    flat.write_text("a" * 1000 + "\n")
+    assert [len(ls.text_corpus(flat, split=s)[0]) for s in ("train", "valid", "test")] == [
+        901,
+        50,
+        50,
+    ]
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes("".join(lines).replace("\n", "\r\n").encode())
+    assert ls.text_corpus(crlf, split="valid")[0] == ls.text_corpus(book, split="valid")[0]
     # A split that the file is too short to fill is an error that says why.
     short = tmp_path / "short.txt"
     short.write_text("print('hi')\n")

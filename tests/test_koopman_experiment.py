@@ -183,6 +183,7 @@ def test_system_param_is_checked_before_training(tmp_path):
         (["--system", "duffing", "--system-param", "g=1"], "g is not a parameter of the 'duffing'"),
         (["--system", "pendulum", "--system-param", "g=-1"], "Pendulum.g must be a positive"),
         (["--all", "--system-param", "g=1"], "g is not a parameter of the 'parabolic'"),
+        (["--system", "pendulum", "--system-param", "g=1", "--system-param", "g=2"], "twice"),
     ]:
         with pytest.raises(ValueError, match=message):
             main(["koopman", *argv, "--small", "--out", str(tmp_path)])

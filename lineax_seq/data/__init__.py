@@ -37,9 +37,10 @@ mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed",
 IGNORE_INDEX = -100
 
 # classification: {"tokens": int32 (B, L), "padding_mask": bool (B, L), "label": int32 (B,)}
-#   (label float32 for regression, i.e. num_classes=None)
+#   (label float32 for regression, i.e. num_classes=None and no label_names)
 read_classification(path, *, num_classes: int | None, text_field="text", label_field="label",
-                    pair_field=None) -> grain.MapDataset of {"text", "label"[, "text_pair"]}
+                    pair_field=None, label_names=None)
+    -> grain.MapDataset of {"text", "label"[, "text_pair"]}
 listops(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth=10,
         max_args=10, branch_prob=0.25) -> grain.MapDataset of {"text", "label"}
 classification_dataset(records, tokenizer, *, length, batch_size,

@@ -61,6 +61,15 @@ def _read_rows(f, path: pathlib.Path):
                 yield lineno, _json_line(line, path, lineno)
 
 
+def _whole_number(value) -> int | None:
+    """`value` (a string or float such as `"2"`, `"2.0"` or `2.0`) as an `int`, or `None`."""
+    try:
+        x = float(str(value).strip())
+    except ValueError:
+        return None
+    return int(x) if np.isfinite(x) and x.is_integer() else None
+
+
 def _check_label(
     value, num_classes: int | None, where: str, label_names: tuple[str, ...] | None = None
 ) -> int | float:
@@ -77,10 +86,9 @@ def _check_label(
         if isinstance(value, bool) or not np.isfinite(target):
             raise ValueError(f"{where}: label {value!r} is not a finite number")
         return float(target)
-    try:
-        label = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise ValueError(f"{where}: label {value!r} is not an integer") from None
+    label = value if isinstance(value, int) else _whole_number(value)
+    if label is None:
+        raise ValueError(f"{where}: label {value!r} is not an integer")
     if isinstance(value, bool) or not 0 <= label < num_classes:
         raise ValueError(
             f"{where}: label {value!r} is outside the class range [0, {num_classes}) "
@@ -133,6 +141,13 @@ def read_classification(
     if num_classes is not None:
         num_classes = check_int("num_classes", num_classes, minimum=2)
     if label_names is not None:
+        if isinstance(label_names, str) or not all(
+            isinstance(n, str) and n == n.strip() and n for n in label_names
+        ):
+            raise ValueError(
+                "label_names must be a sequence of non-empty strings without surrounding "
+                f"whitespace (labels are stripped), got label_names={label_names!r}"
+            )
         label_names = tuple(label_names)
         if len(label_names) < 2 or len(set(label_names)) != len(label_names):
             raise ValueError(

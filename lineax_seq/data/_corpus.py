@@ -139,18 +139,23 @@ def _contiguous_split(
 ) -> str:
     """The `split` part of one long text: train, then valid, then test, in that order,
     of `1 - valid - test`, `valid` and `test` of its characters, each cut moved to the
-    next line start (or left mid-line where no line break follows)."""
+    nearest line start, or left mid-line where that would empty a part."""
     n = len(text)
 
-    def cut(fraction) -> int:
-        pos = min(n, max(0, round(n * float(fraction))))
-        if pos in (0, n):
-            return pos
-        newline = text.find("\n", pos - 1)
-        return newline + 1 if newline >= 0 else pos
+    def at(fraction) -> int:
+        return min(n, max(0, round(n * float(fraction))))
 
-    a = cut(1 - float(valid_fraction) - float(test_fraction))
-    b = max(a, cut(1 - float(test_fraction)))
+    def line_start(pos: int) -> int:
+        before = text.rfind("\n", 0, pos) + 1
+        after = text.find("\n", max(pos - 1, 0))
+        after = n if after < 0 else after + 1
+        best = before if pos - before <= after - pos else after
+        return best if 0 < best < n else pos
+
+    raw = (at(1 - float(valid_fraction) - float(test_fraction)), at(1 - float(test_fraction)))
+    a, b = (p if p in (0, n) else line_start(p) for p in raw)
+    if not a <= b or (a == b) != (raw[0] == raw[1]):  # a snap emptied or crossed a part
+        a, b = raw
     return {"train": text[:a], "valid": text[a:b], "test": text[b:]}[split]
 
 
@@ -178,14 +183,14 @@ def text_corpus(
     `.txt`/`.py` file (e.g. a book) is instead split by position, as is usual for
     one-file corpora: its first `1 - valid_fraction - test_fraction` of characters
     train, the next `valid_fraction` validate, the last `test_fraction` test (each cut
-    at the next line start), one document per split.
+    at the nearest line start), one document per split.
 
     **Arguments:**
 
     - `source`: `None` (the stdlib corpus) or a file or directory path.
     - `split`: `"train"`, `"valid"`, `"test"`, or `"all"`.
     - `valid_fraction`, `test_fraction`: expected fractions of documents in the
-        validation and test splits.
+        validation and test splits (of characters, for a single text file).
     - `text_field`: the JSONL field holding the text.
 
     **Returns:**

@@ -209,9 +209,14 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     else:
         train_records, num_outputs, names = read_rows(args.train, regression=args.regression)
         if args.eval is not None:
-            eval_records, eval_outputs, _ = read_rows(
+            eval_records, eval_outputs, eval_names = read_rows(
                 args.eval, regression=args.regression, label_names=names
             )
+            if names is None and eval_names is not None:
+                raise ValueError(
+                    f"--eval {args.eval} has class names {list(eval_names)} but --train "
+                    f"{args.train} has class ids: use one kind of label in both files"
+                )
             num_outputs = max(num_outputs, eval_outputs)
         else:
             train_records, eval_records = split_records(train_records)

@@ -429,6 +429,11 @@ def _raw_labels(path: pathlib.Path):
                 raise ValueError(f"{path}:{lineno}: missing field 'label'")
             if not str(row["label"]).strip():
                 raise ValueError(f"{path}:{lineno}: empty label")
+            if isinstance(row["label"], bool):
+                raise ValueError(
+                    f"{path}:{lineno}: label {row['label']!r} is a JSON boolean; "
+                    "write class ids 0 / 1 or class names"
+                )
             yield lineno, row["label"]
 
 

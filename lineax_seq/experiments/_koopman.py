@@ -725,6 +725,9 @@ def run(args: argparse.Namespace) -> int:
     if args.window >= args.train_length:
         raise ValueError(f"--window={args.window} must be below --train-length={args.train_length}")
     names = SYSTEM_NAMES if args.all else (args.system,)
+    given = [n for n, _ in args.system_param]
+    if len(set(given)) != len(given):
+        raise ValueError(f"--system-param names a parameter twice: {given}")
     for name in names:  # a bad --system-param fails here, before any training
         ls.get_system(name, **dict(args.system_param))
     key = jr.key(args.seed)

@@ -78,10 +78,11 @@ def fft_conv(
     length, channels = u.shape
     bidirectional = check_bool("bidirectional", bidirectional)
     if bidirectional and k_backward is None:
-        if k.ndim != 2 or k.shape[0] % 2:
+        if k.ndim != 2 or k.shape[0] not in (2, 2 * channels) or k.shape[1] != length:
             raise ValueError(
                 "With bidirectional=True and no k_backward, k must stack the forward over "
-                f"the backward kernels, shape (2 * kc, length), got k.shape={k.shape}"
+                f"the backward kernels, shape (2 * kc, length={length}) with kc = 1 or "
+                f"channels={channels}, got k.shape={k.shape}"
             )
         k, k_backward = k[: k.shape[0] // 2], k[k.shape[0] // 2 :]
     if k.ndim != 2 or k.shape[0] not in (1, channels) or k.shape[1] != length:

@@ -347,7 +347,9 @@ def train(
     - `eval_data`: an iterable of evaluation batches; `iter(eval_data)` is called
         afresh at every evaluation. An evaluation record holds the batches' metrics
         averaged with weights proportional to their sizes (the leading size of the first
-        batch leaf), so a shorter last batch counts for what it holds.
+        batch leaf), so a shorter last batch counts for what it holds: exact for
+        metrics that are means over a batch's examples, approximate for means over
+        other units (e.g. masked tokens) and for maxima.
     - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`).
     - `eval_every`: evaluate every this many steps and at the end (0: only at the end,
         if `eval_data` is given).
@@ -538,12 +540,12 @@ def train(
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
             m = eval_step(model, batch, jr.fold_in(k, i))
-            size = max(_count(batch, "samples"), 1)
+            size = _count(batch, "samples")
             for name, v in m.items():
                 sums[name] = sums.get(name, 0.0) + size * _host(v)
             n += size
         if n == 0:
-            raise ValueError("eval_data yielded no batches.")
+            raise ValueError("eval_data yielded no batches (or only empty ones).")
         record = {"step": s, "split": "eval"}
         record.update({k_: sums[k_] / n for k_ in sorted(sums, key=lambda k_: (k_ != "loss", k_))})
         for name, v in record.items():
