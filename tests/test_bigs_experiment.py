@@ -521,6 +521,10 @@ def test_read_rows_regression_and_pairs(tmp_path):
         ValueError, match=r"f.jsonl:1: label True is a JSON boolean; write class ids"
     ):
         _bigs_train.read_rows(floats, regression=False)
+    header_only = tmp_path / "e.csv"
+    header_only.write_text("text,label\n")
+    with pytest.raises(ValueError, match="e.csv' contains no examples"):
+        _bigs_train.read_rows(header_only, regression=False)
     unseen = _bigs_ablation.write_rows([("w", "meh")], tmp_path / "u.csv")
     with pytest.raises(ValueError, match=r"u.csv:2: label 'meh' is not one of"):
         _bigs_train.read_rows(unseen, regression=False, label_names=names)

@@ -61,13 +61,22 @@ def _read_rows(f, path: pathlib.Path):
                 yield lineno, _json_line(line, path, lineno)
 
 
-def _whole_number(value) -> int | None:
-    """`value` (a string or float such as `"2"`, `"2.0"` or `2.0`) as an `int`, or `None`."""
+def finite_number(value) -> float | None:
+    """A label (`"2"`, `" 2.5 "`, `2.0`...) as a finite float, or `None` if it is not one
+    (a class name, a boolean, NaN)."""
+    if isinstance(value, bool):
+        return None
     try:
         x = float(str(value).strip())
     except ValueError:
         return None
-    return int(x) if np.isfinite(x) and x.is_integer() else None
+    return x if np.isfinite(x) else None
+
+
+def _whole_number(value) -> int | None:
+    """`value` (a string or float such as `"2"`, `"2.0"` or `2.0`) as an `int`, or `None`."""
+    x = finite_number(value)
+    return int(x) if x is not None and x.is_integer() else None
 
 
 def _check_label(

@@ -4,7 +4,6 @@ training runs that `bigs pretrain`, `bigs finetune`, the ablation and the demo s
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 import math
@@ -21,6 +20,8 @@ import optax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 import lineax_seq as ls
+
+from ..data._classification import _read_rows, finite_number
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -389,17 +390,11 @@ def read_rows(
     `label_names` (e.g. the training file's) is given, which is then returned.
     """
     path = pathlib.Path(path)
-    with path.open(newline="", encoding="utf-8") as f:
-        if path.suffix == ".jsonl":
-            first = next((json.loads(line) for line in f if line.strip()), {})
-            fields = first if isinstance(first, dict) else {}
-        else:
-            fields = next(csv.reader(f), [])
-    pair = "text_pair" if "text_pair" in fields else None
+    raw, has_pair = _label_column(path)
+    pair = "text_pair" if has_pair else None
     if regression:
         return ls.read_classification(path, num_classes=None, pair_field=pair), 1, None
-    raw = [label for _, label in _raw_labels(path)]
-    numbers = [_as_number(y) for y in raw]
+    numbers = [finite_number(y) for y in raw]
     if label_names is None and all(x is not None for x in numbers):
         if not all(x.is_integer() and x >= 0 for x in numbers):
             raise ValueError(
@@ -419,33 +414,27 @@ def read_rows(
     return records, len(label_names), tuple(label_names)
 
 
-def _raw_labels(path: pathlib.Path):
-    """`(line, label value)` of every row, before any conversion."""
-    from ..data._classification import _read_rows
-
+def _label_column(path: pathlib.Path) -> tuple[list[Any], bool]:
+    """Every row's label value, before any conversion, and whether the file (its header,
+    or its first JSON object) has a `text_pair` column."""
+    labels, has_pair = [], False
     with path.open(encoding="utf-8-sig", newline="") as f:
         for lineno, row in _read_rows(f, path):
-            if "label" not in row or row["label"] is None:
+            has_pair = has_pair or (not labels and "text_pair" in row)
+            label = row.get("label")
+            if label is None:
                 raise ValueError(f"{path}:{lineno}: missing field 'label'")
-            if not str(row["label"]).strip():
+            if not str(label).strip():
                 raise ValueError(f"{path}:{lineno}: empty label")
-            if isinstance(row["label"], bool):
+            if isinstance(label, bool):
                 raise ValueError(
-                    f"{path}:{lineno}: label {row['label']!r} is a JSON boolean; "
+                    f"{path}:{lineno}: label {label!r} is a JSON boolean; "
                     "write class ids 0 / 1 or class names"
                 )
-            yield lineno, row["label"]
-
-
-def _as_number(value) -> float | None:
-    """A label as a finite number, or `None` if it is not one (a class name)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        x = float(str(value).strip())
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
+            labels.append(label)
+    if not labels:
+        raise ValueError(f"path {str(path)!r} contains no examples")
+    return labels, has_pair
 
 
 def split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
