@@ -122,12 +122,29 @@ def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None
     return int(value)
 
 
-def check_ids(name: str, ids: Array, upper: int, upper_name: str) -> Array:
-    """`ids` (an integer array), checked at run time to lie in `[0, upper)`
-    (`eqx.error_if`, so the returned array must be the one used). Compared in at least
-    int32, so narrow dtypes (`uint8` cannot hold 256) do not wrap the bound."""
+def check_ids(
+    name: str, ids: Array, upper: int, upper_name: str, where: Array | None = None
+) -> Array:
+    """`ids` (an integer array), checked to lie in `[0, upper)` (at the positions where
+    `where` is True, if given): at once with the first offending id and its position if
+    `ids` is concrete, else at run time (`eqx.error_if`, so the returned array must be
+    the one used). Compared in at least int32, so narrow dtypes (`uint8` cannot hold 256)
+    do not wrap the bound."""
+    expected = f"{name}: ids must be in [0, {upper_name}={upper})"
+    arrays = (ids,) if where is None else (ids, where)
+    if not any(isinstance(a, jax.core.Tracer) for a in arrays) and all(
+        getattr(a, "is_fully_addressable", True) for a in arrays
+    ):
+        host = np.asarray(ids).astype(np.int64)
+        bad = (host < 0) | (host >= upper)
+        if where is not None:
+            bad &= np.broadcast_to(np.asarray(where, bool), bad.shape)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            at = f"{name}[{', '.join(map(str, index))}]"
+            raise ValueError(f"{expected}, got id {host[index]} at {at}")
+        return ids
     signed = ids.dtype in (jnp.int32, jnp.int64)
     wide = ids if signed else ids.astype(jax.dtypes.canonicalize_dtype(jnp.int64))
-    return eqx.error_if(
-        ids, (wide < 0) | (wide >= upper), f"{name}: ids must be in [0, {upper_name}={upper})"
-    )
+    bad = (wide < 0) | (wide >= upper)
+    return eqx.error_if(ids, bad if where is None else bad & where, expected)

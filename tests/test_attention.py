@@ -49,6 +49,11 @@ def test_relative_position_buckets_match_reference(bidirectional):
     want = np.array([t5_bucket(int(r), bidirectional, 32, 128) for r in rel])
     np.testing.assert_array_equal(got, want)
     assert got.min() >= 0 and got.max() < 32
+    # Narrow signed dtypes: int8's -128 negated would wrap to -128.
+    narrow = np.arange(-128, 128)
+    got = ls.relative_position_bucket(jnp.asarray(narrow, jnp.int8), bidirectional=bidirectional)
+    want = [t5_bucket(int(r), bidirectional, 32, 128) for r in narrow]
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_relative_position_bias_offset_and_shape(key):
@@ -175,6 +180,8 @@ def test_attention_bad_input(key):
         mha(x, context, bias=jnp.zeros((3, 2, 4)))
     with pytest.raises(ValueError, match=r"`mask` must have num_heads=2 .*\(3, 2, 4\)"):
         mha(x, context, mask=jnp.ones((3, 2, 4), bool))
+    with pytest.raises(ValueError, match=r"`context` must hold at least one key.*\(0, 3\)"):
+        mha(x, jnp.zeros((0, 3)))
     # The public functions check what the modules check.
     with pytest.raises(ValueError, match="num_buckets"):
         ls.relative_position_bucket(jnp.arange(-4, 4), bidirectional=True, num_buckets=5)

@@ -530,6 +530,26 @@ def test_narrow_token_dtypes_and_masked_mean_mask(mods):
             ls.masked_mean.__wrapped__(x, mask)  # as called without jaxtyping's hook
 
 
+def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
+    """Outside `jit` the first bad id and its position are named; ids at padded
+    positions are not checked (pipelines pad with -100 or vocab_size) and do not change
+    the outputs."""
+    model = mods["gated/ssm"]
+    eager = lambda tokens, mask=None: model(tokens, mask, inference=True)  # `encode` jits
+    tokens, mask = jnp.arange(9) % VOCAB, jnp.arange(9) < 5
+    with pytest.raises(ValueError, match=rf"vocab_size={VOCAB}\), got id {VOCAB} at tokens\[3\]"):
+        eager(tokens.at[3].set(VOCAB))
+    want = encode(model, tokens, mask)
+    for pad in (-100, VOCAB, 10**6):
+        padded = tokens.at[5:].set(pad)
+        np.testing.assert_allclose(eager(padded, mask), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(encode(model, padded, mask), want)
+    with pytest.raises(Exception, match=r"ids must be in"):  # a real token, under jit
+        encode(model, tokens.at[2].set(-100), mask)
+    with pytest.raises(TypeError, match="final_norm must be a bool, got final_norm='no'"):
+        ls.BiGS(VOCAB, DIM, 1, final_norm="no", key=jr.key(0))
+
+
 def test_bad_inputs(mods):
     model = mods["gated/ssm"]
     tokens = jnp.arange(9)

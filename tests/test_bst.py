@@ -348,8 +348,15 @@ def test_bad_input(sh_lm, key):
         lm.layers[0].ssm(jnp.zeros((16, 5)))
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
-    with pytest.raises(ValueError, match="temperature=nan"):
-        ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, temperature=float("nan"))
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match=f"temperature must be a finite.*{bad!r}"):
+            ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, temperature=bad)
+    # A vanishing temperature is greedy decoding, not an overflow to NaN / token 0.
+    prompt = jnp.array([1, 2, 3])
+    greedy = ls.generate(lm, prompt, 4, key=key, temperature=0)
+    for tiny in (1e-30, 1e-38, 1e-60):
+        out = ls.generate(lm, prompt, 4, key=key, temperature=tiny, top_k=2)
+        np.testing.assert_array_equal(out, greedy)
     # Token ids outside the vocabulary raise instead of being clamped (gathers clamp).
     for bad in (VOCAB, -1):
         with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):
@@ -441,6 +448,8 @@ def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping)
         build(ls.ContextSSM, DIM, 2.0, 1)
     with pytest.raises(ValueError, match=r"`dim`=2 is too small .*dim // 4.*ssm_features"):
         build(ls.BlockStateTransformerLayer, 2, 1, W)
+    with pytest.raises(ValueError, match="ssm_features must be a positive integer.*=0"):
+        build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm_features=0)
     with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(8,\)"):
         zoo["sh:s4"].ssm(jnp.zeros(DIM))
     for bad in (0, -1, 2.5, None):

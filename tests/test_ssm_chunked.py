@@ -214,6 +214,10 @@ def test_context_ssm_block_ends_equal_full_output(ssm, window, getkey):
     np.testing.assert_allclose(ends, full[window - 1 :: window], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="multiple of window=7"):
         module.block_ends(x, 7)
+    # Same dtype as the full output (bfloat16 inputs meet float32 weights: float32).
+    with jax.numpy_dtype_promotion("standard"):
+        xb = x.astype(jnp.bfloat16)
+        assert module.block_ends(xb, window).dtype == module(xb).dtype == jnp.float32
 
 
 @pytest.mark.parametrize("streams", [1, 3])

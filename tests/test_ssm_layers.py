@@ -201,6 +201,18 @@ def test_hyena_filter_positional_form(getkey):
     np.testing.assert_array_equal(positional(20), keywords(20))
 
 
+def test_hyena_filter_checks_its_decay_arguments(getkey, no_jaxtyping):
+    make = lambda **kw: ls.HyenaFilter(3, 8, 16, key=getkey(), **kw)
+    with pytest.raises(ValueError, match="slow_decay must be a positive, finite.*inf"):
+        make(slow_decay=float("inf"))  # one channel would never decay
+    with pytest.raises(ValueError, match="fast_decay must be a positive, finite.*'a'"):
+        make(fast_decay="a")
+    with pytest.raises(ValueError, match="target must be a positive, finite.*'x'"):
+        make(target="x")
+    with pytest.raises(ValueError, match="fast_decay <= slow_decay"):
+        make(fast_decay=2.0, slow_decay=1.0)
+
+
 def test_hyena_filter_extrapolates_beyond_max_length(getkey):
     filt = ls.HyenaFilter(2, max_length=32, key=getkey())
     long, short = eqx.filter_jit(lambda f: (f(100), f(32)))(filt)

@@ -57,7 +57,8 @@ def relative_position_bucket(
 
     **Returns:**
 
-    Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`.
+    Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`,
+    int32 (int64 for int64 positions).
     """
     _check_buckets(num_buckets, max_distance, bidirectional)
     dtype = jnp.result_type(relative_position)
@@ -66,7 +67,9 @@ def relative_position_bucket(
             "`relative_position` must have a signed integer dtype (key - query positions "
             f"may be negative), got dtype {dtype}."
         )
-    n = -relative_position  # distance into the past
+    # In at least int32: negating int8's -128 (or int16's minimum) would wrap.
+    wide = dtype if jnp.dtype(dtype).itemsize >= 4 else jnp.int32
+    n = -jnp.asarray(relative_position).astype(wide)
     offset = jnp.zeros_like(n)
     if bidirectional:
         num_buckets //= 2

@@ -110,10 +110,11 @@ class MultiHeadAttention(eqx.Module):
         **Arguments:**
 
         - `x`: queries' inputs, shape `(q, dim)`.
-        - `context`: keys'/values' inputs, shape `(k, kv_dim)`; `None` means `x`
-          (self-attention, which needs `kv_dim == dim`).
+        - `context`: keys'/values' inputs, shape `(k, kv_dim)` with `k >= 1`; `None`
+          means `x` (self-attention, which needs `kv_dim == dim`).
         - `mask`: boolean, `True` where a query may attend to a key; shape `(q, k)` or
-          `(heads, q, k)`. Every query must see at least one key.
+          `(heads, q, k)`. Every query should see at least one key: a query that sees
+          none gets the plain mean of all values (its logits are all masked alike).
         - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
           [`lineax_seq.RelativePositionBias`][]).
 
@@ -128,6 +129,8 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(
                 f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
             )
+        if context.shape[0] == 0:
+            raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
         q_k = (x.shape[0], context.shape[0])
         for name, value in (("mask", mask), ("bias", bias)):
             if value is not None and value.shape[-2:] != q_k:

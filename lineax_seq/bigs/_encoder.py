@@ -9,7 +9,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_ids, check_int
+from .._checks import check_bool, check_ids, check_int
 from ._layers import (
     ARCHITECTURES,
     KERNELS,
@@ -198,6 +198,7 @@ class BiGS(eqx.Module):
         if max_length is not None:
             max_length = check_int("max_length", max_length)
         num_token_types = check_int("num_token_types", num_token_types, minimum=0)
+        final_norm = check_bool("final_norm", final_norm)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
         if inner_dim is None:
@@ -344,7 +345,8 @@ class BiGS(eqx.Module):
         **Arguments:**
 
         - `tokens`: token ids in `[0, vocab_size)`, shape `(length,)`, `length >= 1`.
-            Out-of-range ids raise an error (`eqx.error_if`) instead of being clamped.
+            Out-of-range ids raise an error (at once, or through `eqx.error_if` under
+            `jit`) instead of being clamped; at padded positions any id is accepted.
         - `mask`: optional, `True` at real tokens, `False` at (trailing) padding.
         - `token_types`: optional segment ids in `[0, num_token_types)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
@@ -370,7 +372,11 @@ class BiGS(eqx.Module):
                 "key is required for dropout (dropout > 0) unless inference=True or the "
                 "model is in eqx.nn.inference_mode"
             )
-        tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size")
+        # Padded positions may hold any id (their outputs are zeroed): only real tokens
+        # are range-checked, and pads are read as id 0.
+        tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)
+        if mask is not None:
+            tokens = jnp.where(mask, tokens, 0)
         h = self.token_embedding.weight[tokens]
         if self.position_embedding is not None:
             h = h + self.position_embedding.weight[:length]
@@ -378,8 +384,10 @@ class BiGS(eqx.Module):
             if self.token_type_embedding is None:
                 raise ValueError("token_types given but the model has num_token_types=0")
             token_types = check_ids(
-                "token_types", token_types, self.num_token_types, "num_token_types"
+                "token_types", token_types, self.num_token_types, "num_token_types", mask
             )
+            if mask is not None:
+                token_types = jnp.where(mask, token_types, 0)
             h = h + self.token_type_embedding.weight[token_types]
         elif self.token_type_embedding is not None:
             h = h + self.token_type_embedding.weight[0]

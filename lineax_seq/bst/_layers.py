@@ -380,6 +380,7 @@ class BlockStateTransformerLayer(eqx.Module):
                     f"`dim`={dim} is too small for the default SSM width (dim // "
                     f"{8 if context == 'mf' else 4}); pass `ssm_features`."
                 )
+        ssm_features = check_int("ssm_features", ssm_features)
         if context == "mf":
             num_filters = check_int("num_filters", num_filters)
         streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]

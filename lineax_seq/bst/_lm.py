@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_ids, check_int
+from .._checks import RealScalar, check_bool, check_ids, check_int, check_real
 from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
@@ -345,7 +345,11 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
         if greedy:
             token = jnp.argmax(logits)
         else:
-            token = jr.categorical(k, logits / temperature.astype(logits.dtype))
+            # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
+            # (greedy in the limit) instead of overflowing every logit to inf or NaN.
+            work = jnp.promote_types(logits.dtype, jnp.float32)
+            shifted = (logits - jnp.max(logits)).astype(work)
+            token = jr.categorical(k, shifted / temperature.astype(work))
         cache, logits = lm._step(cache, token)
         return (cache, logits), token
 
@@ -359,7 +363,7 @@ def generate(
     steps: int | np.integer,
     *,
     key: PRNGKeyArray,
-    temperature: float = 1.0,
+    temperature: RealScalar = 1.0,
     top_k: int | np.integer | None = None,
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
@@ -377,7 +381,8 @@ def generate(
     - `prompt`: integer tokens in `[0, vocab_size)`, shape `(prompt,)`, at least one.
     - `steps`: number of tokens to sample (`0` returns `prompt`, as int32 or int64).
     - `key`: PRNG key.
-    - `temperature`: softmax temperature; `0` means greedy (argmax).
+    - `temperature`: softmax temperature, finite and `>= 0`; `0` (or anything below
+        float32's smallest normal number, about `1.2e-38`) means greedy (argmax).
     - `top_k`: if given, sample among the `top_k` most likely tokens only (ties at the
         `top_k`-th logit are broken by `jax.lax.top_k`, towards lower ids).
 
@@ -396,12 +401,11 @@ def generate(
     steps = check_int("steps", steps, minimum=0)
     if steps == 0:
         return lm._check_tokens(prompt)
-    temperature = float(temperature)
-    if not temperature >= 0:  # NaN too
-        raise ValueError(f"`temperature` must be >= 0, got temperature={temperature}.")
+    temperature = check_real("temperature", temperature, "nonnegative")
     if top_k is not None:
         top_k = check_int("top_k", top_k)
         if top_k > lm.vocab_size:
             raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
-    greedy = temperature == 0
+    # Below float32's smallest normal number, 1 / temperature overflows: decode greedily.
+    greedy = bool(temperature < np.finfo(np.float32).tiny)
     return _generate(lm, prompt, steps, key, jnp.asarray(temperature), greedy, top_k)

@@ -185,7 +185,7 @@ class ContextSSM(eqx.Module):
         y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
         skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
         y = y + skip * u[window - 1 :: window, :, None]
-        return rearrange(y, "n f s -> n s f").astype(x.dtype)
+        return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
 
     def init_state(self, max_length: int) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens.

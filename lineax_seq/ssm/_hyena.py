@@ -90,12 +90,15 @@ class HyenaFilter(eqx.Module):
         emb_dim = int(emb_dim)
         if not isinstance(frequency, jax.core.Tracer):  # (traced: an ensemble under vmap)
             check_real("frequency", frequency, "finite")
-        if not (0 < fast_decay <= slow_decay):
+        fast_decay = check_real("fast_decay", fast_decay)
+        slow_decay = check_real("slow_decay", slow_decay)
+        if not fast_decay <= slow_decay:
             raise ValueError(
                 f"need 0 < fast_decay <= slow_decay, got fast_decay={fast_decay!r}, "
                 f"slow_decay={slow_decay!r}"
             )
-        if not (0 < target < 1):
+        target = check_real("target", target)
+        if not target < 1:
             raise ValueError(f"target must be in (0, 1), got target={target!r}")
         keys = jr.split(key, depth + 2)
         sizes = [emb_dim] + [order] * depth
