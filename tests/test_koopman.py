@@ -396,6 +396,16 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         ls.KoopmanAutoencoder(2, 4, dynamics="mlp", discretization="bogus", key=jr.key(0))
     with pytest.raises(ValueError, match="dynamics_width=0"):
         ls.KoopmanAutoencoder(2, 4, dynamics="mlp", dynamics_width=0, key=jr.key(0))
+    with pytest.raises(ValueError, match="dynamics_width=7 is the MLP dynamics' width"):
+        ls.KoopmanAutoencoder(2, 4, dynamics_width=7, key=jr.key(0))
+    headed = ls.KoopmanAutoencoder(2, 4, 1, width=8, action_head=True, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"z must have shape \(4,\), got z.shape=\(3,\)"):
+        headed.predict_action(jnp.zeros(3))
+    ts = jnp.linspace(0.0, 1.0, 11)
+    euler = dict(solver=diffrax.Euler(), stepsize_controller=diffrax.StepTo(ts))
+    assert ls.unroll_continuous(model, jnp.ones(2), ts, **euler).shape == (11, 2)
+    with pytest.raises(ValueError, match="StepTo.*reencoding.*4 segments"):
+        ls.unroll_continuous(model, jnp.ones(2), ts, reencode_dt=0.25, **euler)
     with pytest.raises(ValueError, match="action_latent_dim=3 needs action_dim > 0"):
         ls.KoopmanAutoencoder(2, 4, action_latent_dim=3, key=jr.key(0))
     with pytest.raises(ValueError, match="autonomous: pass v=None"):
@@ -439,6 +449,11 @@ def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
             ValueError, match=f"dt must be a positive, finite real number, got dt={dt!r}"
         ):
             ls.KoopmanAutoencoder(2, 4, dt=dt, key=jr.key(0))
+    # A truthy string is not a flag (it built an action head), nor a string a weight.
+    with pytest.raises(TypeError, match="action_head must be a bool, got action_head='no'"):
+        ls.KoopmanAutoencoder(2, 4, 1, action_head="no", key=jr.key(0))
+    with pytest.raises(ValueError, match="alignment must be a real number.*'1'"):
+        ls.koopman_loss(model, jnp.zeros((6, 2)), alignment="1")
 
 
 @pytest.mark.parametrize("x64", [False, True])
@@ -722,3 +737,27 @@ def test_models_are_type_checked_without_jaxtyping(model, no_jaxtyping):
         ls.unroll(model.dynamics, xs[0], steps=2)
     with pytest.raises(ValueError, match="dt must be a positive, finite real number"):
         ls.simulate(ls.Duffing(), xs[0], 3, dt=True)
+
+
+def test_float32_model_with_float64_inputs_promotes(model, controlled):
+    """NumPy's float64 times, actions or windows with a float32 model and float32 states
+    compute in float64 (JAX's promotion, as Equinox's layers do) instead of failing in a
+    scan whose carry changed dtype; under strict promotion the error names both dtypes."""
+    x32 = jnp.array([0.3, -0.2], jnp.float32)
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        ts = np.linspace(0.0, 1.0, 11)
+        for exact in (False, True):
+            out = ls.unroll_continuous(model, x32, ts, reencode_dt=0.25, exact=exact)
+            want = ls.unroll_continuous(
+                model, x32.astype(jnp.float64), ts, reencode_dt=0.25, exact=exact
+            )
+            assert out.dtype == jnp.float64
+            np.testing.assert_array_equal(out, want)
+        actions = np.zeros((5, 1))
+        for method in ("parallel", "sequential"):
+            out = ls.unroll(controlled, x32, actions, steps=5, method=method)
+            assert out.dtype == jnp.float64 and bool(jnp.isfinite(out).all())
+        loss, _ = ls.koopman_loss(controlled, np.zeros((6, 2), np.float32), actions)
+        assert bool(jnp.isfinite(loss))
+    with jax.enable_x64(True), pytest.raises(Exception, match="float32.*float64|float64.*float32"):
+        ls.unroll(controlled, x32, np.zeros((5, 1)), steps=5)

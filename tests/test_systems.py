@@ -230,6 +230,12 @@ def test_simulate_takes_numpy_inputs():
     )
     expected = ls.simulate(system, jnp.asarray(x), 5, actions=jnp.asarray(us), dt=0.02, rtol=1e-6)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    # NumPy's default float64 actions with a float32 state compute in float64 (under x64)
+    # instead of failing inside diffrax.
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        wide = ls.simulate(system, x, 5, actions=us.astype(np.float64), dt=0.02)
+        assert wide.dtype == jnp.float64
+        np.testing.assert_allclose(wide, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_batched_system_parameters(no_jaxtyping):

@@ -6,7 +6,14 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_real, check_state_control
+from .._checks import (
+    IntLike,
+    RealScalar,
+    check_bool,
+    check_int,
+    check_real,
+    check_state_control,
+)
 from ._dynamics import _DISCRETIZATIONS, AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
 
 _DECODERS = ("linear", "mlp")
@@ -117,8 +124,14 @@ class KoopmanAutoencoder(eqx.Module):
                 f"discretization={discretization!r} applies to linear dynamics only; "
                 "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
             )
+        action_head = check_bool("action_head", action_head)
         if dynamics_width is not None:
             dynamics_width = check_int("dynamics_width", dynamics_width)
+            if dynamics != "mlp":
+                raise ValueError(
+                    f"dynamics_width={dynamics_width} is the MLP dynamics' width; "
+                    f"dynamics={dynamics!r} has none: pass dynamics='mlp' or leave it None"
+                )
         if action_dim == 0 and action_latent_dim is not None:
             raise ValueError(
                 f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
@@ -185,6 +198,8 @@ class KoopmanAutoencoder(eqx.Module):
         """The action head: latent `(latent_dim,)` -> action `(action_dim,)`."""
         if self.action_head is None:
             raise ValueError("this model was built with action_head=False")
+        if z.shape != (self.latent_dim,):
+            raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
         return self.action_head(z)
 
     def step(

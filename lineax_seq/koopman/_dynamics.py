@@ -100,8 +100,9 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
 
     `Kbar = (I - delta/2 K)^-1 (I + delta/2 K)`, `Lbar = (I - delta/2 K)^-1 delta L`
 
-    (computed with one LU solve, never an explicit inverse; a singular `I - delta/2 K`,
-    i.e. an eigenvalue of `K` at exactly `2 / delta`, gives non-finite entries), or
+    (computed with one LU solve, never an explicit inverse; near an eigenvalue of `K`
+    at `2 / delta`, where `I - delta/2 K` is singular, the entries blow up: huge, or
+    non-finite when the solve meets an exact zero pivot), or
     exactly with the matrix exponential, `Kbar = exp(delta K)`,
     `Lbar = int_0^delta exp(s K) ds L` (zero-order hold).
 

@@ -1,5 +1,7 @@
 """Training objectives of the Koopman autoencoder (equations 1.3.4-1.3.6) and the MLP baseline."""
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ from jaxtyping import Array, Float
 
 from .._checks import IntLike, RealLike, check_finite
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
-from ._unroll import check_model, unroll, unroll_latents
+from ._unroll import check_model, promote, unroll, unroll_latents
 
 _Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 
@@ -20,7 +22,10 @@ def _norms(a: Array) -> Array:
 def _weight(name: str, value: object):
     """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
     one) or a float array; not a bool."""
-    if isinstance(value, bool | np.bool_):
+    real = isinstance(value, numbers.Real) or (
+        hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.floating)
+    )
+    if isinstance(value, bool | np.bool_) or not real:
         raise ValueError(f"{name} must be a real number or a float array, got {name}={value!r}")
     return float(value) if isinstance(value, np.generic) else value
 
@@ -38,7 +43,8 @@ def _check_window(
         )
     if xs.shape[0] < 2:
         raise ValueError(f"xs has {xs.shape[0]} states; a window needs at least 2")
-    return check_finite("xs", xs), actions, xs.shape[0] - 1
+    xs, actions = promote(model, check_finite("xs", xs), actions)
+    return xs, actions, xs.shape[0] - 1
 
 
 def koopman_loss(

@@ -27,6 +27,17 @@ def _concrete(a: Array) -> np.ndarray | None:
     return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
 
 
+def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...]:
+    """`arrays` (`None` passes through) cast to the dtype JAX's promotion gives them
+    together with `model`'s floating parameters, as Equinox's layers would compute: a
+    float32 model fed float64 states or times (NumPy's default) computes in float64, and
+    every scan carry keeps one dtype. Under `jax_numpy_dtype_promotion="strict"` mixed
+    precisions raise JAX's promotion error, naming both dtypes."""
+    params = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+    dtype = jnp.result_type(*params, *(a for a in arrays if a is not None))
+    return tuple(None if a is None else a.astype(dtype) for a in arrays)
+
+
 def check_model(model: object, *classes: type) -> None:
     """A `TypeError` naming `model` unless it is an instance of one of `classes`."""
     if not isinstance(model, classes):
@@ -190,7 +201,8 @@ def _check_unroll(
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not one of {_METHODS}")
     actions = _check_actions(model, None if actions is None else jnp.asarray(actions), steps)
-    return _check_x0(model, jnp.asarray(x0)), actions, steps, reencode_every
+    x0, actions = promote(model, _check_x0(model, jnp.asarray(x0)), actions)
+    return x0, actions, steps, reencode_every
 
 
 def _latents(model: KoopmanAutoencoder, x0, actions, steps, reencode_every, method) -> Array:
@@ -208,7 +220,9 @@ def unroll_latents(
     reencode_every: IntLike | None = None,
     method: str = "parallel",
 ) -> Float[Array, "horizon latent_dim"]:
-    """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll].
+    """The predicted latents `zhat_1 .. zhat_steps` of [`unroll`][lineax_seq.unroll],
+    shape `(steps, latent_dim)`, from `x0` of shape `(state_dim,)` (and `actions` of
+    shape `(steps, action_dim)` for a controlled model).
 
     Latents at reencoding steps are the ones *before* reencoding (those that are
     decoded). Same arguments as [`unroll`][lineax_seq.unroll] (a
@@ -470,14 +484,15 @@ def unroll_continuous(
     - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
         JAX real scalar, or `None` (never reencode).
     - `num_segments`: number of reencoding segments,
-        `ceil((ts[-1] - ts[0]) / reencode_dt)`; required only if `ts` is traced (inside
+        `max(1, ceil((ts[-1] - ts[0]) / reencode_dt))`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
         error); with concrete `ts` it must equal that count.
     - `exact`: use the matrix exponential instead of an ODE solver.
     - `solver`, `stepsize_controller`, `dt0` (positive), `max_steps` (positive, or
         `None`), `adjoint`, `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
-        segment is one solve, so it shows one bar per segment).
+        segment is one solve, so it shows one bar per segment). `StepTo` only without
+        reencoding (one segment). Unused with `exact=True`.
 
     **Returns:**
 
@@ -496,8 +511,7 @@ def unroll_continuous(
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
-    x0 = _check_x0(model, jnp.asarray(x0))
-    ts = jnp.asarray(ts)
+    x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
     ts_host = _concrete(ts)
     ts = _check_ts(ts, ts_host)
     tolerance = None
@@ -551,6 +565,12 @@ def unroll_continuous(
     # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
     # sees them as inputs to differentiate.
     term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
+    if isinstance(stepsize_controller, diffrax.StepTo) and num > 1:
+        raise ValueError(
+            f"stepsize_controller=StepTo(...) cannot be used with reencoding (each of the "
+            f"{num} segments is solved on its own, from its own t0 to its own t1): use "
+            "diffrax.ConstantStepSize() and dt0"
+        )
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
         # Without an error estimate (e.g. Euler): fixed steps.

@@ -115,6 +115,10 @@ def simulate(
         )
     if actions is not None:
         actions = check_finite("actions", jnp.asarray(actions))
+        # One dtype for the state and the controls (NumPy's float64 actions with a
+        # float32 state compute in float64), so the scan's carry keeps its dtype.
+        dtype = jnp.result_type(x0, actions)
+        x0, actions = x0.astype(dtype), actions.astype(dtype)
     dt = system.dt if dt is None else dt
     term = diffrax.ODETerm(system.vector_field)
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
