@@ -72,9 +72,9 @@ MELIAD_LAYER = {
     "E x E projection with tanh (W_z; about 4% of BRECT's FLOPs).",
     "dtype": "DTYPE = 'bfloat16' in base_htrans.gin ('For training on TPU'); ours float32",
     "note": "The meliad seconds are the issue's figures, not measured by this script (flax "
-    "and gin are not installed here). 22 ms for SLIDE at 1k would be 318 GFLOP/s at our "
-    "7.0 GFLOP, above this machine's float32 matmul probe (about 305 GFLOP/s quiet), so "
-    "that figure cannot be a float32 run of the same shape here.",
+    "and gin are not installed here). 22 ms for SLIDE at 1k is 318 GFLOP/s at our 7.0 "
+    "GFLOP: compare it with `gemm_gflops`, this run's float32 matmul probe, before "
+    "comparing milliseconds (the development host measured 283 and, later, 512).",
 }
 # ratio name -> (numerator, denominator)
 RATIOS = {
