@@ -53,6 +53,38 @@ def test_continuation_rows_bad_input():
         _bigs_ablation.continuation_rows(TEXTS, num_rows=2, chars=1000)
 
 
+# ----------------------------------------------------------------- match task
+
+
+def test_match_rows_label_is_copy_of_a_after_distractor():
+    rows = _bigs_ablation.match_rows(TEXTS, num_rows=60, chars=12, distractor=9, seed=3)
+    assert [label for _, _, label in rows] == [i % 2 for i in range(60)]
+    docs = [t for t in TEXTS if len(t) >= 24]
+    lengths = set()
+    for a, pair, label in rows:
+        assert len(a) == 12 and 12 <= len(pair) <= 21
+        distractor, b = pair[:-12], pair[-12:]
+        lengths.add(len(distractor))
+        assert (b == a) == bool(label)
+        (home,) = [d for d in docs if a in d]  # the toy documents share no 12-grams
+        assert b in home  # negatives: other text of A's own document
+        assert any(distractor in d for d in TEXTS if d != home)  # from another document
+    assert len(lengths) > 5  # the distance between A and B varies
+
+
+def test_match_rows_deterministic_and_bad_input():
+    make = lambda seed, **kw: _bigs_ablation.match_rows(
+        TEXTS, num_rows=10, chars=10, distractor=5, seed=seed, **kw
+    )
+    assert make(0) == make(0) != make(1)
+    with pytest.raises(ValueError, match="distractor"):
+        _bigs_ablation.match_rows(TEXTS, num_rows=2, chars=5, distractor=-1)
+    with pytest.raises(ValueError, match="at least 2 documents"):
+        _bigs_ablation.match_rows(TEXTS, num_rows=2, chars=1000, distractor=0)
+    with pytest.raises(ValueError, match="repeat themselves"):
+        _bigs_ablation.match_rows(["a" * 50, "b" * 50], num_rows=4, chars=10, distractor=0)
+
+
 def test_write_rows_csv_roundtrip(tmp_path):
     rows = [("a,b\nc", 1), ('say "hi"', 0)]
     path = _bigs_ablation.write_rows(rows, tmp_path / "sub" / "task.csv")
@@ -139,12 +171,16 @@ def test_plot_kernels_and_ablation_files(tmp_path):
 
 def test_ablation_output_names_do_not_collide():
     name = lambda backend="cpu", quick=False, **cfg: _bigs_ablation.output_suffix(
-        {"steps": 500, "seed": 0, **cfg}, quick=quick, backend=backend
+        {"steps": 500, "seed": 0, "finetune_task": "listops", "finetune_steps": 300, **cfg},
+        quick=quick,
+        backend=backend,
     )
     assert name() == ""  # the committed default run
     assert name(seed=1) == "_seed1"
     assert name(steps=2000) == "_2000steps"
     assert name(steps=2000, seed=2, backend="gpu") == "_gpu_2000steps_seed2"
+    assert name(finetune_task="match", seed=1) == "_match_seed1"
+    assert name(finetune_task="match", finetune_steps=1500) == "_match_1500ftsteps"
     assert name(steps=30, quick=True) == "_quick"
 
 

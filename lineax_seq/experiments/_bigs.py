@@ -27,7 +27,13 @@ import jax.random as jr
 
 import lineax_seq as ls
 
-from ._bigs_ablation import DEFAULT_STEPS, RESULTS_DIR, ablation, unigram_reference
+from ._bigs_ablation import (
+    DEFAULT_FINETUNE_STEPS,
+    DEFAULT_STEPS,
+    RESULTS_DIR,
+    ablation,
+    unigram_reference,
+)
 from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels
 from ._bigs_train import (
     CONFIG_FILE,
@@ -433,11 +439,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = abl.add_argument_group("fine-tuning")
     g.add_argument(
         "--finetune-task",
-        choices=("listops", "continuation"),
+        choices=("listops", "continuation", "match"),
         default="listops",
-        help="ListOps (default) or the corpus continuation task (does B continue A?)",
+        help="ListOps (default), or a corpus pair task: continuation (does B continue A?) "
+        "or match (is B a copy of A, after a distractor of varying length?)",
     )
-    g.add_argument("--finetune-steps", type=positive_int, default=300)
+    g.add_argument("--finetune-steps", type=positive_int, default=DEFAULT_FINETUNE_STEPS)
     g.add_argument("--finetune-lr", type=positive_float, default=1e-3)
     g.add_argument("--finetune-examples", type=positive_int, default=4000, help="training rows")
     abl.add_argument(

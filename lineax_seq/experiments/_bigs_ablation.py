@@ -108,6 +108,86 @@ def continuation_rows(
     return rows
 
 
+def match_rows(
+    texts: Sequence[str],
+    *,
+    num_rows: int,
+    chars: int,
+    distractor: int,
+    seed: int = 0,
+) -> list[tuple[str, str, int]]:
+    """A matching-over-a-distance task (the paper's Table 4 probe) built from a corpus.
+
+    Each row is `(A, D + B, label)`: `A` is `chars` characters of one document, `D` a
+    distractor of `0 .. distractor` characters (uniform) from a different document, and
+    `B` either `A` again (label 1) or another `chars` characters of `A`'s own document
+    that do not overlap `A` and differ from it (label 0). Both classes read as coherent
+    text of the same document, so the label is decided only by comparing `B` with `A`
+    across the distractor, at a distance that varies from row to row: what Wang et al.
+    (section 7.2, Table 4) credit the gated architecture with. Labels alternate, so the
+    task is exactly balanced.
+
+    **Arguments:**
+
+    - `texts`: the documents; only those with at least `2 * chars` characters (and at
+      least one other document for distractors) are used.
+    - `num_rows`: how many rows to make.
+    - `chars`: characters per segment.
+    - `distractor`: the largest distractor, in characters (0: none).
+    - `seed`: the row sampler's seed (same texts + same seed -> same rows).
+
+    **Returns:**
+
+    A list of `(text, text_pair, label)` triples, `label` in `{0, 1}`.
+    """
+    if chars < 1:
+        raise ValueError(f"`chars` must be at least 1, got {chars}")
+    if distractor < 0:
+        raise ValueError(f"`distractor` must be non-negative, got {distractor}")
+    if num_rows < 0:
+        raise ValueError(f"`num_rows` must be non-negative, got {num_rows}")
+    docs = [t for t in texts if len(t) >= 2 * chars and len(t) >= distractor]
+    if len(docs) < 2:
+        raise ValueError(
+            f"need at least 2 documents with >= max(2 * chars, distractor) = "
+            f"{max(2 * chars, distractor)} characters, got {len(docs)} of {len(texts)}"
+        )
+    rng = np.random.default_rng(seed)
+    rows: list[tuple[str, str, int]] = []
+    for _ in range(100 * num_rows + 1000):
+        if len(rows) == num_rows:
+            return rows
+        d = int(rng.integers(len(docs)))
+        doc = docs[d]
+        start = int(rng.integers(len(doc) - chars + 1))
+        a = doc[start : start + chars]
+        label = len(rows) % 2
+        if label:
+            b = a
+        else:
+            # Starts whose segment does not overlap A: [0, start - chars] or
+            # [start + chars, len - chars].
+            left, right = start - chars + 1, len(doc) - chars + 1 - (start + chars)
+            if left + right <= 0:
+                continue
+            s = int(rng.integers(left + right))
+            s = s if s < left else start + chars + (s - left)
+            b = doc[s : s + chars]
+            if b == a:  # repeated text (e.g. runs of blank lines): not a negative
+                continue
+        e = int(rng.integers(len(docs) - 1))
+        e += e >= d
+        n = int(rng.integers(distractor + 1))
+        s = int(rng.integers(len(docs[e]) - n + 1))
+        rows.append((a, docs[e][s : s + n] + b, label))
+    if len(rows) == num_rows:
+        return rows
+    raise ValueError(
+        f"made only {len(rows)} of {num_rows} rows: the documents repeat themselves too "
+        f"much to find segments of {chars} characters that differ from A"
+    )
+
+
 def write_rows(rows: Sequence[tuple], path: pathlib.Path) -> pathlib.Path:
     """Write `(text, label)` or `(text, text_pair, label)` rows as a CSV file with a
     `text,label` / `text,text_pair,label` header (what `bigs finetune --train` reads)."""
@@ -240,8 +320,8 @@ def _finetune_task(
     seed: int,
 ) -> tuple[Any, Any, int, str]:
     """The ablation's fine-tuning task as `(train records, eval records, classes, name)`:
-    corpus continuation (train rows from pretraining documents, eval rows from held-out
-    ones) or ListOps."""
+    ListOps, or a corpus pair task (continuation or match; train rows from pretraining
+    documents, eval rows from held-out ones)."""
     if task == "listops":
         records = listops_records(num_train + num_eval, seed=seed, tok=tok, length=length)
         import grain
@@ -249,16 +329,28 @@ def _finetune_task(
         items = [records[i] for i in range(len(records))]
         train = grain.MapDataset.source(items[:num_train])
         return train, grain.MapDataset.source(items[num_train:]), 10, "ListOps (10 classes)"
-    # Two segments that together fill ~90% of the sequence after tokenisation.
-    chars = max(8, int(0.45 * (length - 3) * _chars_per_token(train_texts, tok)))
-    train = continuation_rows(train_texts, num_rows=num_train, chars=chars, seed=seed + 1)
-    held = continuation_rows(eval_texts, num_rows=num_eval, chars=chars, seed=seed + 2)
-    name = f"corpus continuation (2 x {chars} characters, 2 classes)"
+    # The segments (and the distractor) fill at most ~90% of the sequence after
+    # tokenisation.
+    budget = 0.9 * (length - 3) * _chars_per_token(train_texts, tok)
+    if task == "match":
+        chars = max(4, int(budget / 3))
+        rows = lambda texts, n, s: match_rows(
+            texts, num_rows=n, chars=chars, distractor=chars, seed=s
+        )
+        name = f"match across a distractor (2 x {chars} + 0..{chars} characters, 2 classes)"
+    else:
+        chars = max(8, int(budget / 2))
+        rows = lambda texts, n, s: continuation_rows(texts, num_rows=n, chars=chars, seed=s)
+        name = f"corpus continuation (2 x {chars} characters, 2 classes)"
+    train = rows(train_texts, num_train, seed + 1)
+    held = rows(eval_texts, num_eval, seed + 2)
     return rows_dataset(train), rows_dataset(held), 2, name
 
 
-# Pretraining steps per variant by default (`bigs ablation --steps`).
+# Pretraining and fine-tuning steps per variant by default (`bigs ablation --steps`,
+# `--finetune-steps`).
 DEFAULT_STEPS = 500
+DEFAULT_FINETUNE_STEPS = 300
 # The settings the ablation records and reads from the command line.
 SETTINGS = (
     "dim",
@@ -396,7 +488,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
     Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (default: the
     source checkout's `benchmarks/results/`, else `./benchmarks/results/`; with the
-    backend's name off CPU, `_<N>steps` for other than the default 500 pretraining steps,
+    backend's name off CPU, the fine-tuning task's name for other than ListOps,
+    `_<N>steps` for other than the default 500 pretraining steps, `_<N>ftsteps` for
+    other than 300 fine-tuning steps,
     `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
     """
     cfg = {k: getattr(args, k) for k in SETTINGS}
@@ -480,7 +574,10 @@ def output_suffix(cfg: dict[str, Any], *, quick: bool, backend: str) -> str:
     suffix = "" if backend == "cpu" else f"_{backend}"
     if quick:
         return suffix + "_quick"
+    suffix += f"_{cfg['finetune_task']}" if cfg["finetune_task"] != "listops" else ""
     suffix += f"_{cfg['steps']}steps" if cfg["steps"] != DEFAULT_STEPS else ""
+    ft = cfg["finetune_steps"]
+    suffix += f"_{ft}ftsteps" if ft != DEFAULT_FINETUNE_STEPS else ""
     return suffix + (f"_seed{cfg['seed']}" if cfg["seed"] else "")
 
 
