@@ -131,20 +131,22 @@ def check_ids(
     the one used). Compared in at least int32, so narrow dtypes (`uint8` cannot hold 256)
     do not wrap the bound."""
     expected = f"{name}: ids must be in [0, {upper_name}={upper})"
+    if where is not None and where.shape != ids.shape:
+        raise ValueError(f"the mask of {name} must have its shape {ids.shape}, got {where.shape}")
     arrays = (ids,) if where is None else (ids, where)
     if not any(isinstance(a, jax.core.Tracer) for a in arrays) and all(
         getattr(a, "is_fully_addressable", True) for a in arrays
     ):
-        host = np.asarray(ids).astype(np.int64)
+        host = np.asarray(ids)  # compared in its own type: no wrapping, uint64 included
         bad = (host < 0) | (host >= upper)
         if where is not None:
-            bad &= np.broadcast_to(np.asarray(where, bool), bad.shape)
+            bad &= np.asarray(where).astype(bool)
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])
-            at = f"{name}[{', '.join(map(str, index))}]"
-            raise ValueError(f"{expected}, got id {host[index]} at {at}")
+            at = f" at {name}[{', '.join(map(str, index))}]" if index else ""
+            raise ValueError(f"{expected}, got id {host[index]}{at}")
         return ids
     signed = ids.dtype in (jnp.int32, jnp.int64)
     wide = ids if signed else ids.astype(jax.dtypes.canonicalize_dtype(jnp.int64))
     bad = (wide < 0) | (wide >= upper)
-    return eqx.error_if(ids, bad if where is None else bad & where, expected)
+    return eqx.error_if(ids, bad if where is None else bad & where.astype(bool), expected)

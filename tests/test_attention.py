@@ -182,6 +182,7 @@ def test_attention_bad_input(key):
         mha(x, context, mask=jnp.ones((3, 2, 4), bool))
     with pytest.raises(ValueError, match=r"`context` must hold at least one key.*\(0, 3\)"):
         mha(x, jnp.zeros((0, 3)))
+    assert mha.__class__(8, 2, key=key)(jnp.zeros((0, 8))).shape == (0, 8)  # no queries
     # The public functions check what the modules check.
     with pytest.raises(ValueError, match="num_buckets"):
         ls.relative_position_bucket(jnp.arange(-4, 4), bidirectional=True, num_buckets=5)

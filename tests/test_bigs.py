@@ -546,6 +546,20 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         np.testing.assert_array_equal(encode(model, padded, mask), want)
     with pytest.raises(Exception, match=r"ids must be in"):  # a real token, under jit
         encode(model, tokens.at[2].set(-100), mask)
+    # The shared check itself: masks of another shape or dtype, unsigned and 0-d ids.
+    from lineax_seq._checks import check_ids
+
+    ids, where = jnp.array([1, 2, 9]), jnp.array([0, 0, 2])  # an int mask: 2 is True
+    with pytest.raises(ValueError, match=r"the mask of t must have its shape \(3,\)"):
+        check_ids("t", ids, 5, "V", where[:2])
+    with pytest.raises(ValueError, match=r"got id 9 at t\[2\]"):
+        check_ids("t", ids, 5, "V", where)
+    with pytest.raises(Exception, match=r"t: ids must be in \[0, V=5\)"):
+        eqx.filter_jit(lambda i, w: check_ids("t", i, 5, "V", w))(ids, where)
+    with pytest.raises(ValueError, match=r"got id 18446744073709551615 at t\[1\]"):
+        check_ids("t", np.array([1, 2**64 - 1], np.uint64), 5, "V")
+    with pytest.raises(ValueError, match=r"got id 9$"):
+        check_ids("t", jnp.asarray(9), 5, "V")
     with pytest.raises(TypeError, match="final_norm must be a bool, got final_norm='no'"):
         ls.BiGS(VOCAB, DIM, 1, final_norm="no", key=jr.key(0))
 

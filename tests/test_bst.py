@@ -354,9 +354,15 @@ def test_bad_input(sh_lm, key):
     # A vanishing temperature is greedy decoding, not an overflow to NaN / token 0.
     prompt = jnp.array([1, 2, 3])
     greedy = ls.generate(lm, prompt, 4, key=key, temperature=0)
-    for tiny in (1e-30, 1e-38, 1e-60):
+    for tiny in (1e-30, 1e-37, 1e-38, 1e-60):  # sampled (the first two) or greedy
         out = ls.generate(lm, prompt, 4, key=key, temperature=tiny, top_k=2)
         np.testing.assert_array_equal(out, greedy)
+    # A huge temperature samples among the top_k candidates, never a masked token.
+    logits = lm(jnp.zeros((W,), jnp.int32).at[:3].set(prompt))[2]
+    top = set(np.asarray(jax.lax.top_k(logits, 2)[1]).tolist())
+    for huge in (1e30, 1e39, 1e300):
+        out = ls.generate(lm, prompt, 1, key=key, temperature=huge, top_k=2)
+        assert int(out[-1]) in top
     # Token ids outside the vocabulary raise instead of being clamped (gathers clamp).
     for bad in (VOCAB, -1):
         with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=7\)"):

@@ -110,7 +110,7 @@ class MultiHeadAttention(eqx.Module):
         **Arguments:**
 
         - `x`: queries' inputs, shape `(q, dim)`.
-        - `context`: keys'/values' inputs, shape `(k, kv_dim)` with `k >= 1`; `None`
+        - `context`: keys'/values' inputs, shape `(k, kv_dim)`, `k >= 1` if `q >= 1`; `None`
           means `x` (self-attention, which needs `kv_dim == dim`).
         - `mask`: boolean, `True` where a query may attend to a key; shape `(q, k)` or
           `(heads, q, k)`. Every query should see at least one key: a query that sees
@@ -124,13 +124,13 @@ class MultiHeadAttention(eqx.Module):
         """
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
+        if context is not None and context.shape[0] == 0 and x.shape[0] > 0:
+            raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
         context = x if context is None else context
         if context.shape[-1] != self.kv_dim:
             raise ValueError(
                 f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
             )
-        if context.shape[0] == 0:
-            raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
         q_k = (x.shape[0], context.shape[0])
         for name, value in (("mask", mask), ("bias", bias)):
             if value is not None and value.shape[-2:] != q_k:

@@ -348,7 +348,7 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
             # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
             # (greedy in the limit) instead of overflowing every logit to inf or NaN.
             work = jnp.promote_types(logits.dtype, jnp.float32)
-            shifted = (logits - jnp.max(logits)).astype(work)
+            shifted = logits.astype(work) - jnp.max(logits).astype(work)
             token = jr.categorical(k, shifted / temperature.astype(work))
         cache, logits = lm._step(cache, token)
         return (cache, logits), token
@@ -382,7 +382,8 @@ def generate(
     - `steps`: number of tokens to sample (`0` returns `prompt`, as int32 or int64).
     - `key`: PRNG key.
     - `temperature`: softmax temperature, finite and `>= 0`; `0` (or anything below
-        float32's smallest normal number, about `1.2e-38`) means greedy (argmax).
+        float32's smallest normal number, about `1.2e-38`) means greedy (argmax);
+        values above `1e37` sample as `1e37` does (uniformly among the candidates).
     - `top_k`: if given, sample among the `top_k` most likely tokens only (ties at the
         `top_k`-th logit are broken by `jax.lax.top_k`, towards lower ids).
 
@@ -407,5 +408,10 @@ def generate(
         if top_k > lm.vocab_size:
             raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
     # Below float32's smallest normal number, 1 / temperature overflows: decode greedily.
-    greedy = bool(temperature < np.finfo(np.float32).tiny)
+    # Above 1e37, 1 / temperature would leave float32's normal range (XLA may divide by
+    # multiplying with it, and -inf * 0 is NaN): capped there, where sampling is already
+    # uniform over the candidates.
+    tiny = float(np.finfo(np.float32).tiny)
+    greedy = temperature < tiny
+    temperature = min(temperature, 1e37)
     return _generate(lm, prompt, steps, key, jnp.asarray(temperature), greedy, top_k)
