@@ -81,8 +81,29 @@ def test_match_rows_deterministic_and_bad_input():
         _bigs_ablation.match_rows(TEXTS, num_rows=2, chars=5, distractor=-1)
     with pytest.raises(ValueError, match="at least 2 documents"):
         _bigs_ablation.match_rows(TEXTS, num_rows=2, chars=1000, distractor=0)
-    with pytest.raises(ValueError, match="repeat themselves"):
+    with pytest.raises(ValueError, match="too few segments .* repeating themselves"):
         _bigs_ablation.match_rows(["a" * 50, "b" * 50], num_rows=4, chars=10, distractor=0)
+
+
+def test_match_rows_draw_a_alike_for_both_labels():
+    """Short documents (under 3 * chars) have negatives only for segments at their
+    ends; A is drawn only where a negative exists, so the document A comes from does not
+    give the label away."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    short = [letters[i:] + letters[:i] for i in range(5)]  # 26 characters
+    long = ["".join(chr(0x100 + 300 * k + i) for i in range(200)) for k in range(5)]
+    rows = _bigs_ablation.match_rows(short + long, num_rows=2000, chars=10, distractor=0)
+    from_short = np.array([any(a in d for d in short) for a, _, _ in rows])
+    labels = np.array([label for _, _, label in rows])
+    assert 0.4 < labels[from_short].mean() < 0.6  # was 1.0: short documents gave positives
+    two = ["abcdefghijklmnopqrst", "ABCDEFGHIJKLMNOPQRST"]  # 2 * chars: one negative each
+    for a, b, label in _bigs_ablation.match_rows(two, num_rows=8, chars=10, distractor=0):
+        assert (b == a) == bool(label) and b in (
+            "abcdefghij",
+            "klmnopqrst",
+            "ABCDEFGHIJ",
+            "KLMNOPQRST",
+        )
 
 
 def test_write_rows_csv_roundtrip(tmp_path):

@@ -124,13 +124,14 @@ def match_rows(
     that do not overlap `A` and differ from it (label 0). Both classes read as coherent
     text of the same document, so the label is decided only by comparing `B` with `A`
     across the distractor, at a distance that varies from row to row: what Wang et al.
-    (section 7.2, Table 4) credit the gated architecture with. Labels alternate, so the
-    task is exactly balanced.
+    (section 7.2, Table 4) credit the gated architecture with. Labels alternate (an
+    even `num_rows` is exactly balanced), and `A` is drawn alike for both labels: only
+    segments that have such a negative are used.
 
     **Arguments:**
 
-    - `texts`: the documents; only those with at least `2 * chars` characters (and at
-      least one other document for distractors) are used.
+    - `texts`: the documents; segments are drawn from those with at least `2 * chars`
+      characters (and at least one other document for distractors).
     - `num_rows`: how many rows to make.
     - `chars`: characters per segment.
     - `distractor`: the largest distractor, in characters (0: none).
@@ -161,20 +162,21 @@ def match_rows(
         doc = docs[d]
         start = int(rng.integers(len(doc) - chars + 1))
         a = doc[start : start + chars]
+        # A candidate negative is drawn for every row, whatever its label, and A is
+        # kept only if it has one: A's distribution is then the same in both classes
+        # (no document or position that only positives come from). Its starts, which
+        # do not overlap A: [0, start - chars] and [start + chars, len - chars].
+        left = max(start - chars + 1, 0)
+        right = max(len(doc) - chars + 1 - (start + chars), 0)
+        if left + right == 0:
+            continue
+        s = int(rng.integers(left + right))
+        s = s if s < left else start + chars + (s - left)
+        negative = doc[s : s + chars]
+        if negative == a:  # repeated text (e.g. runs of blank lines): no negative
+            continue
         label = len(rows) % 2
-        if label:
-            b = a
-        else:
-            # Starts whose segment does not overlap A: [0, start - chars] or
-            # [start + chars, len - chars].
-            left, right = start - chars + 1, len(doc) - chars + 1 - (start + chars)
-            if left + right <= 0:
-                continue
-            s = int(rng.integers(left + right))
-            s = s if s < left else start + chars + (s - left)
-            b = doc[s : s + chars]
-            if b == a:  # repeated text (e.g. runs of blank lines): not a negative
-                continue
+        b = a if label else negative
         e = int(rng.integers(len(docs) - 1))
         e += e >= d
         n = int(rng.integers(distractor + 1))
@@ -183,8 +185,9 @@ def match_rows(
     if len(rows) == num_rows:
         return rows
     raise ValueError(
-        f"made only {len(rows)} of {num_rows} rows: the documents repeat themselves too "
-        f"much to find segments of {chars} characters that differ from A"
+        f"made only {len(rows)} of {num_rows} rows: too few segments of {chars} "
+        "characters have a non-overlapping, different segment in their own document "
+        f"(documents shorter than 3 * chars = {3 * chars} or repeating themselves)"
     )
 
 
