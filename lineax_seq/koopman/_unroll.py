@@ -29,8 +29,8 @@ def _concrete(a: Array) -> np.ndarray | None:
 
 def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...]:
     """`arrays` (`None` passes through) cast to the dtype JAX's promotion gives them
-    together with `model`'s floating parameters, as Equinox's layers would compute: a
-    float32 model fed float64 states or times (NumPy's default) computes in float64, and
+    together with `model`'s floating parameters, as Equinox's layers would compute: under
+    x64 a float32 model fed float64 states or times (NumPy's default) computes in float64, and
     every scan carry keeps one dtype. Under `jax_numpy_dtype_promotion="strict"` mixed
     precisions raise JAX's promotion error, naming both dtypes."""
     params = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
