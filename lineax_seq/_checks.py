@@ -51,19 +51,36 @@ def check_real(name: str, value: object, sign: str = "positive") -> float:
     return number
 
 
+def _on_host(*arrays: Array | None) -> bool:
+    """Whether `arrays` can be read here: none traced, all on this process's devices."""
+    return all(
+        not isinstance(a, jax.core.Tracer) and getattr(a, "is_fully_addressable", True)
+        for a in arrays
+        if a is not None
+    )
+
+
+def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str] | None:
+    """The index of the first True of `bad` and its text `name[i, j]`, or `None`."""
+    if not bad.any():  # (np.argwhere of a 0-d array is empty even where it is True)
+        return None
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    return index, f"{name}[{', '.join(map(str, index))}]"
+
+
 def check_finite(name: str, a: Array) -> Array:
     """`a`, checked to hold no NaN or inf: at once if it is concrete, else at run time
     (`eqx.error_if`, so the returned array must be the one used)."""
-    if isinstance(a, jax.core.Tracer):
+    if not _on_host(a):
         return eqx.error_if(a, ~jnp.all(jnp.isfinite(a)), f"{name} contains NaN or inf values")
     host = np.asarray(a)
-    bad = np.argwhere(~np.isfinite(host))
-    if bad.size:
-        index = tuple(int(i) for i in bad[0])
-        where = ", ".join(map(str, index))
+    bad = ~np.isfinite(host)
+    first = _first(name, bad)
+    if first is not None:
+        index, at = first
         raise ValueError(
-            f"{name} contains NaN or inf values ({bad.shape[0]} of {host.size}; the first is "
-            f"{name}[{where}] = {host[index]}), expected finite values"
+            f"{name} contains NaN or inf values ({int(bad.sum())} of {host.size}; the first "
+            f"is {at} = {host[index]}), expected finite values"
         )
     return a
 
@@ -133,18 +150,15 @@ def check_ids(
     expected = f"{name}: ids must be in [0, {upper_name}={upper})"
     if where is not None and where.shape != ids.shape:
         raise ValueError(f"the mask of {name} must have its shape {ids.shape}, got {where.shape}")
-    arrays = (ids,) if where is None else (ids, where)
-    if not any(isinstance(a, jax.core.Tracer) for a in arrays) and all(
-        getattr(a, "is_fully_addressable", True) for a in arrays
-    ):
+    if _on_host(ids, where):
         host = np.asarray(ids)  # compared in its own type: no wrapping, uint64 included
         bad = (host < 0) | (host >= upper)
         if where is not None:
             bad &= np.asarray(where).astype(bool)
-        if bad.any():
-            index = tuple(int(i) for i in np.argwhere(bad)[0])
-            at = f" at {name}[{', '.join(map(str, index))}]" if index else ""
-            raise ValueError(f"{expected}, got id {host[index]}{at}")
+        first = _first(name, bad)
+        if first is not None:
+            index, at = first
+            raise ValueError(f"{expected}, got id {host[index]}{f' at {at}' if index else ''}")
         return ids
     signed = ids.dtype in (jnp.int32, jnp.int64)
     wide = ids if signed else ids.astype(jax.dtypes.canonicalize_dtype(jnp.int64))

@@ -560,6 +560,11 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         check_ids("t", np.array([1, 2**64 - 1], np.uint64), 5, "V")
     with pytest.raises(ValueError, match=r"got id 9$"):
         check_ids("t", jnp.asarray(9), 5, "V")
+    # The shared finite check reads 0-d arrays too (np.argwhere of one is empty).
+    from lineax_seq._checks import check_finite
+
+    with pytest.raises(ValueError, match=r"x contains NaN or inf values \(1 of 1"):
+        check_finite("x", jnp.asarray(jnp.nan))
     with pytest.raises(TypeError, match="final_norm must be a bool, got final_norm='no'"):
         ls.BiGS(VOCAB, DIM, 1, final_norm="no", key=jr.key(0))
 
