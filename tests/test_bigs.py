@@ -150,15 +150,15 @@ def mods():
         fwd=lambda k: ls.DirectionalSSM(5, key=k),
         bwd=lambda k: ls.DirectionalSSM(5, reverse=True, key=k),
         bwd_per_channel=lambda k: ls.DirectionalSSM(5, reverse=True, kernel="per_channel", key=k),
-        cls=lambda k: ls.SequenceClassificationHead(DIM, 3, key=k),
+        cls=lambda k: ls.SequenceClassificationHead(DIM, 3, dropout=0.1, key=k),
         span=lambda k: ls.SpanExtractionHead(DIM, key=k),
-        mc=lambda k: ls.MultipleChoiceHead(DIM, key=k),
+        mc=lambda k: ls.MultipleChoiceHead(DIM, dropout=0.1, key=k),
         mlm=lambda k: ls.MaskedLMHead(DIM, VOCAB, key=k),
     )
     for v in VARIANTS:
         a, r = v.split("/")
         makers[v] = lambda k, a=a, r=r: ls.BiGS(
-            VOCAB, DIM, 2, architecture=a, routing=r, num_heads=2, key=k
+            VOCAB, DIM, 2, architecture=a, routing=r, num_heads=2, dropout=0.1, key=k
         )
     return {
         name: _random_params(eqx.filter_eval_shape(make, jr.key(0)), seed)
@@ -403,6 +403,26 @@ def test_inference_mode_disables_dropout(mods, getkey):
     assert not np.allclose(r["on"][1], r["model"][-1])
     with pytest.raises(ValueError, match="key is required"):
         model(tokens)
+
+
+def test_dropout_is_off_by_default():
+    """Built without `dropout=`, the encoder and heads need no key (as Equinox's layers);
+    the named configurations carry the paper's 0.1."""
+    tokens, mask = jnp.arange(6), jnp.arange(6) < 4
+    model = ls.BiGS(10, 8, 1, key=jr.key(0))
+    heads = (
+        ls.SequenceClassificationHead(8, 3, key=jr.key(1)),
+        ls.MultipleChoiceHead(8, key=jr.key(2)),
+    )
+    assert model.dropout_rate == 0.0 and heads[0].dropout.p == heads[1].scorer.dropout.p == 0.0
+    h = model(tokens, mask)
+    np.testing.assert_array_equal(h, model(tokens, mask, inference=True))
+    np.testing.assert_array_equal(heads[0](h, mask), heads[0](h, mask, inference=True))
+    np.testing.assert_array_equal(
+        heads[1](h[None], mask[None]), heads[1](h[None], mask[None], inference=True)
+    )
+    for name in ls.bigs.BIGS_CONFIGS:
+        assert ls.bigs.BIGS_CONFIGS[name]["dropout"] == 0.1, name
 
 
 # ------------------------------------------------------------------ parameters

@@ -253,7 +253,7 @@ def classification_loss(model, batch, key, inference=False):
 
 
 classifier = Classifier(
-    model.encoder, ls.SequenceClassificationHead(64, 4, init_std=INIT_STD, key=k_cls)
+    model.encoder, ls.SequenceClassificationHead(64, 4, dropout=0.1, init_std=INIT_STD, key=k_cls)
 )
 finetuned = ls.train(
     classifier,

@@ -5,12 +5,13 @@ Encoder
 * [`lineax_seq.BiGS`][]`(vocab_size, dim=1024, num_layers=23, *, architecture="gated"|"stack",
   routing="ssm"|"attention", inner_dim=None (3d gated / 4d stack), num_heads=None (d//64),
   max_length=None (no absolute positions -> any length), num_token_types=0, state_size=64,
-  kernel="shared"|"per_channel", ssm_init="legs", dt_min=1e-3, dt_max=1e-1, dropout=0.1,
+  kernel="shared"|"per_channel", ssm_init="legs", dt_min=1e-3, dt_max=1e-1, dropout=0.0,
   final_norm=True, key)`.
   `model(tokens: Int[(L,)], mask: Bool[(L,)] | None = None, token_types=None, *, key=None,
   inference=None) -> Float[(L, dim)]` (padded positions zero; ids out of range raise).
   `BiGS.from_config(name, *, vocab_size=30522, key, **overrides)` with names in
-  `lineax_seq.bigs.BIGS_CONFIGS`: "bigs-large", "bigs-12", "bert-large", "bigs-tiny", "bert-tiny".
+  `lineax_seq.bigs.BIGS_CONFIGS`: "bigs-large", "bigs-12", "bert-large", "bigs-tiny", "bert-tiny"
+  (all with the paper's dropout 0.1).
   `model.config()` -> dict of constructor args (JSON-able; `BiGS(**cfg, key=k)` rebuilds).
   `model.kernels(length) -> (num_layers, 2, kc, length)` ([:,0] forward, [:,1] backward;
   kc = 1 shared). `model.layer(i)` -> i-th layer; `model.token_embedding.weight` -> (vocab, d).
@@ -28,12 +29,12 @@ Layers (`layer(x: (L, d), mask: (L,) | None = None, *, key=None, inference=None)
 Heads
 * [`lineax_seq.MaskedLMHead`][]`(dim, vocab_size, *, key)`;
   `head(h: (n, d), embedding: (vocab, d)) -> (n, vocab)` (tied decoder + bias).
-* [`lineax_seq.SequenceClassificationHead`][]`(dim, num_outputs, *, dropout=0.1, key)`;
+* [`lineax_seq.SequenceClassificationHead`][]`(dim, num_outputs, *, dropout=0.0, key)`;
   `head(h: (L, d), mask=None, *, key=None, inference=None) -> (num_outputs,)`
   (mean over real tokens, dense, tanh, dropout, dense; num_outputs=1 for regression).
 * [`lineax_seq.SpanExtractionHead`][]`(dim, *, key)`; `head(h, mask=None) -> (start, end)`,
   each `(L,)`.
-* [`lineax_seq.MultipleChoiceHead`][]`(dim, *, dropout=0.1, key)`;
+* [`lineax_seq.MultipleChoiceHead`][]`(dim, *, dropout=0.0, key)`;
   `head(h: (choices, L, d), mask: (choices, L) | None, *, key, inference) -> (choices,)`.
 * [`lineax_seq.masked_mean`][]`(x: (L, d), mask=None) -> (d,)`.
 """

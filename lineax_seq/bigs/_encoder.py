@@ -24,9 +24,9 @@ from ._layers import (
 
 BIGS_CONFIGS: dict[str, dict[str, Any]] = {
     # Paper, Table 7 / section 5: 23 GATED layers, d 1024, inner 3072 (~350M parameters).
-    "bigs-large": dict(dim=1024, num_layers=23, inner_dim=3072, architecture="gated"),
+    "bigs-large": dict(dim=1024, num_layers=23, inner_dim=3072, architecture="gated", dropout=0.1),
     # Appendix A.1: the 12-layer BiGS used at 4,096 tokens (~119M parameters).
-    "bigs-12": dict(dim=768, num_layers=12, inner_dim=2304, architecture="gated"),
+    "bigs-12": dict(dim=768, num_layers=12, inner_dim=2304, architecture="gated", dropout=0.1),
     # Table 7: 24 STACK layers, d 1024, inner 4096, attention; learned positions to 512.
     "bert-large": dict(
         dim=1024,
@@ -37,10 +37,13 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
         num_heads=16,
         max_length=512,
         num_token_types=2,
+        dropout=0.1,
     ),
     # Small models for tests and CPU experiments, at the paper's initial scale for their
     # width (0.02 sqrt(1024 / 64); see `BiGS`'s "Initialisation").
-    "bigs-tiny": dict(dim=64, num_layers=2, inner_dim=192, architecture="gated", init_std=0.08),
+    "bigs-tiny": dict(
+        dim=64, num_layers=2, inner_dim=192, architecture="gated", dropout=0.1, init_std=0.08
+    ),
     "bert-tiny": dict(
         dim=64,
         num_layers=2,
@@ -48,6 +51,7 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
         architecture="stack",
         routing="attention",
         max_length=512,
+        dropout=0.1,
         init_std=0.08,
     ),
 }
@@ -162,7 +166,7 @@ class BiGS(eqx.Module):
         ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
-        dropout: float = 0.1,
+        dropout: float = 0.0,
         final_norm: bool = True,
         init_std: float = 0.02,
         key: PRNGKeyArray,
@@ -183,7 +187,9 @@ class BiGS(eqx.Module):
         - `num_token_types`: if positive, learned token-type (segment) embeddings.
         - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
             [`lineax_seq.DirectionalSSM`][].
-        - `dropout`: dropout rate after the embeddings and on every residual branch.
+        - `dropout`: dropout rate after the embeddings and on every residual branch
+            (default 0, as Equinox's layers: calls need no key; the paper trains with
+            0.1, which the named configurations set).
         - `final_norm`: a LayerNorm after the last (pre-LN) layer.
         - `init_std`: std of the truncated-normal weights and embeddings (BERT's 0.02;
             see "Initialisation" above for small widths).
@@ -263,7 +269,7 @@ class BiGS(eqx.Module):
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
         512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512;
-        both d 64 with `init_std` 0.08).
+        both d 64 with `init_std` 0.08); all five with the paper's dropout 0.1.
 
         **Arguments:**
 

@@ -519,6 +519,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         vocab_size=tok.vocab_size,
         dim=cfg["dim"],
         num_layers=cfg["layers"],
+        dropout=0.1,  # the paper's, for every variant
         init_std=cfg["init_std"],
     )
     target = parameter_counts(eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0))))
