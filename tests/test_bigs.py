@@ -338,9 +338,11 @@ def test_heads_shapes_and_real_token_pooling(mods, getkey):
     garbage = x.at[6:].set(100.0)
     emb = jr.normal(getkey(), (VOCAB, DIM))
     cls, span, mc, mlm = (mods[n] for n in ("cls", "span", "mc", "mlm"))
+    # An untied head whose own decoder is `emb` computes what the tied head does with it.
+    untied = eqx.tree_at(lambda h: h.decoder, mlm, emb, is_leaf=lambda v: v is None)
 
     @eqx.filter_jit
-    def run(cls, span, mc, mlm):
+    def run(cls, span, mc, mlm, untied):
         out = cls(x, mask, inference=True)
         return dict(
             cls=out,
@@ -350,9 +352,10 @@ def test_heads_shapes_and_real_token_pooling(mods, getkey):
             mc=mc(jnp.stack([x, garbage, -x]), jnp.stack([mask] * 3), inference=True),
             mc_single=mc.scorer(x, mask, inference=True),
             mlm=mlm(x, emb),
+            mlm_untied=untied(x),
         )
 
-    r = run(cls, span, mc, mlm)
+    r = run(cls, span, mc, mlm, untied)
     assert r["cls"].shape == (3,)
     np.testing.assert_allclose(r["cls_garbage"], r["cls"], atol=1e-6)
     np.testing.assert_allclose(r["cls_short"], r["cls"], atol=1e-6)
@@ -372,6 +375,8 @@ def test_heads_shapes_and_real_token_pooling(mods, getkey):
     assert r["mlm"].shape == (10, VOCAB)
     h = ref_ln(mlm.norm, ref_gelu(ref_dense(mlm.transform, f64(x))))
     np.testing.assert_allclose(r["mlm"], h @ f64(emb).T + f64(mlm.bias), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(r["mlm_untied"], r["mlm"])
+    assert ls.MaskedLMHead(DIM, VOCAB, tied=False, key=getkey()).decoder.shape == (VOCAB, DIM)
 
 
 def test_inference_mode_disables_dropout(mods, getkey):
@@ -633,6 +638,13 @@ def test_bad_inputs(mods):
     head = ls.MaskedLMHead(DIM, VOCAB, key=jr.key(0))
     with pytest.raises(ValueError, match=r"embedding must have shape .*\(50, 16\).*\(49, 16\)"):
         head(jnp.ones((3, DIM)), jnp.ones((VOCAB - 1, DIM)))
+    with pytest.raises(ValueError, match="embedding is required.*tied=False"):
+        head(jnp.ones((3, DIM)))
+    untied = ls.MaskedLMHead(DIM, VOCAB, tied=False, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"embedding must be None for an untied head"):
+        untied(jnp.ones((3, DIM)), jnp.ones((VOCAB, DIM)))
+    with pytest.raises(Exception, match="tied"):  # TypeCheckError under the hook
+        ls.MaskedLMHead(DIM, VOCAB, tied="no", key=jr.key(0))
     with pytest.raises(ValueError, match=r"i must be an integer in \[-2, 2\), got i=2"):
         model.layer(2)
     with pytest.raises(ValueError, match="num_heads=-3"):

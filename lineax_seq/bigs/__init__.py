@@ -27,8 +27,9 @@ Layers (`layer(x: (L, d), mask: (L,) | None = None, *, key=None, inference=None)
   `y = K * u + D u`, causal or anti-causal (= Flip . SSM . Flip), padding-aware.
 
 Heads
-* [`lineax_seq.MaskedLMHead`][]`(dim, vocab_size, *, key)`;
-  `head(h: (n, d), embedding: (vocab, d)) -> (n, vocab)` (tied decoder + bias).
+* [`lineax_seq.MaskedLMHead`][]`(dim, vocab_size, *, tied=True, key)`;
+  `head(h: (n, d), embedding: (vocab, d)) -> (n, vocab)` (decoder tied to the embedding,
+  plus bias); `tied=False`: the head owns its decoder and is called as `head(h)`.
 * [`lineax_seq.SequenceClassificationHead`][]`(dim, num_outputs, *, dropout=0.0, key)`;
   `head(h: (L, d), mask=None, *, key=None, inference=None) -> (num_outputs,)`
   (mean over real tokens, dense, tanh, dropout, dense; num_outputs=1 for regression).

@@ -7,7 +7,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ._layers import (
     INIT_STD,
     apply_dense,
@@ -46,31 +46,48 @@ def masked_mean(
 
 
 class MaskedLMHead(eqx.Module):
-    """Masked-LM head: `logits = LN(gelu(W h + b)) E^T + bias`, decoder tied to the
-    token embedding `E` (BERT's)."""
+    """Masked-LM head: `logits = LN(gelu(W h + b)) E^T + bias`, with the decoder `E` tied
+    to the token embedding (BERT's; the default) or a matrix of its own (`tied=False`)."""
 
     transform: eqx.nn.Linear
     norm: eqx.nn.LayerNorm
     bias: Float[Array, " vocab"]
+    decoder: Float[Array, "vocab dim"] | None
 
-    def __init__(self, dim: int, vocab_size: int, *, init_std: float = INIT_STD, key: PRNGKeyArray):
+    def __init__(
+        self,
+        dim: int,
+        vocab_size: int,
+        *,
+        tied: bool = True,
+        init_std: float = INIT_STD,
+        key: PRNGKeyArray,
+    ):
         """**Arguments:**
 
         - `dim`: hidden size.
-        - `vocab_size`: vocabulary size (rows of the tied embedding).
+        - `vocab_size`: vocabulary size (rows of the decoder).
+        - `tied`: if `True` (BERT's), the decoder is the token embedding, passed at call
+            time; if `False`, the head owns a `(vocab_size, dim)` decoder.
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
         dim = check_int("dim", dim)
         vocab_size = check_int("vocab_size", vocab_size)
+        tied = check_bool("tied", tied)
         init_std = check_init_std(init_std)
         self.transform = dense(dim, dim, std=init_std, key=key)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
         self.bias = jnp.zeros((vocab_size,))
+        self.decoder = (
+            None
+            if tied
+            else init_std * jr.truncated_normal(jr.fold_in(key, 1), -2.0, 2.0, (vocab_size, dim))
+        )
 
     @jaxtyped(typechecker=beartype)
     def __call__(
-        self, x: Float[Array, "n dim"], embedding: Float[Array, "vocab dim"]
+        self, x: Float[Array, "n dim"], embedding: Float[Array, "vocab dim"] | None = None
     ) -> Float[Array, "n vocab"]:
         """Vocabulary logits.
 
@@ -78,7 +95,8 @@ class MaskedLMHead(eqx.Module):
 
         - `x`: hidden states, shape `(n, dim)` (all positions, or only the masked ones).
         - `embedding`: the tied token embedding, shape `(vocab, dim)`, e.g.
-            `model.token_embedding.weight`.
+            `model.token_embedding.weight`; required by a tied head, refused by an untied
+            one.
 
         **Returns:**
 
@@ -87,7 +105,19 @@ class MaskedLMHead(eqx.Module):
         dim = self.transform.in_features
         if x.shape[-1] != dim:
             raise ValueError(f"x must have dim={dim} features, got x.shape={x.shape}")
-        if embedding.shape != (self.bias.shape[0], dim):
+        if self.decoder is not None:
+            if embedding is not None:
+                raise ValueError(
+                    "embedding must be None for an untied head (tied=False: it has its own "
+                    f"decoder), got embedding.shape={embedding.shape}"
+                )
+            embedding = self.decoder
+        elif embedding is None:
+            raise ValueError(
+                "embedding is required: this head's decoder is tied to the token embedding "
+                "(pass e.g. model.token_embedding.weight, or build the head with tied=False)"
+            )
+        elif embedding.shape != (self.bias.shape[0], dim):
             raise ValueError(
                 f"embedding must have shape (vocab_size, dim)={(self.bias.shape[0], dim)}, "
                 f"got embedding.shape={embedding.shape}"
