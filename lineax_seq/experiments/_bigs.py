@@ -496,7 +496,12 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     tok = ls.ByteTokenizer()
     key = jr.key(seed)
     encoder = build_encoder(
-        key, vocab_size=tok.vocab_size, dim=64, num_layers=2, init_std=scaled_init_std(64)
+        key,
+        vocab_size=tok.vocab_size,
+        dim=64,
+        num_layers=2,
+        dropout=0.1,
+        init_std=scaled_init_std(64),
     )
     model = MaskedLM(encoder, key=jr.fold_in(key, 1))
     print(
