@@ -83,6 +83,28 @@ def test_discretize_matches_kernel(discretization, getkey):
     np.testing.assert_allclose(k, expected, atol=1e-5 * np.abs(expected).max())
 
 
+def test_bilinear_zero_abar_is_finite():
+    """`dt A = -2` maps to `Abar = 0` under the bilinear transform (a valid system that
+    forgets at once); its log was -inf and the kernel all NaN. Both conv methods and the
+    recurrence agree with the loop."""
+    kernel = ls.S4DKernel(8, 1, init="real", discretization="bilinear", key=jr.key(0))
+    kernel = eqx.tree_at(
+        lambda k: k.log_dt, kernel, jnp.zeros(1)
+    )  # dt = 1: the mode A = -2 gives 0
+    assert np.any(np.asarray(kernel.discretize()[0]) == 0)
+    np.testing.assert_allclose(kernel(9), _loop_kernel(kernel, 9), atol=1e-5)
+    x = jr.normal(jr.key(1), (9, 1))
+    for conv in ("fft", "chunked"):
+        layer = ls.S4D(
+            1, state_size=8, init="real", discretization="bilinear", conv=conv, key=jr.key(0)
+        )
+        layer = eqx.tree_at(lambda m: m.kernel, layer, kernel)
+        y = layer(x)
+        _, steps = jax.lax.scan(lambda s, x_t, m=layer: m.step(s, x_t), layer.init_state(), x)
+        assert np.all(np.isfinite(y))
+        np.testing.assert_allclose(y, steps, atol=1e-5)
+
+
 def test_inits(getkey):
     n = 16
     modes = np.arange(n // 2)
@@ -282,7 +304,7 @@ def test_fft_size():
 # --------------------------------------------------------------------------- errors
 
 
-def test_kernel_bad_inputs(getkey):
+def test_kernel_bad_inputs(getkey, no_jaxtyping):
     key = getkey()
     with pytest.raises(ValueError, match="state_size.*7"):
         ls.S4DKernel(7, key=key)
@@ -294,6 +316,13 @@ def test_kernel_bad_inputs(getkey):
         ls.S4DKernel(8, dt_min=0.1, dt_max=0.01, key=key)
     with pytest.raises(ValueError, match="dt_min=0.0"):
         ls.S4DKernel(8, dt_min=0.0, dt_max=0.1, key=key)
+    with pytest.raises(ValueError, match="dt_min must be a positive, finite real.*True"):
+        ls.S4DKernel(8, dt_min=True, dt_max=2.0, key=key)  # a flag, not a step size
+    # A concrete JAX or NumPy scalar is a number (it was refused as out of range).
+    np.testing.assert_array_equal(
+        ls.S4DKernel(8, dt_min=jnp.asarray(1e-3), dt_max=np.float32(0.1), key=key).log_dt,
+        ls.S4DKernel(8, dt_min=1e-3, dt_max=0.1, key=key).log_dt,
+    )
     with pytest.raises(ValueError, match="channels=0"):
         ls.S4DKernel(8, 0, key=key)
     with pytest.raises(ValueError, match="length=0"):
@@ -316,6 +345,10 @@ def test_fft_conv_bad_inputs(getkey):
         unchecked(u, jnp.ones((3, 5)), jnp.ones((3, 5)))  # would misplace the backward lags
     with pytest.raises(TypeError, match="u must have a floating dtype"):
         unchecked(jnp.ones((10, 3), jnp.int32), jnp.ones((3, 10)))
+    with pytest.raises(TypeError, match="k must have a real floating dtype.*complex64"):
+        unchecked(u, jnp.ones((3, 10), jnp.complex64))  # its imaginary part was dropped
+    with pytest.raises(TypeError, match="k_backward must have a real floating dtype.*bool"):
+        unchecked(u, jnp.ones((3, 10)), jnp.ones((3, 10), bool))
 
 
 def test_fft_conv_low_precision(getkey):

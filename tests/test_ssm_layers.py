@@ -168,6 +168,13 @@ def test_s4d_output_dtype_follows_input(getkey):
             np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.1, rtol=0.05)
         _, y_t = layer.step(layer.init_state(), x[0].astype(jnp.bfloat16))
         assert y_t.dtype == jnp.bfloat16
+    # With the GELU + GLU output (float32 parameters) too, under strict promotion.
+    glu = ls.S4D(4, state_size=4, activation=jax.nn.gelu, glu=True, key=getkey())
+    y = glu(x.astype(jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(y.astype(jnp.float32), glu(x), atol=0.1, rtol=0.05)
+    _, y_t = glu.step(glu.init_state(), x[0].astype(jnp.bfloat16))
+    assert y_t.dtype == jnp.bfloat16
 
 
 # --------------------------------------------------------------------------- HyenaFilter
@@ -190,6 +197,29 @@ def test_hyena_filter_formula(getkey):
     np.testing.assert_allclose(h, expected, atol=1e-5)
     # Decay rates spread over the channels, from ln(100)/1.5 to ln(100)/0.3.
     np.testing.assert_allclose(filt.decay, np.log(100) / np.array([1.5, 0.5, 0.3]), rtol=1e-5)
+
+
+def test_hyena_filter_precision_follows_parameters():
+    """Under x64 the filter is float64-exact (positions were float32: 1e-6 off, and a
+    strict-promotion error); a bfloat16 filter returns bfloat16 from float32 positions."""
+    with jax.enable_x64(True):
+        filt = ls.HyenaFilter(2, order=4, max_length=1000, emb_dim=5, depth=1, key=jr.key(0))
+        h = filt(1000)
+        assert h.dtype == jnp.float64
+        t = np.arange(1000) / 1000
+        f = np.linspace(1e-4, 1, 2)
+        phase = 2 * np.pi * t[:, None] * f
+        z = np.concatenate([t[:, None], np.cos(phase), -np.sin(phase)], -1)
+        (layer,), (w,) = filt.layers, filt.frequencies
+        z = np.sin(np.asarray(w) * (z @ np.asarray(layer.weight).T + np.asarray(layer.bias)))
+        want = (
+            np.exp(-np.asarray(filt.decay)[:, None] * t) * (z @ np.asarray(filt.output.weight).T).T
+        )
+        np.testing.assert_allclose(h, want, rtol=1e-12, atol=1e-13)
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, filt)
+    with jax.enable_x64(True):
+        assert half(300).dtype == jnp.bfloat16
+        np.testing.assert_allclose(half(300).astype(np.float64), h[:, :300], atol=0.05)
 
 
 def test_hyena_filter_positional_form(getkey):
@@ -300,6 +330,11 @@ def test_linear_scan_equals_loop(dense, reverse, getkey):
     )(a, b, initial)
     np.testing.assert_allclose(plain, _loop(a, b, reverse), atol=1e-5)
     np.testing.assert_allclose(started, _loop(a, b, reverse, initial), atol=1e-5)
+    if not dense:  # NumPy in (as `check_grads` passes it); `initial` was `.at`-updated
+        from_numpy = ls.linear_scan.__wrapped__(
+            *map(np.asarray, (a, b)), reverse=reverse, initial=np.asarray(initial)
+        )
+        np.testing.assert_allclose(from_numpy, started, atol=1e-6)
 
 
 def test_linear_scan_complex_reproduces_s4d(getkey):

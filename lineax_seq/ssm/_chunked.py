@@ -135,13 +135,19 @@ def chunked_conv(
         raise TypeError(
             f"reverse must be a Python bool or a scalar boolean array, got reverse={reverse!r}"
         )
-    cdtype = _complex_dtype(u.dtype)
-    # Abar = 0 (exp(dt A) underflowed) is a valid system, but log(0) = -inf would give
-    # Abar^0 = exp(-inf * 0) = nan: a finite stand-in keeps Abar^0 = 1, Abar^e = 0.
-    abar = abar.astype(cdtype)
-    zero = abar == 0
-    log_abar = jnp.where(zero, -1e4, jnp.log(jnp.where(zero, 1, abar)))
+    log_abar = _log_abar(abar.astype(_complex_dtype(u.dtype)))
     return _chunked_conv(u, log_abar, cb, skip, reverse=reverse, chunk=chunk)
+
+
+def _log_abar(abar: Complex[Array, "*shape"]) -> Complex[Array, "*shape"]:
+    """`log Abar`, finite where `Abar = 0`.
+
+    `Abar = 0` (`exp(dt A)` underflowed, or the bilinear map of `dt A = -2`) is a valid
+    system, but `log 0 = -inf` gives `Abar^0 = exp(-inf * 0) = nan`; the stand-in `-1e4`
+    keeps `Abar^0 = 1` and `Abar^l = 0` for `l >= 1`.
+    """
+    zero = abar == 0
+    return jnp.where(zero, -1e4, jnp.log(jnp.where(zero, 1, abar)))
 
 
 def _complex_dtype(dtype) -> type:

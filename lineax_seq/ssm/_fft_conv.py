@@ -75,6 +75,12 @@ def fft_conv(
         raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
     if not jnp.issubdtype(u.dtype, jnp.floating):
         raise TypeError(f"u must have a floating dtype, got u.dtype={u.dtype}")
+    for name, kernel in (("k", k), ("k_backward", k_backward)):
+        if kernel is not None and not jnp.issubdtype(kernel.dtype, jnp.floating):
+            raise TypeError(
+                f"{name} must have a real floating dtype (a complex kernel's imaginary part "
+                f"would be dropped), got {name}.dtype={kernel.dtype}"
+            )
     length, channels = u.shape
     bidirectional = check_bool("bidirectional", bidirectional)
     if bidirectional and k_backward is None:

@@ -9,6 +9,7 @@ import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import RealScalar, check_int, check_real
+from ._fft_conv import _work_dtype
 
 
 class HyenaFilter(eqx.Module):
@@ -137,12 +138,17 @@ class HyenaFilter(eqx.Module):
         An array of shape `(length, emb_dim)`: `tau_l = l / max_length`, then the
         `(emb_dim - 1) / 2` cosines and as many negated sines.
         """
-        position = jnp.arange(check_int("length", length), dtype=jnp.float32)
-        tau = position / self.max_length
+        tau = self._tau(check_int("length", length))
         bands = (self.emb_dim - 1) // 2
-        f = jnp.linspace(1e-4, bands - 1, bands)
+        f = jnp.linspace(1e-4, bands - 1, bands, dtype=tau.dtype)
         phase = 2 * jnp.pi * tau[:, None] * f
         return jnp.concatenate([tau[:, None], jnp.cos(phase), -jnp.sin(phase)], axis=-1)
+
+    def _tau(self, length: int) -> Float[Array, " length"]:
+        # Positions in the parameters' precision, float32 at least (bfloat16 cannot
+        # tell position 257 from 256).
+        work = _work_dtype(self.output.weight.dtype)
+        return jnp.arange(length, dtype=work) / jnp.asarray(self.max_length, work)
 
     def __call__(self, length: int) -> Float[Array, "channels length"]:
         """Evaluate the filter.
@@ -157,9 +163,11 @@ class HyenaFilter(eqx.Module):
         The filters, of shape `(channels, length)`.
         """
         length = check_int("length", length)
-        h = self.positional_encoding(length)
+        dtype = self.output.weight.dtype
+        h = self.positional_encoding(length).astype(dtype)
         for layer, w in zip(self.layers, self.frequencies, strict=True):
             h = jnp.sin(w * jax.vmap(layer)(h))
         h = jax.vmap(self.output)(h).T
-        tau = jnp.arange(length, dtype=jnp.float32) / self.max_length
-        return jnp.exp(-self.decay[:, None] * tau) * h
+        tau = self._tau(length)
+        window = jnp.exp(-self.decay.astype(tau.dtype)[:, None] * tau)
+        return window.astype(dtype) * h

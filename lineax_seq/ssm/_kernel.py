@@ -11,7 +11,8 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
-from .._checks import check_int
+from .._checks import check_int, check_real
+from ._chunked import _log_abar
 from ._fft_conv import _work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
@@ -89,8 +90,8 @@ def check_kernel_options(
             f"discretization must be one of {_DISCRETIZATIONS}, "
             f"got discretization={discretization!r}"
         )
-    finite = all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (dt_min, dt_max))
-    if not (finite and 0 < dt_min < dt_max):
+    dt_min, dt_max = check_real("dt_min", dt_min), check_real("dt_max", dt_max)
+    if not dt_min < dt_max:
         raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
 
 
@@ -180,7 +181,7 @@ class S4DKernel(eqx.Module):
         self.b_real = jnp.asarray(np.ones(shape), dtype)
         self.b_imag = jnp.asarray(np.zeros(shape), dtype)
         self.c_real, self.c_imag, self.log_dt = _random_init(
-            key, channels, modes, math.log(dt_min), math.log(dt_max)
+            key, channels, modes, math.log(float(dt_min)), math.log(float(dt_max))
         )
         self.state_size = state_size
         self.channels = channels
@@ -201,7 +202,7 @@ class S4DKernel(eqx.Module):
             bbar = jnp.expm1(dta) / a * b
         else:
             half = dta / 2
-            log_abar = jnp.log((1 + half) / (1 - half))
+            log_abar = _log_abar((1 + half) / (1 - half))  # dt A = -2: Abar = 0
             bbar = dt * b / (1 - half)
         return log_abar, c * bbar
 

@@ -118,12 +118,15 @@ class S4D(eqx.Module):
             raise ValueError(f"{name} must have dim={self.dim} features, got {size}")
 
     def _output(self, y: Float[Array, "*length dim"]) -> Float[Array, "*length dim"]:
+        # The output keeps the input's dtype, as the SSM path does; the GLU's product
+        # runs in its parameters' dtype.
+        dtype = y.dtype
         if self.activation is not None:
             y = self.activation(y)
         if self.glu is not None:
             linear = self.glu if y.ndim == 1 else jax.vmap(self.glu)
-            y = jax.nn.glu(linear(y), axis=-1)
-        return y
+            y = jax.nn.glu(linear(y.astype(self.glu.weight.dtype)), axis=-1)
+        return y.astype(dtype)
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:

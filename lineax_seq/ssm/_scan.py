@@ -45,7 +45,10 @@ def linear_scan(
     All states `x_0, ..., x_{length-1}`, of shape `(length, n)`.
 
     Real and complex dtypes both work; `a`, `b` (and `initial`) must share one dtype.
+    NumPy arrays are accepted.
     """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    initial = None if initial is None else jnp.asarray(initial)
     if b.ndim != 2 or b.shape[0] < 1:
         raise ValueError(f"b must have shape (length, n) with length >= 1, got b.shape={b.shape}")
     if a.ndim not in (2, 3):
