@@ -136,6 +136,7 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     `eqx.filter(tree, eqx.is_array)` (non-arrays are `None`).
     """
     _check_axis(mesh, axis, "axis")
+    min_size = check_int("min_size", min_size, minimum=0)
     n = mesh.shape[axis]
 
     def rule(x):

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 
-from .._checks import IntLike, check_int, check_optional_int
+from .._checks import IntLike, check_bool, check_int, check_optional_int
 from ._checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from ._sharding import shard_batch, shard_params
 
@@ -64,11 +64,31 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
 def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, Any]:
     out = loss_fn(model, batch, key)
     if not (isinstance(out, tuple) and len(out) == 2):
+        if isinstance(out, tuple):
+            got = f"a tuple of {len(out)}"
+        elif isinstance(out, jax.Array | np.ndarray | float | int):
+            got = f"an array of shape {jnp.shape(out)} (return (loss, None) for no metrics)"
+        else:
+            got = type(out).__name__
         raise ValueError(
-            f"{name} must return a pair (loss, aux) (aux a dict of metrics, or None), got "
-            f"{type(out).__name__}{'' if not isinstance(out, tuple) else f' of {len(out)}'}."
+            f"{name} must return a pair (loss, aux) (aux a dict of metrics, or None), got {got}."
         )
     return out
+
+
+def _iterable(x: object) -> bool:
+    """Whether `iter(x)` can work, without calling it (a grain dataset may start workers)."""
+    return hasattr(type(x), "__iter__") or hasattr(type(x), "__getitem__")
+
+
+def _check_optimizer(optimizer: object) -> None:
+    if not (
+        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
+    ):
+        raise TypeError(
+            "optimizer must be an optax.GradientTransformation (with init and update), "
+            f"got optimizer={optimizer!r}"
+        )
 
 
 def _train_step_impl(static_and_batch, model, opt_state):
@@ -140,7 +160,9 @@ def make_train_step(
     all as scalar arrays.
     """
 
-    jitted = _train_step if donate else _train_step_no_donation
+    _check_optimizer(optimizer)
+    jitted = _train_step if check_bool("donate", donate) else _train_step_no_donation
+    min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
 
     def step(model, opt_state, batch, key, *, _fold_in=None):
         static_and_batch = (loss_fn, optimizer, mesh, min_shard_size, batch, key, _fold_in)
@@ -390,6 +412,16 @@ def train(
     log_every = check_int("log_every", log_every)
     keep_checkpoints = check_int("keep_checkpoints", keep_checkpoints)
     eval_batches = check_optional_int("eval_batches", eval_batches)
+    min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
+    for name, flag in (("resume", resume), ("progress", progress), ("plot", plot)):
+        check_bool(name, flag)
+    _check_optimizer(optimizer)
+    for name, batches in (("data", data), ("eval_data", eval_data)):
+        if batches is not None and not _iterable(batches):
+            raise TypeError(
+                f"{name} must be an iterable of batches (a list, a grain dataset, ...), "
+                f"got {name}={batches!r}"
+            )
     _check_key(key)
     if mesh is not None and not {"data", "model"} <= set(mesh.axis_names):
         raise ValueError(
