@@ -1,7 +1,9 @@
 """Text pipelines: corpus + split, tokenizers, causal-LM windows, MLM masking, the loader."""
 
+import copy
 import inspect
 import json
+import pickle
 
 import grain
 import numpy as np
@@ -99,6 +101,28 @@ def test_single_text_file_is_split_by_position(tmp_path):
         ls.text_corpus(short, split="valid")
 
 
+def test_corpus_directory_scan(tmp_path):
+    """Linked folders are read (once, a link cycle is no loop), hidden ones are not (a
+    project's `.venv` would add thousands of files); a JSONL file may start with a BOM."""
+    real = tmp_path / "shards"
+    real.mkdir()
+    (real / "a.txt").write_text("alpha")
+    (real / "b.py").write_text("beta = 1")
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "top.txt").write_text("top")
+    (root / "linked").symlink_to(real, target_is_directory=True)
+    (root / "again").symlink_to(real, target_is_directory=True)  # the same folder twice
+    (root / "loop").symlink_to(root, target_is_directory=True)  # a cycle
+    for hidden in (".venv", ".git"):
+        (root / hidden).mkdir()
+        (root / hidden / "lib.py").write_text("hidden = True")
+    (root / ".notes.txt").write_text("hidden")
+    (root / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "with bom"}\n')
+    docs = sorted(ls.text_corpus(root, split="all"))
+    assert docs == ["alpha", "beta = 1", "top", "with bom"]
+
+
 def test_corpus_bad_inputs(tmp_path, corpus_dir):
     with pytest.raises(FileNotFoundError, match="source"):
         ls.text_corpus(tmp_path / "missing")
@@ -185,6 +209,10 @@ def test_bpe_train_save_load(tmp_path):
     assert tok.decode(tok.encode(literal)) == literal
     assert loaded.decode(loaded.encode(literal)) == literal
     assert tok.encode(literal).min() >= 7
+    # So are copies' (grain's worker processes pickle the pipeline; `tokenizers` drops
+    # the literal-encoding flag when pickled).
+    for copied in (pickle.loads(pickle.dumps(tok)), copy.deepcopy(tok)):
+        np.testing.assert_array_equal(copied.encode(literal), tok.encode(literal))
     with pytest.raises(ValueError, match=f"got id {tok.vocab_size}"):
         tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="vocab_size must be >= 263"):
@@ -484,6 +512,45 @@ def test_loader_rejects_bools_and_non_datasets():
     # Without jaxtyping's import hook, whose annotation check would come first.
     with pytest.raises(TypeError, match="examples must be a grain.MapDataset .*got list"):
         inspect.unwrap(ls.batch_examples)([1, 2, 3], batch_size=1)
+
+
+def test_loader_flags_and_options_are_checked(no_jaxtyping):
+    """Truthy strings were read as flags (`shuffle="False"` shuffled), a number as shard
+    options crashed in an attribute lookup; all are named now (checks without the hook)."""
+    ds = grain.MapDataset.range(10)
+    batch = inspect.unwrap(ls.batch_examples)
+    for name, value in (("shuffle", "False"), ("drop_remainder", "no")):
+        with pytest.raises(TypeError, match=f"{name} must be a bool, got {name}='{value}'"):
+            batch(ds, batch_size=2, **{name: value})
+    with pytest.raises(TypeError, match="shard_options must be a grain.sharding.ShardOptions.*=2"):
+        batch(ds, batch_size=2, shard_options=2)
+    with pytest.raises(TypeError, match="random_transform must be callable"):
+        batch(ds, batch_size=2, random_transform="mask")
+    with pytest.raises(ValueError, match="valid_fraction must be a finite, non-negative.*'a'"):
+        inspect.unwrap(ls.text_corpus)(None, valid_fraction="a")
+    mask = inspect.unwrap(ls.mask_tokens)
+    with pytest.raises(ValueError, match="mask_prob must be a finite, non-negative.*None"):
+        mask(np.arange(7, 20), np.random.default_rng(0), vocab_size=263, mask_id=4,
+             special_ids=range(7), mask_prob=None)  # fmt: skip
+
+
+def test_documents_must_be_strings():
+    """A grain source of bytes, records or None was passed through `str()` and trained on
+    as "b'...'" / "{'text': ...}" / "None"."""
+    tok = ls.ByteTokenizer()
+    for docs, got in (
+        ([b"hello world"], "bytes"),
+        (["ok", None], "NoneType"),
+        ([{"text": "a"}], "dict"),
+    ):
+        with pytest.raises(TypeError, match=f"texts must hold strings .* got {got} at texts"):
+            ls.lm_windows(grain.MapDataset.source(docs), tok, length=4)
+        with pytest.raises(TypeError, match=f"got {got}"):
+            ls.mlm_examples(grain.MapDataset.source(docs), tok, length=4)
+    with pytest.raises(TypeError, match=r"texts\[0\] \(decode bytes first"):
+        ls.lm_windows(grain.MapDataset.source([b"hello world"]), tok, length=4)
+    source = grain.MapDataset.source([np.str_("hello world")])  # a str subclass: fine
+    assert len(ls.lm_windows(source, tok, length=4)) == 3
 
 
 def test_a_single_str_is_not_a_corpus():

@@ -42,10 +42,28 @@ def _stdlib_files() -> tuple[pathlib.Path, list[pathlib.Path]]:
     return root, files
 
 
+def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """The corpus files under `root`: symbolic links to folders followed (each folder
+    once), hidden files and folders (`.git`, `.venv`, ...) skipped."""
+    files, seen = [], set()
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            subfolders.clear()
+            continue
+        seen.add(real)
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))  # stable ids
+        for name in names:
+            path = pathlib.Path(folder, name)
+            if not name.startswith(".") and path.suffix in _SUFFIXES and path.is_file():
+                files.append(path)
+    return files
+
+
 def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
     rel = path.relative_to(root).as_posix() if path != root else path.name
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -106,7 +124,7 @@ def _read_documents_uncached(source, text_field):
                 )
             files = [root]
         else:
-            files = [p for p in root.rglob("*") if p.suffix in _SUFFIXES and p.is_file()]
+            files = _corpus_files(root)
             if not files:
                 raise ValueError(
                     f"source {str(source)!r} is a directory with no {'/'.join(_SUFFIXES)} files"
@@ -174,12 +192,16 @@ def text_corpus(
     document per file. A user `source` may be a `.txt`/`.py` file (one document), a
     `.jsonl` file (one document per line, its `text_field`, a string; an `"id"` field,
     a string or an integer, if present, names the document), or a directory searched
-    recursively for such files. Files are read as UTF-8; invalid bytes become the
-    replacement character U+FFFD rather than an error.
+    recursively for such files (following symbolic links to folders; hidden files and
+    folders, such as `.git` or `.venv`, are skipped). Files are read as UTF-8 (line ends
+    read as `\\n`; a JSONL file may start with a byte-order mark); invalid bytes become
+    the replacement character U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
     path relative to `source`, or `path:line` for JSONL), so the split never depends
-    on the machine, the order of files, or on which other documents exist. A single
+    on the machine, the order of files, or on which other documents exist. Ids are
+    relative to `source`, so give the same `source` for training and evaluation: a
+    subfolder names its documents differently and splits them differently. A single
     `.txt`/`.py` file (e.g. a book) is instead split by position, as is usual for
     one-file corpora: its first `1 - valid_fraction - test_fraction` of characters
     train, the next `valid_fraction` validate, the last `test_fraction` test (each cut

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from .._checks import IntLike, RealLike, check_int, check_optional_int
+from .._checks import IntLike, RealLike, check_bool, check_int, check_optional_int, check_real
 
 __all__ = ["batch_examples"]
 
@@ -18,6 +18,8 @@ def check_split(split: str, valid_fraction: RealLike, test_fraction: RealLike) -
     """`ValueError` for an unknown `split` or fractions that do not leave a train split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    valid_fraction = check_real("valid_fraction", valid_fraction, "nonnegative")
+    test_fraction = check_real("test_fraction", test_fraction, "nonnegative")
     if not (0 <= valid_fraction and 0 <= test_fraction and valid_fraction + test_fraction < 1):
         raise ValueError(
             "valid_fraction and test_fraction must be >= 0 with sum < 1, got "
@@ -106,6 +108,15 @@ def batch_examples(
     seed = check_int("seed", seed, minimum=0)
     num_workers = check_int("num_workers", num_workers, minimum=0)
     num_threads = check_int("num_threads", num_threads, minimum=0)
+    check_bool("shuffle", shuffle)
+    check_bool("drop_remainder", drop_remainder)
+    if shard_options is not None and not isinstance(shard_options, grain.sharding.ShardOptions):
+        raise TypeError(
+            "shard_options must be a grain.sharding.ShardOptions (e.g. "
+            f"grain.sharding.ShardByJaxProcess()) or None, got shard_options={shard_options!r}"
+        )
+    if random_transform is not None and not callable(random_transform):
+        raise TypeError(f"random_transform must be callable, got {random_transform!r}")
     shard = shard_options if shard_options is not None else grain.sharding.ShardByJaxProcess(True)
     ds = examples
     n = len(ds)

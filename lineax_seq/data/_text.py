@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Int
 
-from .._checks import IntLike, RealLike, check_int
+from .._checks import IntLike, RealLike, check_int, check_real
 from ._loader import batch_examples
 from ._tokenizers import Tokenizer, check_ids, check_texts
 
@@ -19,7 +19,17 @@ IGNORE_INDEX = -100
 def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
     check_texts(texts)
     # Random access: iterating a MapDataset would start grain's threaded reader.
-    return [str(texts[i]) for i in range(len(texts))]
+    docs = [texts[i] for i in range(len(texts))]
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):  # str() would train on a repr: "b'...'", "{'text'..."
+            hint = (
+                " (decode bytes first, e.g. `.map(bytes.decode)`)" if isinstance(doc, bytes) else ""
+            )
+            raise TypeError(
+                f"texts must hold strings (documents' text), got {type(doc).__name__} at "
+                f"texts[{i}]{hint}"
+            )
+    return [str(doc) for doc in docs]
 
 
 def tokenize_documents(
@@ -201,6 +211,12 @@ def mask_tokens(
 def _check_rates(
     mask_prob: RealLike, mask_token_prob: RealLike, random_token_prob: RealLike
 ) -> None:
+    for name, rate in (
+        ("mask_prob", mask_prob),
+        ("mask_token_prob", mask_token_prob),
+        ("random_token_prob", random_token_prob),
+    ):
+        check_real(name, rate, "nonnegative")
     if not 0 < mask_prob <= 1:
         raise ValueError(
             f"mask_prob must be in (0, 1] (every sequence with a non-special token gets at "

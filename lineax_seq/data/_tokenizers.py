@@ -215,6 +215,16 @@ class BPETokenizer(_SpecialIds):
         tokenizer.encode_special_tokens = True  # special ids come from the pipelines only
         self._tok = tokenizer
 
+    def __getstate__(self) -> dict[str, str]:
+        # `tokenizers` does not carry `encode_special_tokens` through pickle or deepcopy
+        # (grain's worker processes pickle the pipeline): rebuild through `__init__`.
+        return {"json": self._tok.to_str()}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        self.__init__(_HFTokenizer.from_str(state["json"]))
+
     @classmethod
     def train(
         cls, texts: Iterable[str], *, vocab_size: IntLike = 32_000, min_frequency: IntLike = 2
