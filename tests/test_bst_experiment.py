@@ -143,6 +143,22 @@ def test_cli_tiny_run(tmp_path):
     assert (tmp_path / "bst_lm.md").read_text().startswith("| model")
 
 
+def test_cli_corpus_errors(tmp_path, capsys):
+    """A missing --corpus is a usage error; a book too short for the held-out windows is
+    one line naming --corpus (it was a traceback)."""
+    from lineax_seq.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bst", "--small", "--corpus", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2 and "does not exist" in capsys.readouterr().err
+    book = tmp_path / "book.txt"
+    book.write_text("a short line of text\n" * 300)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bst", "--small", "--corpus", str(book), "--out", str(tmp_path / "out")])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: --corpus '{book}': length=") and "shorter" in message
+
+
 def test_heldout_windows_spread_over_the_valid_split(tmp_path):
     # 400 numbered documents of one window each: the held-out windows must come from the
     # first, the middle and the last validation documents, not the first three.

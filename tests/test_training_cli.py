@@ -58,3 +58,16 @@ def test_finetune_kernels_and_ablation_usage_errors(tmp_path, capsys):
         (["ablation", "--length", "2", "--out", str(tmp_path)], "--length 2: masked-LM"),
     ):
         assert re.search(message, _usage_error(["bigs", *argv], capsys))
+
+
+def test_corpus_too_small_for_a_held_out_split(tmp_path, capsys):
+    """Three files leave the hashed held-out split empty: one line naming --corpus and
+    what to do with the CLI, not a traceback."""
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_text(f"document {i}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bigs", "pretrain", "--tokenizer", "byte", "--corpus", str(tmp_path),
+              "--out", str(tmp_path / "run")])  # fmt: skip
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: --corpus '{tmp_path}': split='valid'")
+    assert "give more files, or one long text file" in message

@@ -58,6 +58,7 @@ from ._bigs_train import (
     split_records,
 )
 from ._cli import (
+    corpus_errors,
     dropout_rate,
     existing_path,
     fraction,
@@ -139,7 +140,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     curves, the final model and (SSM routing) the kernel heat map into `--out`."""
     out: pathlib.Path = args.out
     _check(args)  # before anything is read or written
-    train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
+    with corpus_errors(args.corpus):
+        train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
     if args.resume:
         config = json.loads((out / CONFIG_FILE).read_text())
         tok = load_tokenizer(out, config["tokenizer"])

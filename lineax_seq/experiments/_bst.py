@@ -35,7 +35,14 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Int
 
-from ._cli import non_negative_int, positive_float, positive_int, results_dir
+from ._cli import (
+    corpus_errors,
+    existing_path,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    results_dir,
+)
 
 LOG_EVERY = 5
 MODELS = ("SLIDE", "BRECT", "BST:SH:S4", "BST:MH:S4", "BST:MF:UNSTRUCT")
@@ -324,7 +331,8 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     import lineax_seq as ls
 
     tokenizer = ls.ByteTokenizer()
-    heldout = heldout_windows(corpus, tokenizer, cfg)
+    with corpus_errors(corpus):
+        heldout = heldout_windows(corpus, tokenizer, cfg)
     vocab_size = tokenizer.vocab_size
     print(
         f"corpus: train batches of {cfg.batch_size} x {cfg.train_length} tokens; held out "
@@ -514,7 +522,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag = lambda name, **kw: parser.add_argument(
         name, default=None, help=f"default {getattr(d, _FLAGS[name[2:].replace('-', '_')])}", **kw
     )
-    parser.add_argument("--corpus", default=None, help="text file or directory (default: stdlib)")
+    parser.add_argument(
+        "--corpus",
+        type=existing_path,
+        default=None,
+        help="text file or directory (default: stdlib)",
+    )
     flag("--models", nargs="+", choices=MODELS)
     flag("--train-length", type=positive_int)
     flag("--window", type=positive_int)
@@ -564,7 +577,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_experiment(config_from_args(args), args.corpus, args.out)
+    corpus = None if args.corpus is None else str(args.corpus)
+    run_experiment(config_from_args(args), corpus, args.out)
     return 0
 
 

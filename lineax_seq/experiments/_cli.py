@@ -1,9 +1,11 @@
 """Argument types shared by the command-line experiments."""
 
 import argparse
+import contextlib
 import math
+import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _CHECKOUT = pathlib.Path(__file__).parents[2]
 
@@ -71,6 +73,26 @@ def existing_path(text: str) -> pathlib.Path:
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist")
     return path
+
+
+@contextlib.contextmanager
+def corpus_errors(corpus: str | os.PathLike | None) -> Iterator[None]:
+    """Turn a corpus that cannot serve the run (too few documents for a held-out split,
+    documents shorter than a window...) into a one-line error naming `--corpus`, not a
+    traceback."""
+    try:
+        yield
+    except ValueError as e:
+        where = "the stdlib corpus" if corpus is None else f"--corpus {str(corpus)!r}"
+        hint = ""
+        if "has no documents" in str(e):
+            hint = (
+                ". With a directory, documents go to the held-out split by a hash of their "
+                "paths (about 5%): give more files, or one long text file (split by position)"
+            )
+        elif "longest document" in str(e):
+            hint = ". Use shorter sequence lengths (see --help) or longer documents"
+        raise SystemExit(f"error: {where}: {e}{hint}") from None
 
 
 def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
