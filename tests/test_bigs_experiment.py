@@ -597,6 +597,44 @@ def test_read_rows_regression_and_pairs(tmp_path):
             )
 
 
+def test_read_rows_pairs_in_every_row_or_none(tmp_path):
+    """Whether a task is sentence pairs was decided from the first JSON object only: a
+    file whose first row lacked text_pair lost every pair silently."""
+    path = tmp_path / "m.jsonl"
+    single = lambda i: {"text": f"a{i}", "label": i % 2}
+    pair = lambda i: {"text": f"a{i}", "text_pair": f"b{i}", "label": i % 2}
+    for rows, message in (
+        ([single(0), pair(1), pair(2)], r"m.jsonl:2: a 'text_pair' field, but line 1 has none"),
+        ([pair(0), pair(1), single(2)], r"m.jsonl:3: no 'text_pair' field, but line 1 has one"),
+    ):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for regression in (False, True):
+            with pytest.raises(ValueError, match=message + ".* all sentence pairs or all single"):
+                _bigs_train.read_rows(path, regression=regression)
+    path.write_text("".join(json.dumps(pair(i)) + "\n" for i in range(3)))
+    records, outputs, _ = _bigs_train.read_rows(path, regression=False)
+    assert outputs == 2 and [records[i]["text_pair"] for i in range(3)] == ["b0", "b1", "b2"]
+    # Pairs are encoded with the keyword's truncation ("end" unless asked).
+    tok = ls.ByteTokenizer()
+    long = ls.read_classification(path, num_classes=2, pair_field="text_pair").map(
+        lambda r: {**r, "text": r["text"] * 10}
+    )
+    for kw, expected in (
+        ({}, [tok.cls_id, *tok.encode("a0a0a0a")]),  # "end": the pair is cut off
+        ({"truncation": "longest_first"}, [tok.cls_id, *tok.encode("a0a"), tok.sep_id,
+                                           *tok.encode("b0"), tok.sep_id]),
+    ):  # fmt: skip
+        data = _bigs_train.classification_data(
+            long, tok, length=8, batch_size=3, seed=0, train=False, **kw
+        )
+        np.testing.assert_array_equal(next(iter(data))["tokens"][0], expected)
+    # An unquoted comma in a CSV text: the label column shifted ('meh, 0,1' read as 0).
+    csv_path = tmp_path / "c.csv"
+    csv_path.write_text("text,label\ngood,1\nmeh, 0,1\nbad,0\n")
+    with pytest.raises(ValueError, match=r"c.csv:3: 3 field\(s\), but the header has 2"):
+        _bigs_train.read_rows(csv_path, regression=False)
+
+
 def test_finetune_listops(pretrained, tmp_path):
     out, _, _ = pretrained
     args = [

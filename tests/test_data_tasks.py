@@ -2,7 +2,9 @@
 
 import inspect
 import json
+import re
 
+import grain
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -119,6 +121,187 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(_write_csv(tmp_path / "e.csv", []), num_classes=2)
     with pytest.raises(ValueError, match="num_classes must be an integer >= 2, got num_classes=1"):
         ls.read_classification(tmp_path / "d.csv", num_classes=1)
+
+
+def test_read_classification_csv_rows_must_match_the_header(tmp_path):
+    """csv.DictReader files extra fields under the key None: an unquoted comma in a text
+    changed the label (`meh, 0,1` read as text 'meh', label 0)."""
+    path = tmp_path / "c.csv"
+    path.write_text("text,label\ngood,1\nmeh, 0,1\n")
+    with pytest.raises(
+        ValueError,
+        match=r"c.csv:3: 3 field\(s\), but the header has 2 \(text,label\); quote a text",
+    ):
+        ls.read_classification(path, num_classes=2)
+    path.write_text("text,label,source\ngood,1,web\nmeh,1\n")  # too few (an optional one)
+    with pytest.raises(ValueError, match=r"c.csv:3: 2 field\(s\), but the header has 3"):
+        ls.read_classification(path, num_classes=2)
+    path.write_text("text,label,text\na,1,b\n")  # DictReader kept the last 'text'
+    with pytest.raises(ValueError, match=r"c.csv:1: the header names column 'text' 2 times"):
+        ls.read_classification(path, num_classes=2)
+    # Quoted commas and newlines, blank lines and the line of a multi-line row still work.
+    path.write_text('text,label\n"a, b",1\n\n"two\nlines",0\nc,5\n')
+    with pytest.raises(ValueError, match=r"c.csv:6: label '5' is outside"):
+        ls.read_classification(path, num_classes=2)
+    ds = ls.read_classification(path, num_classes=6)
+    assert [ds[i] for i in range(3)] == [
+        {"text": "a, b", "label": 1},
+        {"text": "two\nlines", "label": 0},
+        {"text": "c", "label": 5},
+    ]
+
+
+def test_read_classification_long_csv_field_names_the_line(tmp_path):
+    import csv
+
+    limit = csv.field_size_limit()
+    path = tmp_path / "long.csv"
+    path.write_text(f"text,label\nshort,1\n{'x' * (limit + 1)},0\n")
+    with pytest.raises(
+        ValueError, match=rf"long.csv:3: a field is longer than the csv module's limit of {limit}"
+    ):
+        ls.read_classification(path, num_classes=2)
+    assert csv.field_size_limit() == limit  # no process-wide setting was changed
+    jsonl = tmp_path / "long.jsonl"  # JSONL has no such limit
+    jsonl.write_text(json.dumps({"text": "x" * (limit + 1), "label": 1}) + "\n")
+    assert len(ls.read_classification(jsonl, num_classes=2)[0]["text"]) == limit + 1
+
+
+def test_read_classification_json_values_of_texts_and_labels(tmp_path):
+    path = tmp_path / "v.jsonl"
+    ok = json.dumps({"text": "x", "pair": "y", "label": 1})
+    for field, value in (("text", ["a"]), ("text", 3), ("text", None), ("pair", 2.5)):
+        path.write_text(ok + "\n" + json.dumps({"text": "x", "pair": "y", "label": 1,
+                                                field: value}) + "\n")  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=rf"v.jsonl:2: field '{field}' must be a string, got {re.escape(repr(value))}",
+        ):
+            ls.read_classification(path, num_classes=2, pair_field="pair")
+    with pytest.raises(ValueError, match="pair_field must be a field name .* got pair_field=''"):
+        ls.read_classification(path, num_classes=2, pair_field="")
+    # Regression: JSON integers beyond int64 are numbers like any other.
+    path.write_text(json.dumps({"text": "x", "label": 10**30}) + "\n")
+    assert ls.read_classification(path, num_classes=None)[0]["label"] == 1e30
+    path.write_text(json.dumps({"text": "x", "label": -(10**300)}) + "\n")
+    with pytest.raises(ValueError, match=r"v.jsonl:1: label -1000* is beyond the float32 range"):
+        ls.read_classification(path, num_classes=None)
+    path.write_text(json.dumps({"text": "x", "label": 10**400}) + "\n")
+    with pytest.raises(ValueError, match=r"v.jsonl:1: label 1000* is not a finite number"):
+        ls.read_classification(path, num_classes=None)
+    path.write_text('{"text": "x", "label": ' + "1" * 5000 + "}\n")
+    with pytest.raises(ValueError, match=r"v.jsonl:1: not a JSON object \(Exceeds the limit"):
+        ls.read_classification(path, num_classes=None)
+
+
+def test_classification_dataset_checks_the_first_record():
+    tok = ls.ByteTokenizer()
+    make = lambda records, **kw: ls.classification_dataset(
+        grain.MapDataset.source(records), tok, length=8, batch_size=1, **kw
+    )
+    for records, message in (
+        (["text"], r"records\[0\] must be a dict \{\"text\": str, .* got str"),
+        ([{"text": "a"}], r"records\[0\] has no 'label' \(keys \['text'\]\)"),
+        ([{"label": 1}], r"records\[0\] has no 'text'"),
+        ([{"text": 3, "label": 1}], r"records\[0\]\['text'\] must be a string, got 3"),
+        ([{"text": "a", "text_pair": None, "label": 1}], r"\['text_pair'\] must be a string"),
+        ([{"text": "a", "label": "1"}], r"records\[0\]\['label'\] must be an int .* got '1'"),
+        ([{"text": "a", "label": True}], r"records\[0\]\['label'\] must be an int .* got True"),
+        ([], "records is empty"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            make(records)
+    pair = [{"text": "a", "text_pair": "b", "label": 1}]
+    with pytest.raises(ValueError, match="records\\[0\\] has a 'text_pair', which add_special"):
+        make(pair, add_special_tokens=False)
+    with pytest.raises(ValueError, match="truncation must be one of .* got truncation='start'"):
+        make(pair, truncation="start")
+    # Only the first record is read up front: a generated dataset is not built eagerly.
+    reads = []
+
+    def record(i):
+        reads.append(i)
+        return {"text": "a", "label": 0}
+
+    ls.classification_dataset(grain.MapDataset.range(10**9).map(record), tok, length=8,
+                              batch_size=2)  # fmt: skip
+    assert reads == [0]
+
+
+def test_classification_dataset_label_dtype_follows_the_first_record():
+    tok = ls.ByteTokenizer()
+
+    def labels(values):
+        records = grain.MapDataset.source([{"text": "a", "label": v} for v in values])
+        data = ls.classification_dataset(records, tok, length=4, batch_size=len(values),
+                                         shuffle=False, num_epochs=1)  # fmt: skip
+        return next(iter(data))["label"]
+
+    mixed = labels([0.5, 1, np.int64(2)])  # was float64: int32 and float32 stacked
+    assert mixed.dtype == np.float32
+    np.testing.assert_array_equal(mixed, [0.5, 1.0, 2.0])
+    classes = labels([1, 2.0, np.float64(0.0)])  # whole-number floats among class ids
+    assert classes.dtype == np.int32
+    np.testing.assert_array_equal(classes, [1, 2, 0])
+    with pytest.raises(ValueError, match="label 0.5 is not a whole number, but the first"):
+        labels([1, 0.5])
+
+
+def _longest_first_oracle(a, b, budget):
+    """Hugging Face's "longest_first", literally: drop the last token of the longer
+    sequence (the second on a tie) until the two fit."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > budget:
+        if len(a) > len(b):
+            a.pop()
+        else:
+            b.pop()
+    return a, b
+
+
+def test_classification_dataset_pair_truncation():
+    tok = ls.ByteTokenizer()
+    cls, sep, pad = tok.cls_id, tok.sep_id, tok.pad_id
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    sizes = (0, 1, 2, 5, 6, 7, 12, 30)
+    records = [
+        {"text": letters[:n], "text_pair": letters.upper()[:m], "label": i % 2}
+        for i, (n, m) in enumerate((n, m) for n in sizes for m in sizes)
+    ]
+    for length in (3, 4, 9, 16):
+        longest, end = (
+            next(iter(ls.classification_dataset(
+                grain.MapDataset.source(records), tok, length=length, batch_size=len(records),
+                shuffle=False, num_epochs=1, truncation=truncation,
+            )))
+            for truncation in ("longest_first", "end")
+        )  # fmt: skip
+        for i, r in enumerate(records):
+            a, b = tok.encode(r["text"]).tolist(), tok.encode(r["text_pair"]).tolist()
+            ta, tb = _longest_first_oracle(a, b, length - 3)
+            ids = [cls, *ta, sep, *tb, sep]
+            expected = ids + [pad] * (length - len(ids))
+            np.testing.assert_array_equal(longest["tokens"][i], expected, err_msg=str(r))
+            assert longest["padding_mask"][i].sum() == len(ids)
+            # The default cuts the encoded pair at the end (the committed results').
+            whole = [cls, *a, sep, *b, sep][:length]
+            np.testing.assert_array_equal(end["tokens"][i], whole + [pad] * (length - len(whole)))
+    # The default is "end" (the committed ablation results' truncation).
+    assert inspect.signature(ls.classification_dataset).parameters["truncation"].default == "end"
+    # A 50-character premise at length 16: "end" leaves no hypothesis and no separator.
+    premise = {"text": "p" * 50, "text_pair": "short hyp", "label": 0}
+    for truncation, expected in (
+        ("end", [cls, *tok.encode("p" * 15)]),
+        ("longest_first", [cls, *tok.encode("p" * 7), sep, *tok.encode("short "), sep]),
+    ):
+        data = ls.classification_dataset(grain.MapDataset.source([premise]), tok, length=16,
+                                         batch_size=1, truncation=truncation)  # fmt: skip
+        np.testing.assert_array_equal(next(iter(data))["tokens"][0], expected)
+    # A single text keeps its <sep> with "longest_first".
+    single = grain.MapDataset.source([{"text": "q" * 20, "label": 1}])
+    data = ls.classification_dataset(single, tok, length=6, batch_size=1,
+                                     truncation="longest_first")  # fmt: skip
+    np.testing.assert_array_equal(next(iter(data))["tokens"][0], [cls, *tok.encode("qqqq"), sep])
 
 
 # ------------------------------------------------------------------------------ ListOps

@@ -44,7 +44,8 @@ read_classification(path, *, num_classes: int | None, text_field="text", label_f
 listops(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth=10,
         max_args=10, branch_prob=0.25) -> grain.MapDataset of {"text", "label"}
 classification_dataset(records, tokenizer, *, length, batch_size,
-                       add_special_tokens=True, **loader) -> IterDataset
+                       add_special_tokens=True, truncation="end"|"longest_first",
+                       **loader) -> IterDataset
 
 # trajectories: {"states": (B, T+1, d), "actions": (B, T, m) if given}
 trajectory_windows(states, actions=None, *, length, stride=1, split="train",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grain
 import numpy as np
@@ -32,8 +33,8 @@ from ._tokenizers import (
 def _json_line(line: str, path: pathlib.Path, lineno: int) -> dict:
     try:
         row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of over 4,300 digits
+        raise ValueError(f"{path}:{lineno}: not a JSON object ({getattr(e, 'msg', e)})") from None
     if not isinstance(row, dict):
         raise ValueError(f"{path}:{lineno}: not a JSON object (got {type(row).__name__})")
     return row
@@ -49,12 +50,44 @@ def _undecodable_line(path: pathlib.Path) -> int:
     return 0  # pragma: no cover (only called after a decoding error)
 
 
+def _csv_rows(f, path: pathlib.Path):
+    """`(line number, row)` of a CSV file with a header row: every row must have as many
+    fields as the header (`csv.DictReader` would file extra fields under the key `None`
+    and fill missing ones with `None`), and the header must not repeat a column."""
+    reader = csv.reader(f)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        for name in header:
+            if header.count(name) > 1:
+                raise ValueError(
+                    f"{path}:{reader.line_num}: the header names column {name!r} "
+                    f"{header.count(name)} times; column names must be distinct"
+                )
+        for fields in reader:
+            if not fields:  # a blank line
+                continue
+            if len(fields) != len(header):
+                raise ValueError(
+                    f"{path}:{reader.line_num}: {len(fields)} field(s), but the header has "
+                    f"{len(header)} ({','.join(header)}); quote a text that contains commas "
+                    '(e.g. "a, b")'
+                )
+            yield reader.line_num, dict(zip(header, fields, strict=True))  # (its last line)
+    except csv.Error as e:
+        if "field limit" in str(e):
+            raise ValueError(
+                f"{path}:{reader.line_num}: a field is longer than the csv module's limit of "
+                f"{csv.field_size_limit()} characters; shorten it or write the file as JSONL"
+            ) from None
+        raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+
+
 def _read_rows(f, path: pathlib.Path):
     """`(line number, row)` of a CSV (with a header row) or JSONL file open as `f`."""
     if path.suffix == ".csv":
-        reader = csv.DictReader(f)
-        for row in reader:
-            yield reader.line_num, row  # (the last line of a row that spans several)
+        yield from _csv_rows(f, path)
     else:
         for lineno, line in enumerate(f, 1):
             if line.strip():
@@ -79,6 +112,9 @@ def _whole_number(value) -> int | None:
     return int(x) if x is not None and x.is_integer() else None
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # regression labels are batched as float32
+
+
 def _check_label(
     value, num_classes: int | None, where: str, label_names: tuple[str, ...] | None = None
 ) -> int | float:
@@ -89,12 +125,19 @@ def _check_label(
         return label_names.index(str(name))
     if num_classes is None:  # regression
         try:
-            target = float(str(value).strip()) if not isinstance(value, int | float) else value
+            target = float(value) if isinstance(value, int | float) else float(str(value).strip())
         except ValueError:
             raise ValueError(f"{where}: label {value!r} is not a number") from None
-        if isinstance(value, bool) or not np.isfinite(target):
+        except OverflowError:  # a JSON integer beyond the float range
+            target = math.inf
+        if isinstance(value, bool) or not math.isfinite(target):
             raise ValueError(f"{where}: label {value!r} is not a finite number")
-        return float(target)
+        if abs(target) > _FLOAT32_MAX:
+            raise ValueError(
+                f"{where}: label {value!r} is beyond the float32 range of the batches' labels "
+                f"(|label| <= {_FLOAT32_MAX:.4g})"
+            )
+        return target
     label = value if isinstance(value, int) else _whole_number(value)
     if label is None:
         raise ValueError(f"{where}: label {value!r} is not an integer")
@@ -130,7 +173,8 @@ def read_classification(
     - `num_classes`: labels must be integers in `[0, num_classes)`; `None` for
         regression (float labels), or with `label_names`.
     - `text_field`, `label_field`: column / field names.
-    - `pair_field`: optional second text (sentence-pair tasks such as MNLI).
+    - `pair_field`: the field of the second text of sentence-pair tasks (such as
+        MNLI), or `None` for single texts.
     - `label_names`: the class names, in class order; each label (surrounding
         whitespace ignored) must be one of them and becomes its index. `num_classes`,
         if given as well, must equal their number.
@@ -142,10 +186,14 @@ def read_classification(
 
     **Raises:**
 
-    `FileNotFoundError` for a missing file; `ValueError` (naming file and line) for an
-    empty file, bytes that are not UTF-8, a JSONL line that is not a JSON object, a
-    missing field, or a label that is not an integer in range (not one of
-    `label_names`).
+    `FileNotFoundError` for a missing file; `ValueError` for `pair_field=""`, and
+    (naming file and line) for an empty file, bytes that are not UTF-8, a CSV row with
+    more or fewer fields than the header (an unquoted comma in a text), a CSV header
+    that repeats a column, a CSV field over the `csv` module's size limit
+    (`csv.field_size_limit()`, 131,072 characters by default; JSONL has none), a JSONL
+    line that is not a JSON object, a missing field, a text that is not a string (a
+    JSON list, number or `null`), or a label that is not an integer in range (not one
+    of `label_names`; for regression, not a finite number within float32's range).
     """
     if num_classes is not None:
         num_classes = check_int("num_classes", num_classes, minimum=2)
@@ -172,21 +220,31 @@ def read_classification(
         raise FileNotFoundError(f"path {str(path)!r} is not a file")
     if p.suffix not in (".csv", ".jsonl"):
         raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {p.suffix!r}")
-    fields = [text_field, label_field] + ([pair_field] if pair_field else [])
+    if pair_field == "":
+        raise ValueError(
+            "pair_field must be a field name (the second text of a sentence pair) or None, "
+            "got pair_field=''"
+        )
+    texts = [text_field] + ([pair_field] if pair_field is not None else [])
     records = []
     try:
         with open(p, encoding="utf-8-sig", newline="") as f:
             for lineno, row in _read_rows(f, p):
                 where = f"{p}:{lineno}"
-                for name in fields:
-                    if name not in row or row[name] is None:
+                for name in [*texts, label_field]:
+                    if name not in row:
                         raise ValueError(f"{where}: missing field {name!r}")
+                for name in texts:  # str() would read a list or a number as its repr
+                    if not isinstance(row[name], str):
+                        raise ValueError(
+                            f"{where}: field {name!r} must be a string, got {row[name]!r}"
+                        )
                 record = {
-                    "text": str(row[text_field]),
+                    "text": row[text_field],
                     "label": _check_label(row[label_field], num_classes, where, label_names),
                 }
-                if pair_field:
-                    record["text_pair"] = str(row[pair_field])
+                if pair_field is not None:
+                    record["text_pair"] = row[pair_field]
                 records.append(record)
     except UnicodeDecodeError as e:
         raise ValueError(
@@ -197,25 +255,89 @@ def read_classification(
     return grain.MapDataset.source(records)
 
 
-def _label_array(label) -> np.generic:
-    if isinstance(label, float | np.floating):
+TRUNCATIONS = ("end", "longest_first")
+
+
+def _check_record(record, index: int) -> bool:
+    """Whether `records[index]` has a float label (regression); a `ValueError` naming
+    `records` and `index` if it is not `{"text": str, "label": int | float[,
+    "text_pair": str]}`."""
+    where = f"records[{index}]"
+    expected = (
+        '{"text": str, "label": int | float} (plus "text_pair": str for sentence pairs), '
+        "as read_classification and listops make them"
+    )
+    if not isinstance(record, Mapping):
+        raise ValueError(f"{where} must be a dict {expected}, got {type(record).__name__}")
+    for name in ("text", "label"):
+        if name not in record:
+            raise ValueError(
+                f"{where} has no {name!r} (keys {sorted(map(str, record))}); each record "
+                f"must be {expected}"
+            )
+    for name in ("text", "text_pair"):
+        if name in record and not isinstance(record[name], str):
+            raise ValueError(f"{where}[{name!r}] must be a string, got {record[name]!r}")
+    label = record["label"]
+    if isinstance(label, bool | np.bool_) or not isinstance(
+        label, int | float | np.integer | np.floating
+    ):
+        raise ValueError(
+            f"{where}['label'] must be an int (a class id) or a float (a regression "
+            f"target), got {label!r}"
+        )
+    return isinstance(label, float | np.floating)
+
+
+def _label_array(label, regression: bool | None) -> np.generic:
+    """`label` as an `int32` class id, or a `float32` target if `regression` (the first
+    record's label is a float), so that a batch has one dtype; `None`: by its type."""
+    if regression or (regression is None and isinstance(label, float | np.floating)):
         return np.float32(label)
+    if isinstance(label, float | np.floating) and not float(label).is_integer():
+        raise ValueError(
+            f"records: label {label!r} is not a whole number, but the first record's label "
+            "is an int, which makes the labels class ids; write every regression target as "
+            "a float (1.0, not 1)"
+        )
     return np.int32(label)
+
+
+def _longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """`a` and `b` cut to at most `budget` tokens in all, by removing the last token of
+    the longer one (of `b` on a tie) one at a time; in closed form."""
+    if a.size + b.size <= budget:
+        return a, b
+    keep_a = min(a.size, max(budget - b.size, (budget + 1) // 2))
+    return a[:keep_a], b[: budget - keep_a]
 
 
 class _EncodeClassification:
     """Picklable map: `{"text", "label"}` -> `{"tokens", "padding_mask", "label"}`."""
 
-    def __init__(self, tokenizer: Tokenizer, length: int, add_special_tokens: bool):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        length: int,
+        add_special_tokens: bool,
+        truncation: str = "end",
+        regression: bool | None = None,
+    ):
         self.tokenizer, self.length, self.special = tokenizer, length, add_special_tokens
+        self.truncation, self.regression = truncation, regression
 
     def __call__(self, record):
         t = self.tokenizer
         ids = t.encode(record["text"])
         if self.special:
+            pair = t.encode(record["text_pair"]) if "text_pair" in record else None
+            if self.truncation == "longest_first" and pair is None:
+                ids = ids[: max(self.length - 2, 0)]
+            elif self.truncation == "longest_first":
+                ids, pair = _longest_first(ids, pair, max(self.length - 3, 0))
             parts = [[t.cls_id], ids, [t.sep_id]]
-            if "text_pair" in record:
-                parts += [t.encode(record["text_pair"]), [t.sep_id]]
+            if pair is not None:
+                parts += [pair, [t.sep_id]]
             ids = np.concatenate([np.asarray(q, np.int32) for q in parts])
         ids = ids[: self.length]
         out = np.full(self.length, t.pad_id, dtype=np.int32)
@@ -223,7 +345,7 @@ class _EncodeClassification:
         return {
             "tokens": out,
             "padding_mask": np.arange(self.length) < ids.size,
-            "label": _label_array(record["label"]),
+            "label": _label_array(record["label"], self.regression),
         }
 
 
@@ -235,6 +357,7 @@ def classification_dataset(
     length: IntLike,
     batch_size: IntLike,
     add_special_tokens: bool = True,
+    truncation: str = "end",
     seed: IntLike = 0,
     shuffle: bool = True,
     num_epochs: IntLike | None = None,
@@ -250,13 +373,55 @@ def classification_dataset(
     (or just `text` if `add_special_tokens=False`), truncated to `length`, padded with
     `<pad>`; then [`lineax_seq.batch_examples`][].
 
+    **Arguments:**
+
+    - `records`: a `grain.MapDataset` of `{"text": str, "label": int | float}` (plus
+        `"text_pair": str` for sentence pairs). The first record is checked here; its
+        label decides the labels' dtype: an `int` makes every label an `int32` class id
+        (a whole-number float such as `2.0` is accepted), a `float` makes every label a
+        `float32` regression target (ints are converted).
+    - `tokenizer`: any [`lineax_seq.Tokenizer`][].
+    - `length`: tokens per example.
+    - `batch_size`, `seed`, `shuffle`, `num_epochs`, `drop_remainder`,
+        `shard_options`, `num_workers`, `num_threads`: as in
+        [`lineax_seq.batch_examples`][].
+    - `add_special_tokens`: add `<cls>` and `<sep>` (`False` for ListOps, whose
+        expressions are encoded as they are).
+    - `truncation`: how an example longer than `length` is cut. `"end"` (the default,
+        which the committed BiGS ablation results were made with): the encoded
+        `<cls> text <sep> text_pair <sep>` is cut at the end, so a long `text` drops
+        `text_pair` and the separators. `"longest_first"` (BERT's and Hugging Face's):
+        the special tokens are kept and the texts shortened, the longer of `text` and
+        `text_pair` by one token at a time (`text_pair` on a tie), so both keep about
+        half of `length` when both are long. Without special tokens both cut `text` at
+        the end (and a sentence pair is refused: nothing would separate its texts).
+
     **Returns:**
 
     A `grain.IterDataset` of `{"tokens": int32 (B, L), "padding_mask": bool (B, L),
     "label": int32 (B,)}` (`float32` for regression labels).
+
+    **Raises:**
+
+    `ValueError` for a bad `length` or `truncation`, for an empty `records`, (naming
+    `records` and the index) for a first record of another form or a sentence pair
+    with `add_special_tokens=False`, and (while iterating) for a fractional label
+    among class ids.
     """
     length = check_int("length", length)
-    examples = records.map(_EncodeClassification(tokenizer, length, add_special_tokens))
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got truncation={truncation!r}")
+    if len(records) == 0:
+        raise ValueError("records is empty: there are no examples to batch")
+    first = records[0]  # random access: cheap, and no whole pass over the dataset
+    regression = None if first is None else _check_record(first, 0)  # None: filtered out
+    if first is not None and "text_pair" in first and not add_special_tokens:
+        raise ValueError(
+            "records[0] has a 'text_pair', which add_special_tokens=False would drop: "
+            "sentence pairs are encoded as <cls> text <sep> text_pair <sep>"
+        )
+    encode = _EncodeClassification(tokenizer, length, add_special_tokens, truncation, regression)
+    examples = records.map(encode)
     return batch_examples(
         examples,
         batch_size=batch_size,

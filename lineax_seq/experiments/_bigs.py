@@ -237,7 +237,13 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     result = finetune_classifier(
-        model, train_records, eval_records, tok, **_optim_options(args), out_dir=args.out
+        model,
+        train_records,
+        eval_records,
+        tok,
+        **_optim_options(args),
+        out_dir=args.out,
+        truncation=args.truncation,
     )
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
@@ -423,6 +429,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(fin, "--eval", "held-out file (default: every 10th row of --train)", type=existing_path)
     fin.add_argument(
         "--regression", action="store_true", help="real-valued labels (default: classes)"
+    )
+    fin.add_argument(
+        "--truncation",
+        choices=("longest_first", "end"),
+        default="longest_first",
+        help="how a sentence pair longer than --length is cut: the longer text first, "
+        "keeping both (BERT's, the default), or at the end",
     )
     fin.add_argument("--listops-examples", type=positive_int, default=4000)
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")
