@@ -51,6 +51,12 @@ def check_real(name: str, value: object, sign: str = "positive") -> float:
     return number
 
 
+def as_arrays(*arrays: Array | np.ndarray | None) -> tuple[Array | None, ...]:
+    """`jnp.asarray` of each argument, `None` kept: the runtime-checked entry points take
+    NumPy inputs (e.g. a tokenizer's ids), as Equinox's layers do."""
+    return tuple(None if a is None else jnp.asarray(a) for a in arrays)
+
+
 def _on_host(*arrays: Array | None) -> bool:
     """Whether `arrays` can be read here: none traced, all on this process's devices."""
     return all(

@@ -44,3 +44,52 @@ def test_demo_runs_twice_into_the_same_directory(tmp_path):
         assert main(argv) == 0
         assert (tmp_path / "bigs" / "metrics.jsonl").exists()
     assert not (tmp_path / "bigs" / "stale.txt").exists()
+
+
+def test_entry_points_take_numpy_inputs():
+    """Layers and models take NumPy arrays (a tokenizer's ids, `np.random` data), as
+    Equinox's layers do, and give what the same JAX arrays give; their run-time type
+    check used to refuse them."""
+    import jax.numpy as jnp
+    import jax.random as jr
+    import numpy as np
+
+    ls, k = lineax_seq, jr.key(0)
+    x = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    tokens = ls.ByteTokenizer().encode("numpy ids, 16 b")  # int32 NumPy, 15 bytes
+    tokens = np.concatenate([tokens, tokens[:1]])
+    mask = np.arange(16) < 12
+    s4d = ls.S4D(8, state_size=4, key=k)
+    lm = ls.BlockStateTransformerLM(
+        263, 8, num_layers=2, num_heads=2, window=4, bst_layers=(1,), key=k
+    )
+    bigs = ls.BiGS(263, 8, 1, key=k)
+    calls = {
+        "S4D": (s4d, (x,)),
+        "S4D.step": (s4d.step, (np.asarray(s4d.init_state()), x[0])),
+        "MultiHeadAttention": (ls.MultiHeadAttention(8, 2, key=k), (x,)),
+        "SlidingWindowAttention": (ls.SlidingWindowAttention(8, 2, 4, key=k), (x,)),
+        "SlidingWindowLayer": (ls.SlidingWindowLayer(8, 2, 4, key=k), (x,)),
+        "BlockStateTransformerLayer": (
+            ls.BlockStateTransformerLayer(8, 2, 4, ssm_features=4, key=k),
+            (x,),
+        ),
+        "BlockRecurrentTransformerLayer": (ls.BlockRecurrentTransformerLayer(8, 2, 4, key=k), (x,)),
+        "BlockStateTransformerLM": (lm, (tokens,)),
+        "BiGS": (bigs, (tokens, mask)),
+        "GatedLayer": (ls.GatedLayer(8, key=k), (x, mask)),
+        "DirectionalSSM": (ls.DirectionalSSM(8, key=k), (x, mask)),
+        "SequenceClassificationHead": (ls.SequenceClassificationHead(8, 3, key=k), (x, mask)),
+        "SpanExtractionHead": (ls.SpanExtractionHead(8, key=k), (x, mask)),
+        "MultipleChoiceHead": (ls.MultipleChoiceHead(8, key=k), (x[None], mask[None])),
+        "MaskedLMHead": (
+            ls.MaskedLMHead(8, 263, key=k),
+            (x, np.asarray(bigs.token_embedding.weight)),
+        ),
+    }
+    for name, (call, args) in calls.items():
+        got = call(*args)
+        want = call(*(jnp.asarray(a) for a in args))
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert isinstance(g, jax.Array), name
+            np.testing.assert_array_equal(g, w, err_msg=name)

@@ -2,11 +2,12 @@
 
 import equinox as eqx
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_int
+from .._checks import as_arrays, check_bool, check_int
 from ._core import attend
 
 
@@ -99,11 +100,11 @@ class MultiHeadAttention(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        x: Float[Array, "q dim"],
-        context: Float[Array, "k kv_dim"] | None = None,
+        x: Float[Array | np.ndarray, "q dim"],
+        context: Float[Array | np.ndarray, "k kv_dim"] | None = None,
         *,
-        mask: Bool[Array, "q k"] | Bool[Array, "heads q k"] | None = None,
-        bias: Float[Array, "heads q k"] | None = None,
+        mask: Bool[Array | np.ndarray, "q k"] | Bool[Array | np.ndarray, "heads q k"] | None = None,
+        bias: Float[Array | np.ndarray, "heads q k"] | None = None,
     ) -> Float[Array, "q dim"]:
         """Attend from `x` to `context` (or to `x` itself).
 
@@ -122,6 +123,7 @@ class MultiHeadAttention(eqx.Module):
 
         Shape `(q, dim)`.
         """
+        x, context, mask, bias = as_arrays(x, context, mask, bias)
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
         if context is not None and context.shape[0] == 0 and x.shape[0] > 0:

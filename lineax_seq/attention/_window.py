@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
@@ -190,7 +191,7 @@ class SlidingWindowAttention(eqx.Module):
         return sliding_window_attention(q, k, v, window=self.window, bias=bias)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
@@ -199,6 +200,7 @@ class SlidingWindowAttention(eqx.Module):
 
         Shape `(length, dim)`.
         """
+        x = jnp.asarray(x)
         if x.shape[-1] != self.attention.dim:
             raise ValueError(
                 f"`x` must have dim={self.attention.dim} features, got shape {x.shape}."

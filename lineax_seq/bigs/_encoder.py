@@ -6,10 +6,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_ids, check_int
+from .._checks import as_arrays, check_bool, check_ids, check_int
 from ._layers import (
     ARCHITECTURES,
     KERNELS,
@@ -339,9 +340,9 @@ class BiGS(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        tokens: Integer[Array, " length"],
-        mask: Bool[Array, " length"] | None = None,
-        token_types: Integer[Array, " length"] | None = None,
+        tokens: Integer[Array | np.ndarray, " length"],
+        mask: Bool[Array | np.ndarray, " length"] | None = None,
+        token_types: Integer[Array | np.ndarray, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
@@ -363,6 +364,7 @@ class BiGS(eqx.Module):
 
         Hidden states, shape `(length, dim)`; zero at padded positions.
         """
+        tokens, mask, token_types = as_arrays(tokens, mask, token_types)
         length = tokens.shape[0]
         if length == 0:
             raise ValueError("tokens must contain at least one token, got length 0")

@@ -4,10 +4,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_int
+from .._checks import as_arrays, check_bool, check_int
 from ._layers import (
     INIT_STD,
     apply_dense,
@@ -87,7 +88,9 @@ class MaskedLMHead(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(
-        self, x: Float[Array, "n dim"], embedding: Float[Array, "vocab dim"] | None = None
+        self,
+        x: Float[Array | np.ndarray, "n dim"],
+        embedding: Float[Array | np.ndarray, "vocab dim"] | None = None,
     ) -> Float[Array, "n vocab"]:
         """Vocabulary logits.
 
@@ -102,6 +105,7 @@ class MaskedLMHead(eqx.Module):
 
         Shape `(n, vocab)`.
         """
+        x, embedding = as_arrays(x, embedding)
         dim = self.transform.in_features
         if x.shape[-1] != dim:
             raise ValueError(f"x must have dim={dim} features, got x.shape={x.shape}")
@@ -166,8 +170,8 @@ class SequenceClassificationHead(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        x: Float[Array, "length dim"],
-        mask: Bool[Array, " length"] | None = None,
+        x: Float[Array | np.ndarray, "length dim"],
+        mask: Bool[Array | np.ndarray, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
@@ -186,6 +190,7 @@ class SequenceClassificationHead(eqx.Module):
 
         Logits (or the regression value), shape `(num_outputs,)`.
         """
+        x, mask = as_arrays(x, mask)
         if x.shape[-1] != self.pooler.in_features:
             raise ValueError(
                 f"x must have dim={self.pooler.in_features} features, got x.shape={x.shape}"
@@ -213,7 +218,9 @@ class SpanExtractionHead(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(
-        self, x: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
+        self,
+        x: Float[Array | np.ndarray, "length dim"],
+        mask: Bool[Array | np.ndarray, " length"] | None = None,
     ) -> tuple[Float[Array, " length"], Float[Array, " length"]]:
         """Span logits.
 
@@ -227,6 +234,7 @@ class SpanExtractionHead(eqx.Module):
 
         `(start_logits, end_logits)`, each of shape `(length,)`.
         """
+        x, mask = as_arrays(x, mask)
         if x.shape[-1] != self.proj.in_features:
             raise ValueError(
                 f"x must have dim={self.proj.in_features} features, got x.shape={x.shape}"
@@ -260,8 +268,8 @@ class MultipleChoiceHead(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        x: Float[Array, "choices length dim"],
-        mask: Bool[Array, "choices length"] | None = None,
+        x: Float[Array | np.ndarray, "choices length dim"],
+        mask: Bool[Array | np.ndarray, "choices length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
@@ -280,6 +288,7 @@ class MultipleChoiceHead(eqx.Module):
 
         Logits over choices, shape `(choices,)`.
         """
+        x, mask = as_arrays(x, mask)
         if x.shape[-1] != self.scorer.pooler.in_features:
             raise ValueError(
                 f"x must have dim={self.scorer.pooler.in_features} features, got x.shape={x.shape}"

@@ -9,10 +9,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import as_arrays, check_int
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -253,8 +254,8 @@ class _Layer(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self,
-        x: Float[Array, "length dim"],
-        mask: Bool[Array, " length"] | None = None,
+        x: Float[Array | np.ndarray, "length dim"],
+        mask: Bool[Array | np.ndarray, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
@@ -273,6 +274,7 @@ class _Layer(eqx.Module):
 
         `X_{i+1}`, shape `(length, dim)`; zero at padded positions if `mask` is given.
         """
+        x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         out = self._apply(x, mask, key, inference)
         return out if mask is None else jnp.where(mask[:, None], out, 0)

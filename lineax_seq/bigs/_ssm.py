@@ -5,10 +5,11 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_int
+from .._checks import as_arrays, check_bool, check_int
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -202,7 +203,9 @@ class DirectionalSSM(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(
-        self, u: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
+        self,
+        u: Float[Array | np.ndarray, "length dim"],
+        mask: Bool[Array | np.ndarray, " length"] | None = None,
     ) -> Float[Array, "length dim"]:
         """Apply the SSM.
 
@@ -215,6 +218,7 @@ class DirectionalSSM(eqx.Module):
 
         `K * u + D u`, shape `(length, dim)` (zero at padded positions if `mask`).
         """
+        u, mask = as_arrays(u, mask)
         check_sequence("u", u, mask, self.dim)
         if mask is None:
             return ssm_conv(u[None], (self,))[0]

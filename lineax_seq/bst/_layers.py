@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
@@ -151,7 +152,7 @@ class SlidingWindowLayer(eqx.Module):
         self.window = window
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
@@ -160,6 +161,7 @@ class SlidingWindowLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
+        x = jnp.asarray(x)
         _check_input(x, self.window, self.attention.attention.dim)
         x = x + self.attention(_norm(self.attention_norm, x))
         return x + self.mlp(_norm(self.mlp_norm, x))
@@ -410,7 +412,7 @@ class BlockStateTransformerLayer(eqx.Module):
         self.context_kind = context
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
@@ -419,6 +421,7 @@ class BlockStateTransformerLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
+        x = jnp.asarray(x)
         _check_input(x, self.window, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x)
         self_heads = self.self_attention.heads(h)
@@ -566,7 +569,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return self._mix(x, self_heads, attend(q, ks, vs))
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
@@ -575,6 +578,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         Shape `(length, dim)`.
         """
+        x = jnp.asarray(x)
         _check_input(x, self.window, self.self_attention.attention.dim)
         w = self.window
         mha = self.self_attention.attention

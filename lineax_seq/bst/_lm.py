@@ -259,7 +259,9 @@ class BlockStateTransformerLM(eqx.Module):
         return _dense(self.head, x)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, tokens: Integer[Array, " length"]) -> Float[Array, "length vocab"]:
+    def __call__(
+        self, tokens: Integer[Array | np.ndarray, " length"]
+    ) -> Float[Array, "length vocab"]:
         """Next-token logits.
 
         **Arguments:**
@@ -272,6 +274,7 @@ class BlockStateTransformerLM(eqx.Module):
 
         Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
         """
+        tokens = jnp.asarray(tokens)
         check_blocks(tokens.shape[0], self.window, "tokens")
         x = self.embedding.weight[self._check_tokens(tokens)]
         for layer in self.layers:

@@ -7,10 +7,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_bool, check_int
+from .._checks import as_arrays, check_bool, check_int
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -129,7 +130,7 @@ class S4D(eqx.Module):
         return y.astype(dtype)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
         """Apply the layer to a whole sequence (convolution mode).
 
         **Arguments:**
@@ -140,6 +141,7 @@ class S4D(eqx.Module):
 
         The output sequence, of shape `(length, dim)`.
         """
+        x = jnp.asarray(x)
         self._check_features(x.shape[-1], "x")
         if x.shape[0] < 1:
             raise ValueError(f"x must have at least one position, got x.shape={x.shape}")
@@ -181,7 +183,9 @@ class S4D(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def step(
-        self, state: Complex[Array, "dim modes"], x_t: Float[Array, " dim"]
+        self,
+        state: Complex[Array | np.ndarray, "dim modes"],
+        x_t: Float[Array | np.ndarray, " dim"],
     ) -> tuple[Complex[Array, "dim modes"], Float[Array, " dim"]]:
         """Advance the recurrence by one input (recurrent mode).
 
@@ -198,6 +202,7 @@ class S4D(eqx.Module):
 
         `(state, y_t)`: the new state and the output at this step, of shape `(dim,)`.
         """
+        state, x_t = as_arrays(state, x_t)
         if self.bidirectional:
             raise ValueError(
                 "bidirectional=True S4D layers have no recurrent mode (the backward kernel "
