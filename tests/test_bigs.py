@@ -5,6 +5,8 @@ Compile time dominates, so every module is built (and perturbed) in one jitted
 fixture, and each test compiles one function."""
 
 import functools
+import json
+import warnings
 
 import equinox as eqx
 import jax
@@ -743,3 +745,14 @@ def test_bert_tiny_uses_word_order():
     perm = jnp.arange(12)[::-1]
     out = bert(tokens, inference=True)
     assert not np.allclose(out[perm], bert(tokens[perm], inference=True), atol=1e-3)
+
+
+def test_numpy_and_jax_step_sizes_are_floats(no_jaxtyping):
+    """`dt_min` / `dt_max` given as NumPy or JAX scalars are used as floats (a JAX array
+    became a static field, and in `BiGS` a tracer inside its compiled build)."""
+    model = ls.BiGS(10, 8, 1, dt_min=np.float32(1e-3), dt_max=jnp.asarray(0.1), key=jr.key(0))
+    assert type(model.dt_min) is float and type(model.dt_max) is float
+    assert json.loads(json.dumps(model.config()))["dt_max"] == pytest.approx(0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Equinox warns of a JAX array set as static
+        ls.GatedLayer(8, dt_min=jnp.asarray(1e-3), key=jr.key(0))

@@ -207,6 +207,7 @@ def test_classification_dataset_checks_the_first_record():
         ([{"text": "a", "text_pair": None, "label": 1}], r"\['text_pair'\] must be a string"),
         ([{"text": "a", "label": "1"}], r"records\[0\]\['label'\] must be an int .* got '1'"),
         ([{"text": "a", "label": True}], r"records\[0\]\['label'\] must be an int .* got True"),
+        ([None], r"records\[0\] must be a dict .* got NoneType"),
         ([], "records is empty"),
     ):
         with pytest.raises(ValueError, match=message):
@@ -245,6 +246,9 @@ def test_classification_dataset_label_dtype_follows_the_first_record():
     np.testing.assert_array_equal(classes, [1, 2, 0])
     with pytest.raises(ValueError, match="label 0.5 is not a whole number, but the first"):
         labels([1, 0.5])
+    # 0-d arrays (e.g. `jnp.asarray(ys)[i]`) are labels too, by their dtype.
+    np.testing.assert_array_equal(labels([np.asarray(2), jnp.asarray(1)]), [2, 1])
+    assert labels([jnp.asarray(0.5), np.asarray(1)]).dtype == np.float32
 
 
 def _longest_first_oracle(a, b, budget):

@@ -121,6 +121,15 @@ def test_corpus_directory_scan(tmp_path):
     (root / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "with bom"}\n')
     docs = sorted(ls.text_corpus(root, split="all"))
     assert docs == ["alpha", "beta = 1", "top", "with bom"]
+    # A link into the tree does not rename the documents of the folder it points to,
+    # and a link to an ancestor does not pull in the folders around the corpus.
+    (root / "sub").mkdir()
+    (root / "sub" / "doc.txt").write_text("in sub")
+    (root / "a_link").symlink_to(root / "sub", target_is_directory=True)
+    (root / "up").symlink_to(tmp_path, target_is_directory=True)
+    ids = [doc_id for doc_id, _ in ls.data._corpus.read_documents(root)]
+    assert "sub/doc.txt" in ids and not any(i.startswith(("a_link/", "up/")) for i in ids)
+    assert len(ids) == 5
 
 
 def test_corpus_bad_inputs(tmp_path, corpus_dir):

@@ -11,6 +11,7 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
 from .._checks import as_arrays, check_bool, check_ids, check_int
+from ..ssm._kernel import check_kernel_options
 from ._layers import (
     ARCHITECTURES,
     KERNELS,
@@ -208,6 +209,9 @@ class BiGS(eqx.Module):
         final_norm = check_bool("final_norm", final_norm)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
+        dt_min, dt_max = check_kernel_options(
+            state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init"
+        )
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
         inner_dim = check_int("inner_dim", inner_dim)

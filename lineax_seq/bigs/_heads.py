@@ -153,7 +153,7 @@ class SequenceClassificationHead(eqx.Module):
         - `dim`: hidden size.
         - `num_outputs`: number of classes (1 for regression).
         - `dropout`: dropout rate before the last dense layer (the paper fine-tunes
-          with 0.1).
+            with 0.1).
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """

@@ -206,7 +206,9 @@ class _Layer(eqx.Module):
         init_std = check_init_std(init_std)
         heads = max(1, dim // 64) if num_heads is None else num_heads
         heads = check_int("num_heads", heads)
-        check_kernel_options(state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init")
+        dt_min, dt_max = check_kernel_options(
+            state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init"
+        )
         ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, init_std, key)
         self.dropout = eqx.nn.Dropout(dropout)

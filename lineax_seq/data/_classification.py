@@ -279,22 +279,21 @@ def _check_record(record, index: int) -> bool:
         if name in record and not isinstance(record[name], str):
             raise ValueError(f"{where}[{name!r}] must be a string, got {record[name]!r}")
     label = record["label"]
-    if isinstance(label, bool | np.bool_) or not isinstance(
-        label, int | float | np.integer | np.floating
-    ):
+    kind = np.asarray(label).dtype.kind if np.ndim(label) == 0 else None  # 0-d arrays too
+    if isinstance(label, str) or kind not in ("i", "u", "f"):
         raise ValueError(
             f"{where}['label'] must be an int (a class id) or a float (a regression "
             f"target), got {label!r}"
         )
-    return isinstance(label, float | np.floating)
+    return kind == "f"
 
 
-def _label_array(label, regression: bool | None) -> np.generic:
+def _label_array(label, regression: bool) -> np.generic:
     """`label` as an `int32` class id, or a `float32` target if `regression` (the first
-    record's label is a float), so that a batch has one dtype; `None`: by its type."""
-    if regression or (regression is None and isinstance(label, float | np.floating)):
+    record's label is a float), so that a batch has one dtype."""
+    if regression:
         return np.float32(label)
-    if isinstance(label, float | np.floating) and not float(label).is_integer():
+    if np.asarray(label).dtype.kind == "f" and not float(label).is_integer():
         raise ValueError(
             f"records: label {label!r} is not a whole number, but the first record's label "
             "is an int, which makes the labels class ids; write every regression target as "
@@ -321,7 +320,7 @@ class _EncodeClassification:
         length: int,
         add_special_tokens: bool,
         truncation: str = "end",
-        regression: bool | None = None,
+        regression: bool = False,
     ):
         self.tokenizer, self.length, self.special = tokenizer, length, add_special_tokens
         self.truncation, self.regression = truncation, regression
@@ -414,8 +413,8 @@ def classification_dataset(
     if len(records) == 0:
         raise ValueError("records is empty: there are no examples to batch")
     first = records[0]  # random access: cheap, and no whole pass over the dataset
-    regression = None if first is None else _check_record(first, 0)  # None: filtered out
-    if first is not None and "text_pair" in first and not add_special_tokens:
+    regression = _check_record(first, 0)
+    if "text_pair" in first and not add_special_tokens:
         raise ValueError(
             "records[0] has a 'text_pair', which add_special_tokens=False would drop: "
             "sentence pairs are encoded as <cls> text <sep> text_pair <sep>"

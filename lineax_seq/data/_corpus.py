@@ -43,16 +43,31 @@ def _stdlib_files() -> tuple[pathlib.Path, list[pathlib.Path]]:
 
 
 def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
-    """The corpus files under `root`: symbolic links to folders followed (each folder
-    once), hidden files and folders (`.git`, `.venv`, ...) skipped."""
+    """The corpus files under `root`: hidden files and folders (`.git`, `.venv`, ...)
+    skipped; symbolic links to folders outside the tree followed (each folder once), while
+    a link to a folder of the tree (or to an ancestor) is not, so a document's id is its
+    path through real folders whatever links exist."""
+
+    def visible(names):
+        return sorted(n for n in names if not n.startswith("."))
+
+    tree = set()  # the real folders, reached without links
+    for folder, subfolders, _ in os.walk(root):
+        subfolders[:] = visible(subfolders)
+        tree.add(os.path.realpath(folder))
+    top = os.path.realpath(root)
     files, seen = [], set()
     for folder, subfolders, names in os.walk(root, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen:  # a link back up the tree, or a second link to one folder
-            subfolders.clear()
-            continue
-        seen.add(real)
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))  # stable ids
+        seen.add(os.path.realpath(folder))
+        kept = []
+        for name in visible(subfolders):
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            inside = real in tree or top.startswith(real + os.sep)
+            if not (os.path.islink(path) and inside) and real not in seen:
+                seen.add(real)
+                kept.append(name)
+        subfolders[:] = kept
         for name in names:
             path = pathlib.Path(folder, name)
             if not name.startswith(".") and path.suffix in _SUFFIXES and path.is_file():

@@ -247,7 +247,12 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     )
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
-    summary = {"checkpoint": str(args.checkpoint), "task": args.task, **metrics}
+    summary = {
+        "checkpoint": str(args.checkpoint),
+        "task": args.task,
+        "truncation": args.truncation,
+        **metrics,
+    }
     if names is not None:
         summary["label_names"] = list(names)  # class i is names[i]
     save_json(summary, args.out / "result.json")
@@ -434,8 +439,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--truncation",
         choices=("longest_first", "end"),
         default="longest_first",
-        help="how a sentence pair longer than --length is cut: the longer text first, "
-        "keeping both (BERT's, the default), or at the end",
+        help="how an example longer than --length is cut: keeping <cls> and every <sep> "
+        "and shortening the longer text of a pair first (BERT's, the default), or cutting "
+        "the encoded example at the end",
     )
     fin.add_argument("--listops-examples", type=positive_int, default=4000)
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")

@@ -344,7 +344,8 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in cfg.models}
     params = {}
     for seed in cfg.seeds:
-        train_data = train_batches(corpus, tokenizer, cfg, seed=seed)
+        with corpus_errors(corpus):
+            train_data = train_batches(corpus, tokenizer, cfg, seed=seed)
         for i, name in enumerate(cfg.models):
             model = build_lm(
                 name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=jr.fold_in(jr.key(seed), i)

@@ -75,8 +75,9 @@ def check_kernel_options(
     dt_max: float,
     *,
     init_name: str = "init",
-) -> None:
-    """A `ValueError` naming the argument unless the `S4DKernel` options are valid."""
+) -> tuple[float, float]:
+    """`(dt_min, dt_max)` as floats, or a `ValueError` naming the argument unless the
+    `S4DKernel` options are valid."""
     integer = isinstance(state_size, numbers.Integral) and not isinstance(state_size, bool)
     if not integer or state_size < 2 or state_size % 2:
         raise ValueError(
@@ -93,6 +94,7 @@ def check_kernel_options(
     dt_min, dt_max = check_real("dt_min", dt_min), check_real("dt_max", dt_max)
     if not dt_min < dt_max:
         raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
+    return dt_min, dt_max
 
 
 def complex_(
@@ -167,7 +169,7 @@ class S4DKernel(eqx.Module):
             `0 < dt_min < dt_max`.
         - `key`: a `jax.random.key` for `C` and `dt`.
         """
-        check_kernel_options(state_size, init, discretization, dt_min, dt_max)
+        dt_min, dt_max = check_kernel_options(state_size, init, discretization, dt_min, dt_max)
         state_size = int(state_size)
         channels = check_int("channels", channels)
         modes = state_size // 2
@@ -181,7 +183,7 @@ class S4DKernel(eqx.Module):
         self.b_real = jnp.asarray(np.ones(shape), dtype)
         self.b_imag = jnp.asarray(np.zeros(shape), dtype)
         self.c_real, self.c_imag, self.log_dt = _random_init(
-            key, channels, modes, math.log(float(dt_min)), math.log(float(dt_max))
+            key, channels, modes, math.log(dt_min), math.log(dt_max)
         )
         self.state_size = state_size
         self.channels = channels

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Inexact
 
 from .._checks import check_bool
@@ -16,11 +17,11 @@ def _matmul(a: Array, b: Array) -> Array:
 
 
 def linear_scan(
-    a: Inexact[Array, "length n"] | Inexact[Array, "length n n"],
-    b: Inexact[Array, "length n"],
+    a: Inexact[Array | np.ndarray, "length n"] | Inexact[Array | np.ndarray, "length n n"],
+    b: Inexact[Array | np.ndarray, "length n"],
     *,
     reverse: bool = False,
-    initial: Inexact[Array, " n"] | None = None,
+    initial: Inexact[Array | np.ndarray, " n"] | None = None,
 ) -> Inexact[Array, "length n"]:
     """Solve the linear recurrence `x_t = a_t x_{t-1} + b_t` in parallel.
 
