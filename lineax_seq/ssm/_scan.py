@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Inexact
 
-from .._checks import check_bool
+from .._checks import as_arrays, check_bool
 
 
 def _matvec(a: Array, x: Array) -> Array:
@@ -48,8 +48,7 @@ def linear_scan(
     Real and complex dtypes both work; `a`, `b` (and `initial`) must share one dtype.
     NumPy arrays are accepted.
     """
-    a, b = jnp.asarray(a), jnp.asarray(b)
-    initial = None if initial is None else jnp.asarray(initial)
+    a, b, initial = as_arrays(a, b, initial)
     if b.ndim != 2 or b.shape[0] < 1:
         raise ValueError(f"b must have shape (length, n) with length >= 1, got b.shape={b.shape}")
     if a.ndim not in (2, 3):
