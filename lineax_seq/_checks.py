@@ -120,11 +120,21 @@ def _int_kind(minimum: int) -> str:
     return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
 
+def _int_error(name: str, value: object, kind: str) -> ValueError:
+    if isinstance(value, jax.Array):  # concrete or traced: either way not a static size
+        return ValueError(
+            f"{name} must be {kind} known when the program is traced (a Python or NumPy "
+            f"int: it fixes array shapes), got a JAX array {name}={value!r}; pass "
+            "int(...) outside jit, or mark it static"
+        )
+    return ValueError(f"{name} must be {kind}, got {name}={value!r}")
+
+
 def check_int(name: str, value: object, minimum: int = 1) -> int:
-    """`value` as an `int` (NumPy integers accepted, bools not), `>= minimum`, or a
-    `ValueError` naming it."""
+    """`value` as an `int` (NumPy integers accepted, bools and JAX arrays not),
+    `>= minimum`, or a `ValueError` naming it."""
     if not _is_int(value, minimum):
-        raise ValueError(f"{name} must be {_int_kind(minimum)}, got {name}={value!r}")
+        raise _int_error(name, value, _int_kind(minimum))
     return int(value)
 
 
@@ -141,7 +151,7 @@ def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None
     if value is None:
         return None
     if not _is_int(value, minimum):
-        raise ValueError(f"{name} must be None or {_int_kind(minimum)}, got {name}={value!r}")
+        raise _int_error(name, value, f"None or {_int_kind(minimum)}")
     return int(value)
 
 

@@ -46,11 +46,8 @@ def test_demo_runs_twice_into_the_same_directory(tmp_path):
     assert not (tmp_path / "bigs" / "stale.txt").exists()
 
 
-def test_entry_points_take_numpy_inputs():
-    """Layers and models take NumPy arrays (a tokenizer's ids, `np.random` data), as
-    Equinox's layers do, and give what the same JAX arrays give; their run-time type
-    check used to refuse them."""
-    import jax.numpy as jnp
+def _entry_points() -> dict:
+    """Every run-time checked layer, head and model with NumPy arguments."""
     import jax.random as jr
     import numpy as np
 
@@ -87,9 +84,54 @@ def test_entry_points_take_numpy_inputs():
             (x, np.asarray(bigs.token_embedding.weight)),
         ),
     }
-    for name, (call, args) in calls.items():
+    return calls
+
+
+def test_entry_points_take_numpy_inputs():
+    """Layers and models take NumPy arrays (a tokenizer's ids, `np.random` data), as
+    Equinox's layers do, and give what the same JAX arrays give; their run-time type
+    check used to refuse them."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    for name, (call, args) in _entry_points().items():
         got = call(*args)
         want = call(*(jnp.asarray(a) for a in args))
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             assert isinstance(g, jax.Array), name
             np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_layers_take_key_like_equinox_layers():
+    """Every layer, head and model takes `key=` at call time, as Equinox's layers do
+    (deterministic ones ignore it), so they compose with `eqx.nn.Sequential`, which
+    always passes one; most used to raise a TypeError."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    import jax.random as jr
+    import numpy as np
+
+    ls, k = lineax_seq, jr.key(0)
+    calls = _entry_points()
+    del calls["S4D.step"]  # a recurrent step, not a layer
+    koopman = ls.KoopmanAutoencoder(2, 4, width=8, key=k)
+    calls["KoopmanAutoencoder"] = (koopman, (jnp.ones(2),))
+    calls["UnitNormLinear"] = (koopman.decoder, (jnp.ones(4),))
+    calls["MLPBaseline"] = (ls.MLPBaseline(2, width=8, key=k), (jnp.ones(2),))
+    for name, (call, args) in calls.items():
+        want = call(*args)
+        for key in (None, jr.key(1)):
+            got = call(*args, key=key)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=name)
+    x = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    layers = [
+        ls.S4D(8, state_size=4, key=k),
+        eqx.nn.Lambda(jax.nn.gelu),
+        ls.SlidingWindowLayer(8, 2, 4, key=k),
+        ls.GatedLayer(8, key=k),
+    ]
+    want = x
+    for layer in layers:
+        want = layer(want)
+    np.testing.assert_array_equal(eqx.nn.Sequential(layers)(x, key=k), want)

@@ -327,6 +327,14 @@ def test_kernel_bad_inputs(getkey, no_jaxtyping):
         ls.S4DKernel(8, 0, key=key)
     with pytest.raises(ValueError, match="length=0"):
         ls.S4DKernel(8, key=key)(0)
+    # A JAX integer is refused for what it is (a length fixes shapes), not as "not a
+    # positive integer"; a NumPy one is a length.
+    kernel = ls.S4DKernel(8, key=key)
+    with pytest.raises(ValueError, match="known when the program is traced.*got a JAX array"):
+        kernel(jnp.asarray(10))
+    with pytest.raises(ValueError, match="mark it static"):
+        jax.jit(lambda n: kernel(n))(10)
+    assert kernel(np.int64(10)).shape == (1, 10)
 
 
 def test_fft_conv_bad_inputs(getkey):

@@ -105,6 +105,7 @@ class MultiHeadAttention(eqx.Module):
         *,
         mask: Bool[Array | np.ndarray, "q k"] | Bool[Array | np.ndarray, "heads q k"] | None = None,
         bias: Float[Array | np.ndarray, "heads q k"] | None = None,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, "q dim"]:
         """Attend from `x` to `context` (or to `x` itself).
 
@@ -118,6 +119,8 @@ class MultiHeadAttention(eqx.Module):
           none gets the plain mean of all values (its logits are all masked alike).
         - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
           [`lineax_seq.RelativePositionBias`][]).
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

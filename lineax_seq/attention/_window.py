@@ -191,10 +191,14 @@ class SlidingWindowAttention(eqx.Module):
         return sliding_window_attention(q, k, v, window=self.window, bias=bias)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

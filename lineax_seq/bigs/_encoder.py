@@ -273,7 +273,7 @@ class BiGS(eqx.Module):
         `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
-        512, 2 token types: ~335M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512;
+        512, 2 token types: ~334M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512;
         both d 64 with `init_std` 0.08); all five with the paper's dropout 0.1.
 
         **Arguments:**

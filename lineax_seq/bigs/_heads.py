@@ -91,6 +91,8 @@ class MaskedLMHead(eqx.Module):
         self,
         x: Float[Array | np.ndarray, "n dim"],
         embedding: Float[Array | np.ndarray, "vocab dim"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, "n vocab"]:
         """Vocabulary logits.
 
@@ -100,6 +102,8 @@ class MaskedLMHead(eqx.Module):
         - `embedding`: the tied token embedding, shape `(vocab, dim)`, e.g.
             `model.token_embedding.weight`; required by a tied head, refused by an untied
             one.
+        - `key`: ignored (the head is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 
@@ -221,6 +225,8 @@ class SpanExtractionHead(eqx.Module):
         self,
         x: Float[Array | np.ndarray, "length dim"],
         mask: Bool[Array | np.ndarray, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, " length"], Float[Array, " length"]]:
         """Span logits.
 
@@ -229,6 +235,8 @@ class SpanExtractionHead(eqx.Module):
         - `x`: hidden states, shape `(length, dim)`.
         - `mask`: optional, `True` where a span may start or end; other positions get
             the most negative finite logit.
+        - `key`: ignored (the head is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

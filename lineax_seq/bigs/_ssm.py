@@ -206,6 +206,8 @@ class DirectionalSSM(eqx.Module):
         self,
         u: Float[Array | np.ndarray, "length dim"],
         mask: Bool[Array | np.ndarray, " length"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, "length dim"]:
         """Apply the SSM.
 
@@ -213,6 +215,8 @@ class DirectionalSSM(eqx.Module):
 
         - `u`: input, shape `(length, dim)`, `length >= 1`.
         - `mask`: optional, `True` at real tokens; padded positions are zeroed first.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

@@ -152,10 +152,14 @@ class SlidingWindowLayer(eqx.Module):
         self.window = window
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 
@@ -412,10 +416,14 @@ class BlockStateTransformerLayer(eqx.Module):
         self.context_kind = context
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 
@@ -569,10 +577,14 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return self._mix(x, self_heads, attend(q, ks, vs))
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length dim"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`, `length` a multiple of `window`.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

@@ -260,7 +260,7 @@ class BlockStateTransformerLM(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(
-        self, tokens: Integer[Array | np.ndarray, " length"]
+        self, tokens: Integer[Array | np.ndarray, " length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "length vocab"]:
         """Next-token logits.
 
@@ -269,6 +269,8 @@ class BlockStateTransformerLM(eqx.Module):
         - `tokens`: integer tokens in `[0, vocab_size)`, shape `(length,)`, `length` a
           multiple of `window`. Out-of-range ids raise an error (`eqx.error_if`) instead
           of being clamped.
+        - `key`: ignored (the model is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

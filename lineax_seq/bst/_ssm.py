@@ -103,10 +103,14 @@ class ContextSSM(eqx.Module):
     def _skip(self) -> Float[Array, " channels"]:
         return self.kernel.bias if self.skip is None else self.skip
 
-    def __call__(self, x: Float[Array, "length dim"]) -> Float[Array, "length streams features"]:
+    def __call__(
+        self, x: Float[Array, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length streams features"]:
         """**Arguments:**
 
         - `x`: shape `(length, dim)`.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

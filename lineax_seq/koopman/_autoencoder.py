@@ -46,8 +46,11 @@ class UnitNormLinear(eqx.Module):
         norm = jnp.sqrt(jnp.sum(self.weight**2, axis=0, keepdims=True) + 1e-12)
         return self.weight / norm
 
-    def __call__(self, z: Float[Array, " in_dim"]) -> Float[Array, " out_dim"]:
-        """**Arguments:** `z` of shape `(in_dim,)`. **Returns:** `(out_dim,)`."""
+    def __call__(
+        self, z: Float[Array, " in_dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, " out_dim"]:
+        """**Arguments:** `z` of shape `(in_dim,)`; `key` is ignored (as by
+        `eqx.nn.Linear`). **Returns:** `(out_dim,)`."""
         return self.normalized_weight() @ z + self.bias
 
 
@@ -208,12 +211,16 @@ class KoopmanAutoencoder(eqx.Module):
         """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` and the encoded control `v_t`."""
         return self.dynamics(z, v)
 
-    def __call__(self, x: Float[Array, " state_dim"]) -> Float[Array, " state_dim"]:
+    def __call__(
+        self, x: Float[Array, " state_dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, " state_dim"]:
         """Autoencode one state: `psi(phi(x))`.
 
         **Arguments:**
 
         - `x`: state `(state_dim,)`.
+        - `key`: ignored (the model is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 
@@ -252,7 +259,11 @@ class MLPBaseline(eqx.Module):
         self.action_dim = action_dim
 
     def __call__(
-        self, x: Float[Array, " state_dim"], u: Float[Array, " action_dim"] | None = None
+        self,
+        x: Float[Array, " state_dim"],
+        u: Float[Array, " action_dim"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, " state_dim"]:
         """One step.
 
@@ -260,6 +271,8 @@ class MLPBaseline(eqx.Module):
 
         - `x`: state `(state_dim,)`.
         - `u`: control `(action_dim,)`, or `None` for autonomous models.
+        - `key`: ignored (the model is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 

@@ -130,12 +130,16 @@ class S4D(eqx.Module):
         return y.astype(dtype)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, x: Float[Array | np.ndarray, "length dim"]) -> Float[Array, "length dim"]:
+    def __call__(
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "length dim"]:
         """Apply the layer to a whole sequence (convolution mode).
 
         **Arguments:**
 
         - `x`: input sequence of shape `(length, dim)`, any length.
+        - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
+            that `eqx.nn.Sequential` can call it.
 
         **Returns:**
 
