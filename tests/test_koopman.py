@@ -152,6 +152,13 @@ def test_unroll_continuous_nonlinear_dynamics_and_jit(mlp_dynamics):
         lambda m, x, t: ls.unroll_continuous(m, x, t, reencode_dt=0.05, num_segments=2)
     )(mlp_dynamics, x0, ts)
     np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)
+    # A NumPy grid closed over by a jitted function is a constant: no num_segments needed
+    # (it was refused as traced, since converting it inside the trace made a tracer).
+    ts_np = np.linspace(0.0, 0.1, 11)
+    closed = eqx.filter_jit(
+        lambda x: ls.unroll_continuous(mlp_dynamics, x, ts_np, reencode_dt=0.05)
+    )
+    np.testing.assert_allclose(closed(x0), eager, rtol=1e-5, atol=1e-6)
     # Euler steps of the same field approach the ODE solution as dt is small.
     discrete = ls.unroll(mlp_dynamics, x0, steps=10, reencode_every=5)
     np.testing.assert_allclose(discrete, eager[1:], atol=5e-3)

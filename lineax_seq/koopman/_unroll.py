@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
 from .._checks import IntLike, RealScalar, check_finite, check_int, check_optional_int, check_real
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
@@ -21,9 +21,9 @@ _MAX_CHUNK = 128
 _METHODS = ("parallel", "sequential")
 
 
-def _concrete(a: Array) -> np.ndarray | None:
+def _concrete(a: ArrayLike) -> np.ndarray | None:
     """The value of `a` on the host, or `None` when it is traced (a value inside `jit`
-    that is closed over, not an argument, is concrete)."""
+    that is closed over, not an argument, is concrete: pass it before any conversion)."""
     return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
 
 
@@ -511,8 +511,11 @@ def unroll_continuous(
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
-    x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
+    # The host copy comes from the argument itself: inside `jit` even a closed-over NumPy
+    # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
+    x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
+    ts_host = None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host)
     tolerance = None
     if reencode_dt is not None:
