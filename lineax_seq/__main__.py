@@ -2,12 +2,16 @@
 
 Each command lives in `lineax_seq/experiments/_<name>.py`, which provides
 `add_arguments(parser)` and `run(args)`. Only the chosen command's module is imported
-(to build its options), so `python -m lineax_seq --help` loads no experiment.
+(to build its options), so `python -m lineax_seq --help` loads no experiment. A
+`UsageError` that a command raises (an input it cannot use, found before training) is
+reported as the command's usage error: one line, exit status 2.
 """
 
 import argparse
 import importlib
 import sys
+
+from lineax_seq.experiments._cli import UsageError
 
 _COMMANDS = {
     "demo": ("_demo", "Train small models end to end: S4D memory task, Koopman Duffing, ..."),
@@ -27,11 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m lineax_seq", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
+    parsers = {}
     # The command is the first argument that is not an option (the parser has no others).
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None
     for name, (module_name, help_text) in _COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name != chosen:
             continue
         try:
@@ -42,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"command {name!r} is not available in this build")
         module.add_arguments(command_parser)
     args = parser.parse_args(argv)
-    return module.run(args) or 0
+    try:
+        return module.run(args) or 0
+    except UsageError as e:
+        parsers[args.command].error(str(e))
 
 
 if __name__ == "__main__":

@@ -503,6 +503,10 @@ def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
     metrics = _bigs.pretrain(_parse([*longer, "--corpus", str(corpus_dir)]))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["init_from"] == str(out) and config["pretrain"]["length"] == 64
+    # The checkpoint's model is recorded, not the parser's ignored model options.
+    assert "dim" not in config["pretrain"] and config["model"]["dim"] == 16
+    original = json.loads((out / "config.json").read_text())
+    assert original["pretrain"]["steps"] == 3 and original["resumed"][-1]["steps"] == 4
     assert config["pretrain"]["corpus"] == str(corpus_dir) and np.isfinite(metrics["loss"])
     start = _bigs_train.load_pretrained(out)[0].encoder.token_embedding.weight
     continued = _bigs_train.load_pretrained(tmp_path)[0].encoder.token_embedding.weight
@@ -645,3 +649,104 @@ def test_finetune_listops(pretrained, tmp_path):
     assert 0.0 <= metrics["accuracy"] <= 1.0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["task"] == "listops" and result["checkpoint"] == str(out)
+
+
+# ----------------------------------------------------------------- CLI: inputs checked first
+
+
+def _cli_error(argv, capsys) -> str:
+    from lineax_seq.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bigs", *argv])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_pretrain_checks_the_batches_before_writing(pretrained, corpus_dir, tmp_path, capsys):
+    """A corpus too small for --batch-size was a traceback after config.json was written,
+    which then blocked the corrected command."""
+    _, argv, _ = pretrained
+    argv = [*argv[: argv.index("--out")], "--out", str(tmp_path / "r")]
+    err = _cli_error([*argv, "--corpus", str(corpus_dir), "--batch-size", "5000"], capsys)
+    assert err.startswith("python -m lineax_seq bigs pretrain: error: --corpus")
+    assert "examples available" in err and "--batch-size" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_pretrain_run_that_never_started(pretrained, tmp_path):
+    """A run directory with a config but no checkpoint: a new command into it runs, and
+    its --resume is the same run as a fresh start (the MLM head's key was jr.key(1))."""
+    out, argv, metrics = pretrained
+    unstarted = tmp_path / "unstarted"
+    unstarted.mkdir()
+    (unstarted / "config.json").write_text((out / "config.json").read_text())
+    at = argv.index("--out") + 1
+    resumed = _bigs.pretrain(_parse([*argv[:at], str(unstarted), *argv[at + 1 :], "--resume"]))
+    assert resumed == pytest.approx(metrics)
+    config = json.loads((unstarted / "config.json").read_text())
+    assert config["pretrain"]["out"] == str(out)  # the original record is kept
+    assert [r["resume"] for r in config["resumed"]] == [True]
+    assert "dim" not in config["resumed"][0]  # the checkpoint's model, not parser defaults
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.json").write_text("{}")
+    assert _bigs.pretrain(_parse([*argv[:at], str(fresh), *argv[at + 1 :]])) == metrics
+
+
+def test_unfinished_run_is_refused_with_a_way_out(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+    for argv in (
+        ["finetune", "--checkpoint", str(tmp_path), "--task", "listops"],
+        ["kernels", "--checkpoint", str(tmp_path)],
+        ["pretrain", "--init-from", str(tmp_path), "--out", str(tmp_path / "x")],
+    ):
+        err = _cli_error(argv, capsys)
+        assert "the run has not finished" in err, err
+        assert f"bigs pretrain --resume --out {tmp_path}" in err
+
+
+def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
+    out, _, _ = pretrained
+    files = {
+        "empty.csv": b"",
+        "header.csv": b"text,label\n",
+        "nolabel.csv": b"text,x\na,1\nb,0\n",
+        "one.csv": b"text,label\na,x\nb,x\n",
+        "binary.csv": b"text,label\n\xff\xfe\x00a,1\n",
+        "tiny.csv": b"text,label\na,1\nb,0\nc,1\n",
+        "nan.csv": b"text,label\na,0.1\nb,0.2\nc,nan\nd,0.4\n",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "dir").mkdir()
+    ft = ["finetune", "--checkpoint", str(out), "--batch-size", "2", "--out", str(tmp_path / "o")]
+    for extra, message in (
+        (["--train", "{t}/empty.csv"], r"--train .*empty.csv: .*no examples"),
+        (["--train", "{t}/header.csv"], r"--train .*header.csv: .*no examples"),
+        (["--train", "{t}/nolabel.csv"], r"--train .*nolabel.csv: .*label"),
+        (["--train", "{t}/one.csv"], r"every label is 'x'"),
+        (["--train", "{t}/binary.csv"], r"--train .*binary.csv: not UTF-8 text"),
+        (["--train", "{t}/dir"], r"--train .*dir: "),
+        (["--train", "{t}/tiny.csv", "--batch-size", "4"], r"--batch-size 4: --train gives only"),
+        (["--train", "{t}/nan.csv"], r"numbers but for \['nan'\].* --regression"),
+        (["--train", "{t}/tiny.csv", "--length", "2"], r"--length 2: an example needs at least"),
+        (["--task", "listops", "--train", "{t}/tiny.csv"], r"--task listops: --train apply"),
+        (["--task", "listops", "--regression"], r"--task listops: --regression apply"),
+    ):
+        argv = [*ft, *(a.format(t=tmp_path) for a in extra)]
+        err = _cli_error(argv, capsys)
+        assert err.startswith("python -m lineax_seq bigs finetune: error: "), err
+        assert re.search(message, err), (message, err)
+    assert not (tmp_path / "o").exists()
+
+
+def test_kernels_writes_and_prints_the_png(pretrained, tmp_path, capsys):
+    out, _, _ = pretrained
+    argv = ["kernels", "--checkpoint", str(out), "--out", str(tmp_path / "k")]
+    path = _bigs.kernels(_parse(argv))
+    assert path == tmp_path / "k.png" and path.is_file()
+    assert f"kernel heat map: {path}" in capsys.readouterr().out
+    err = _cli_error(["kernels", "--checkpoint", str(out), str(out)], capsys)
+    assert "given twice" in err

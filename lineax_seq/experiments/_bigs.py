@@ -34,8 +34,9 @@ from ._bigs_ablation import (
     ablation,
     unigram_reference,
 )
-from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels
+from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels, png_path
 from ._bigs_train import (
+    CHECKPOINT_DIR,
     CONFIG_FILE,
     FINAL_DIR,
     Classifier,
@@ -48,6 +49,7 @@ from ._bigs_train import (
     load_pretrained,
     load_tokenizer,
     make_tokenizer,
+    mlm_batches,
     parameter_counts,
     pretrain_mlm,
     print_metrics,
@@ -58,6 +60,7 @@ from ._bigs_train import (
     split_records,
 )
 from ._cli import (
+    UsageError,
     corpus_errors,
     dropout_rate,
     existing_path,
@@ -65,9 +68,11 @@ from ._cli import (
     int_at_least,
     non_negative_float,
     non_negative_int,
+    output_problem,
     positive_float,
     positive_fraction,
     positive_int,
+    reading_inputs,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -85,9 +90,20 @@ def _mlm_length_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _started(run_dir: pathlib.Path) -> bool:
+    """Whether the run in `run_dir` has trained: it has a checkpoint or its final model
+    (a `config.json` alone is a run that failed or stopped before its first checkpoint)."""
+    return bool(ls.list_checkpoints(run_dir / CHECKPOINT_DIR)) or (run_dir / FINAL_DIR).exists()
+
+
 def _run_problem(flag: str, run_dir: pathlib.Path) -> str | None:
     if not (run_dir / CONFIG_FILE).is_file():
         return f"{flag} {run_dir}: not a `bigs pretrain` output (no {CONFIG_FILE})"
+    if not ls.list_checkpoints(run_dir / FINAL_DIR):
+        return (
+            f"{flag} {run_dir}: the run has not finished (no final model in "
+            f"{run_dir / FINAL_DIR}); continue it with `bigs pretrain --resume --out {run_dir}`"
+        )
     return None
 
 
@@ -95,28 +111,50 @@ def _pretrain_problem(args: argparse.Namespace) -> str | None:
     out: pathlib.Path = args.out
     if args.resume and not (out / CONFIG_FILE).exists():
         return f"--resume: {out} holds no run to resume (no {CONFIG_FILE})"
-    if not args.resume and (out / CONFIG_FILE).exists():
-        # Checked before anything is written: the existing run stays resumable.
+    if not args.resume and (out / CONFIG_FILE).exists() and _started(out):
+        # Checked before anything is written: the existing run stays resumable. A run
+        # that never reached a checkpoint is simply started again.
         return f"{out} already holds a run: pass --resume to continue it, or a new --out"
     if args.init_from is not None and (problem := _run_problem("--init-from", args.init_from)):
         return problem
-    return _mlm_length_problem(args)
+    return _mlm_length_problem(args) or output_problem("--out", out)
 
 
 def _finetune_problem(args: argparse.Namespace) -> str | None:
     if args.task == "file" and args.train is None:
         return "--task file needs --train PATH (a CSV or JSONL file)"
-    return _run_problem("--checkpoint", args.checkpoint)
+    if args.task == "listops":
+        given = [f for f, v in (("--train", args.train), ("--eval", args.eval)) if v is not None]
+        given += ["--regression"] if args.regression else []
+        if given:
+            return f"--task listops: {' and '.join(given)} apply to --task file only"
+    if args.length < _FINETUNE_MIN_LENGTH:
+        return (
+            f"--length {args.length}: an example needs at least {_FINETUNE_MIN_LENGTH} "
+            "tokens (<cls>, text, <sep>; a sentence pair 5)"
+        )
+    return _run_problem("--checkpoint", args.checkpoint) or output_problem("--out", args.out)
 
 
 def _kernels_problem(args: argparse.Namespace) -> str | None:
-    return next(filter(None, (_run_problem("--checkpoint", d) for d in args.checkpoint)), None)
+    runs = [d.resolve() for d in args.checkpoint]
+    if len(set(runs)) < len(runs):
+        again = next(d for i, d in enumerate(args.checkpoint) if runs[i] in runs[:i])
+        return f"--checkpoint {again}: given twice (one panel per run)"
+    problems = (_run_problem("--checkpoint", d) for d in args.checkpoint)
+    return next(filter(None, problems), None) or output_problem(
+        "--out", png_path(args.out), directory=False
+    )
+
+
+def _ablation_problem(args: argparse.Namespace) -> str | None:
+    return _mlm_length_problem(args) or output_problem("--out", args.out)
 
 
 _PROBLEMS = {
     "pretrain": _pretrain_problem,
     "finetune": _finetune_problem,
-    "ablation": _mlm_length_problem,
+    "ablation": _ablation_problem,
     "kernels": _kernels_problem,
 }
 
@@ -127,7 +165,7 @@ _SUBPARSERS: dict[str, argparse.ArgumentParser] = {}  # filled by `add_arguments
 def _check(args: argparse.Namespace) -> None:
     problem = _PROBLEMS[args.bigs_command](args)
     if problem is not None:
-        raise ValueError(problem)
+        raise UsageError(problem)
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,43 +173,135 @@ def _check(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+# The options that make the model (and its tokenizer): a run continued from a checkpoint
+# (`--resume`, `--init-from`) has the checkpoint's, recorded in its config.
+_MODEL_OPTIONS = (
+    "tokenizer",
+    "vocab_size",
+    "architecture",
+    "routing",
+    "dim",
+    "layers",
+    "init_std",
+    "inner",
+    "heads",
+    "state_size",
+    "dropout",
+)
+_FINETUNE_MIN_LENGTH = 3
+
+
+def _length_problem(model: MaskedLM, length: int, source: str) -> str | None:
+    """Why `model` cannot read sequences of `length` tokens (attention's absolute
+    positions end at its `max_length`; the SSM kernels are made for any length)."""
+    max_length = model.encoder.max_length
+    if model.encoder.routing == "attention" and max_length is not None and length > max_length:
+        return (
+            f"--length {length}: {source} has attention routing with absolute positions "
+            f"up to {max_length}; use --length {max_length} or less"
+        )
+    return None
+
+
+def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Tokenizer, tuple]:
+    """Read and check everything `pretrain` needs before it writes anything: the corpus,
+    the tokenizer and model (new, the run's to resume, or `--init-from`'s) and the
+    batches; returns `(config, model, tokenizer, (texts, batches))`.
+
+    A `--resume` of a run with no checkpoint yet is the same run as a fresh start: the
+    same keys, and the recorded `--init-from` weights re-applied.
+    """
+    out: pathlib.Path = args.out
+    with corpus_errors(args.corpus):
+        texts = load_corpus(args.corpus, args.max_files)
+    key = jr.key(args.seed)
+    recorded = json.loads((out / CONFIG_FILE).read_text()) if args.resume else {}
+    start_from = args.init_from
+    if args.resume and not _started(out) and recorded.get("init_from") is not None:
+        start_from = pathlib.Path(recorded["init_from"])
+        if problem := _run_problem("--resume: the run's --init-from", start_from):
+            raise UsageError(problem)
+    if start_from is not None:
+        with reading_inputs(f"--init-from {start_from}"):
+            model, tok, config = load_pretrained(start_from)
+        config = recorded or {**config, "init_from": str(start_from)}
+    elif args.resume:
+        config = recorded
+        with reading_inputs(f"--resume {out}"):
+            tok = load_tokenizer(out, config["tokenizer"])
+            model = MaskedLM(build_encoder(key, **config["model"]), key=jr.fold_in(key, 1))
+    else:
+        with corpus_errors(args.corpus):
+            tok = make_tokenizer(texts[0], args.tokenizer, args.vocab_size)
+        with reading_inputs("the model options"):
+            encoder = build_encoder(
+                key,
+                vocab_size=tok.vocab_size,
+                dim=args.dim,
+                num_layers=args.layers,
+                architecture=args.architecture,
+                routing=args.routing,
+                inner_dim=args.inner,
+                num_heads=args.heads if args.routing == "attention" else None,
+                max_length=args.length if args.routing == "attention" else None,
+                state_size=args.state_size,
+                dropout=args.dropout,
+                init_std=args.init_std or scaled_init_std(args.dim),
+            )
+        model = MaskedLM(encoder, key=jr.fold_in(key, 1))
+        config = {"model": encoder.config()}
+        if args.tokenizer == "bpe" and tok.vocab_size < args.vocab_size:
+            print(
+                f"note: --vocab-size {args.vocab_size}: the corpus gives only "
+                f"{tok.vocab_size} tokens (every pair that occurs twice is merged)",
+                flush=True,
+            )
+    source = f"--init-from {start_from}" if start_from is not None else f"the run in {out}"
+    if problem := _length_problem(model, args.length, source):
+        raise UsageError(problem)
+    with corpus_errors(args.corpus):
+        batches = mlm_batches(
+            *texts,
+            tok,
+            length=args.length,
+            batch_size=args.batch_size,
+            mask_rate=args.mask_rate,
+            seed=args.seed,
+        )
+    return config, model, tok, (texts, batches)
+
+
+def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
+    """The options a run used, for its config: without the model's (and tokenizer's)
+    when it continues a checkpoint, whose own are in the config."""
+    skip = _MODEL_OPTIONS if from_checkpoint else ()
+    return {
+        k: str(v) if isinstance(v, pathlib.Path) else v
+        for k, v in vars(args).items()
+        if k not in skip
+    }
+
+
 def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """`bigs pretrain`: MLM pretraining; writes config, tokenizer, checkpoints, metrics,
-    curves, the final model and (SSM routing) the kernel heat map into `--out`."""
+    curves, the final model and (SSM routing) the kernel heat map into `--out`.
+
+    Nothing is written before the corpus, the model and the batches are built (see
+    `_pretrain_inputs`). `config.json` records the model trained and, under `pretrain`,
+    the options of the run that started it (no model options when it started from
+    `--init-from`'s checkpoint); every `--resume` appends its options to `resumed`.
+    """
     out: pathlib.Path = args.out
     _check(args)  # before anything is read or written
-    with corpus_errors(args.corpus):
-        train_texts, eval_texts = load_corpus(args.corpus, args.max_files)
-    if args.resume:
-        config = json.loads((out / CONFIG_FILE).read_text())
-        tok = load_tokenizer(out, config["tokenizer"])
-        model = MaskedLM(build_encoder(jr.key(args.seed), **config["model"]), key=jr.key(1))
-    elif args.init_from is not None:
-        model, tok, config = load_pretrained(args.init_from)
-        config = {**config, "init_from": str(args.init_from)}
-    else:
-        tok = make_tokenizer(train_texts, args.tokenizer, args.vocab_size)
-        encoder = build_encoder(
-            jr.key(args.seed),
-            vocab_size=tok.vocab_size,
-            dim=args.dim,
-            num_layers=args.layers,
-            architecture=args.architecture,
-            routing=args.routing,
-            inner_dim=args.inner,
-            num_heads=args.heads if args.routing == "attention" else None,
-            max_length=args.length if args.routing == "attention" else None,
-            state_size=args.state_size,
-            dropout=args.dropout,
-            init_std=args.init_std or scaled_init_std(args.dim),
-        )
-        model = MaskedLM(encoder, key=jr.fold_in(jr.key(args.seed), 1))
-        config = {"model": encoder.config()}
+    config, model, tok, ((train_texts, eval_texts), batches) = _pretrain_inputs(args)
     out.mkdir(parents=True, exist_ok=True)
     config["tokenizer"] = save_tokenizer(tok, out)
-    config["pretrain"] = {
-        k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()
-    }
+    from_checkpoint = args.resume or args.init_from is not None
+    settings = _settings(args, from_checkpoint=from_checkpoint)
+    if args.resume:
+        config["resumed"] = [*config.get("resumed", []), settings]
+    else:
+        config["pretrain"] = settings
     save_json(config, out / CONFIG_FILE)
     counts = parameter_counts(model)
     print(
@@ -190,7 +320,10 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         mask_rate=args.mask_rate,
         out_dir=out,
         checkpoint_every=max(1, args.steps // 4),
-        resume=args.resume,
+        # Continues from a checkpoint if there is one; a run that never reached one
+        # (a new run into its directory, or its --resume) starts at step 0.
+        resume=True,
+        data=batches,
     )
     ls.save_checkpoint(
         out / FINAL_DIR, result.step, model=result.model, key=jr.key(args.seed), keep=1
@@ -204,10 +337,14 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-def finetune(args: argparse.Namespace) -> dict[str, Any]:
-    """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
-    _check(args)
-    mlm, tok, _ = load_pretrained(args.checkpoint)
+def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, tuple]:
+    """Read and check what `finetune` needs: the checkpoint, and the task's records
+    (the data files' problems named by their option); returns `(mlm, tokenizer,
+    (train records, eval records, outputs, class names))`."""
+    with reading_inputs(f"--checkpoint {args.checkpoint}"):
+        mlm, tok, _ = load_pretrained(args.checkpoint)
+    if problem := _length_problem(mlm, args.length, f"--checkpoint {args.checkpoint}"):
+        raise UsageError(problem)
     if args.task == "listops":
         records = listops_records(
             args.listops_examples, seed=args.seed, tok=tok, length=args.length
@@ -215,19 +352,41 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         train_records, eval_records = split_records(records)
         num_outputs, names = 10, None
     else:
-        train_records, num_outputs, names = read_rows(args.train, regression=args.regression)
+        with reading_inputs(f"--train {args.train}"):
+            train_records, num_outputs, names = read_rows(args.train, regression=args.regression)
         if args.eval is not None:
-            eval_records, eval_outputs, eval_names = read_rows(
-                args.eval, regression=args.regression, label_names=names
-            )
+            with reading_inputs(f"--eval {args.eval}"):
+                eval_records, eval_outputs, eval_names = read_rows(
+                    args.eval, regression=args.regression, label_names=names
+                )
             if names is None and eval_names is not None:
-                raise ValueError(
+                raise UsageError(
                     f"--eval {args.eval} has class names {list(eval_names)} but --train "
                     f"{args.train} has class ids: use one kind of label in both files"
                 )
             num_outputs = max(num_outputs, eval_outputs)
         else:
             train_records, eval_records = split_records(train_records)
+        if "text_pair" in train_records[0] and args.length < 5:
+            raise UsageError(
+                f"--length {args.length}: --train {args.train} has sentence pairs, which "
+                "need at least 5 tokens (<cls>, text, <sep>, text, <sep>)"
+            )
+    where = "--listops-examples" if args.task == "listops" else "--train"
+    if len(train_records) < args.batch_size:
+        raise UsageError(
+            f"--batch-size {args.batch_size}: {where} gives only {len(train_records)} "
+            "training examples; use a smaller --batch-size or more examples"
+        )
+    if not len(eval_records):
+        raise UsageError(f"{where}: no held-out examples (every 10th is held out)")
+    return mlm, tok, (train_records, eval_records, num_outputs, names)
+
+
+def finetune(args: argparse.Namespace) -> dict[str, Any]:
+    """`bigs finetune`: classification/regression from a `bigs pretrain` run."""
+    _check(args)
+    mlm, tok, (train_records, eval_records, num_outputs, names) = _finetune_inputs(args)
     model = Classifier(mlm.encoder, num_outputs, key=jr.key(args.seed + 1))
     kind = "regression" if num_outputs == 1 else f"{num_outputs} classes"
     kind += f": {', '.join(names)}" if names else ""
@@ -250,9 +409,16 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "checkpoint": str(args.checkpoint),
         "task": args.task,
+        "train": None if args.train is None else str(args.train),
+        "eval": None if args.eval is None else str(args.eval),
         "truncation": args.truncation,
+        **_optim_options(args),
+        "train_examples": len(train_records),
+        "eval_examples": len(eval_records),
         **metrics,
     }
+    if args.task == "listops":
+        summary["listops_examples"] = args.listops_examples
     if names is not None:
         summary["label_names"] = list(names)  # class i is names[i]
     save_json(summary, args.out / "result.json")
@@ -271,13 +437,21 @@ def kernels(args: argparse.Namespace) -> pathlib.Path:
     _check(args)
     panels = {}
     for run_dir in args.checkpoint:
-        model, _, config = load_pretrained(run_dir)
+        with reading_inputs(f"--checkpoint {run_dir}"):
+            model, _, config = load_pretrained(run_dir)
         if model.encoder.routing != "ssm":
             print(f"skipping {run_dir}: routing={model.encoder.routing!r} has no kernels")
             continue
         length = max(128, 2 * args.radius + 1)
         arch = config["model"]["architecture"].upper()
-        panels[f"{run_dir.name} ({arch}/SSM)"] = model_kernels(model, length)
+        names = [d.name for d in args.checkpoint]
+        name = run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
+        panels[f"{name} ({arch}/SSM)"] = model_kernels(model, length)
+    if not panels:
+        raise UsageError(
+            f"--checkpoint {' '.join(map(str, args.checkpoint))}: no run with SSM routing "
+            "(attention has no kernels to draw)"
+        )
     path = plot_kernels(panels, args.out, radius=args.radius)
     print(f"kernel heat map: {path}")
     return path
@@ -377,14 +551,19 @@ def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> Non
         help="a text file or a directory of text files (default: the stdlib .py sources)",
     )
     g.add_argument("--max-files", type=positive_int, default=400, help="use at most N files (400)")
+    ignored = " (pretrain: ignored with --init-from/--resume, the checkpoint's)"
     g.add_argument(
-        "--tokenizer", choices=("bpe", "byte"), default=tokenizer, help=f"default {tokenizer}"
+        "--tokenizer",
+        choices=("bpe", "byte"),
+        default=tokenizer,
+        help=f"default {tokenizer}{ignored}",
     )
     g.add_argument(
         "--vocab-size",
         type=int_at_least(_BYTE_VOCAB, "7 special tokens + 256 bytes"),
         default=2048,
-        help=f"BPE vocabulary, at least {_BYTE_VOCAB} (2048)",
+        help=f"BPE vocabulary, at least {_BYTE_VOCAB} (2048); at most what the corpus "
+        f"gives (a note says so){ignored}",
     )
 
 
@@ -404,7 +583,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _corpus_arguments(pre, tokenizer="bpe")
     _model_arguments(pre, layers=4, dim=128)
     _optim_arguments(pre, lr=1e-3, steps=2000, batch=32, length=128)
-    _path(pre, "--out", "run directory", default=pathlib.Path("outputs/bigs/pretrain"))
+    _path(
+        pre,
+        "--out",
+        "run directory (default outputs/bigs/pretrain); one whose run never reached a "
+        "checkpoint is started again",
+        default=pathlib.Path("outputs/bigs/pretrain"),
+    )
     pre.add_argument(
         "--mask-rate",
         type=positive_fraction,
@@ -413,7 +598,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     init = pre.add_mutually_exclusive_group()
     init.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint, with its model and tokenizer "
+        "(a run with no checkpoint yet starts again, from its own --init-from if it had one)",
     )
     _path(init, "--init-from", "start from this run's weights, e.g. at a longer --length")
 
@@ -445,7 +633,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fin.add_argument("--listops-examples", type=positive_int, default=4000)
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")
-    _path(fin, "--out", "output directory", default=pathlib.Path("outputs/bigs/finetune"))
+    _path(
+        fin,
+        "--out",
+        "output directory (default outputs/bigs/finetune)",
+        default=pathlib.Path("outputs/bigs/finetune"),
+    )
 
     abl = sub.add_parser(
         "ablation",
@@ -486,23 +679,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=KERNEL_RADIUS,
         help=f"largest |relative position| shown (default {KERNEL_RADIUS})",
     )
-    _path(ker, "--out", "the PNG to write", default=pathlib.Path("outputs/bigs/kernels.png"))
+    _path(
+        ker,
+        "--out",
+        "the PNG to write (.png is appended to other names; default outputs/bigs/kernels.png)",
+        default=pathlib.Path("outputs/bigs/kernels.png"),
+    )
     _SUBPARSERS.update(pretrain=pre, finetune=fin, ablation=abl, kernels=ker)
 
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch `python -m lineax_seq bigs <subcommand>`, after the checks that need
-    several options or the run directories (a usage error, before any data is loaded)."""
+    several options or the run directories (a usage error, before any data is loaded);
+    an input the subcommand cannot use (`UsageError`, found before training) is the
+    subcommand's usage error too."""
+    parser = _SUBPARSERS[args.bigs_command]
     problem = _PROBLEMS[args.bigs_command](args)
     if problem is not None:
-        _SUBPARSERS[args.bigs_command].error(problem)
+        parser.error(problem)
     commands = {
         "pretrain": pretrain,
         "finetune": finetune,
         "ablation": ablation,
         "kernels": kernels,
     }
-    commands[args.bigs_command](args)
+    try:
+        commands[args.bigs_command](args)
+    except UsageError as e:
+        parser.error(str(e))
     return 0
 
 

@@ -56,6 +56,13 @@ def kernel_image(
     return pairs.reshape(2 * layers, -1)
 
 
+def png_path(path: pathlib.Path) -> pathlib.Path:
+    """`path`, with `.png` appended unless it ends in it (matplotlib would otherwise pick
+    the format from any other suffix, or append `.png` itself behind the caller's back)."""
+    path = pathlib.Path(path)
+    return path if path.suffix.lower() == ".png" else path.with_name(path.name + ".png")
+
+
 def plot_kernels(
     panels: dict[str, tuple[np.ndarray, np.ndarray]],
     path: pathlib.Path,
@@ -68,12 +75,12 @@ def plot_kernels(
 
     - `panels`: `{title: (forward, backward)}` with kernels as in
         `kernel_image`.
-    - `path`: the PNG to write.
+    - `path`: the PNG to write (`.png` is appended to a name without it).
     - `radius`: the largest |relative position| shown.
 
     **Returns:**
 
-    `path`.
+    The path written, `png_path(path)`.
     """
     import matplotlib
 
@@ -103,7 +110,7 @@ def plot_kernels(
         ax.set_xlabel("relative position (past < 0 < future)")
         ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="|K| (min-max per layer)", shrink=0.8)
-    path = pathlib.Path(path)
+    path = png_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

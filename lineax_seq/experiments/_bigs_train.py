@@ -24,6 +24,7 @@ import lineax_seq as ls
 from ..data._classification import _read_rows, finite_number
 
 CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"  # where `ls.train` keeps a run's checkpoints
 TOKENIZER_FILE = "tokenizer.json"
 FINAL_DIR = "final"
 
@@ -349,6 +350,24 @@ def mlm_data(
     )
 
 
+def mlm_batches(
+    train_texts: Sequence[str],
+    eval_texts: Sequence[str],
+    tok: ls.Tokenizer,
+    *,
+    length: int,
+    batch_size: int,
+    mask_rate: float,
+    seed: int,
+) -> tuple[Any, Any]:
+    """`(train, held-out)` `mlm_data` batches, as `pretrain_mlm` trains and evaluates on."""
+    common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed)
+    return (
+        mlm_data(train_texts, tok, train=True, **common),
+        mlm_data(eval_texts, tok, train=False, **common),
+    )
+
+
 def rows_dataset(rows: Sequence[tuple]) -> Any:
     """`(text, label)` or `(text, text_pair, label)` rows as a grain dataset of records."""
     import grain
@@ -408,6 +427,14 @@ def read_rows(
     if regression:
         return ls.read_classification(path, num_classes=None, pair_field=pair), 1, None
     numbers = [finite_number(y) for y in raw]
+    missing = {str(y).strip() for y, x in zip(raw, numbers, strict=True) if x is None}
+    if label_names is None and missing and any(x is not None for x in numbers):
+        if all(_is_missing_number(y) for y in missing):
+            raise ValueError(
+                f"{path}: the labels are numbers but for {sorted(missing)}, which are not "
+                "class names: give every row a class id 0, 1, ..., or pass --regression for "
+                "real values (and drop the rows without one)"
+            )
     if label_names is None and all(x is not None for x in numbers):
         if not all(x.is_integer() and x >= 0 for x in numbers):
             raise ValueError(
@@ -425,6 +452,16 @@ def read_rows(
         path, num_classes=None, pair_field=pair, label_names=label_names
     )
     return records, len(label_names), tuple(label_names)
+
+
+def _is_missing_number(label: str) -> bool:
+    """Whether `label` is how a table writes a missing or non-finite number."""
+    if label.lower() in ("na", "n/a", "null", "none"):
+        return True
+    try:
+        return not math.isfinite(float(label))
+    except ValueError:
+        return False
 
 
 def _label_column(path: pathlib.Path) -> tuple[list[Any], bool]:
@@ -531,21 +568,25 @@ def pretrain_mlm(
     checkpoint_every: int = 0,
     resume: bool = False,
     progress: bool = True,
+    data: tuple[Any, Any] | None = None,
 ) -> ls.TrainResult:
     """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`)
     on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task).
 
     Evaluates on the first `eval_batches` batches of `eval_texts` (fixed masks, no
     shuffling: the same batches for every model) at the end and every `eval_every`.
+    `data`: the `mlm_batches` of the texts with these settings, when already built (a
+    command builds them before it writes anything, to report a corpus too small).
     """
     loss, eval_loss = _mlm_losses(max_predictions(length, mask_rate))
-    common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate)
+    if data is None:
+        common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed)
+        data = mlm_batches(train_texts, eval_texts, tok, **common)
     return _train(
         model,
         loss,
         eval_loss,
-        mlm_data(train_texts, tok, seed=seed, train=True, **common),
-        mlm_data(eval_texts, tok, seed=seed, train=False, **common),
+        *data,
         steps=steps,
         optimizer=dict(
             lr=lr, warmup=warmup, weight_decay=weight_decay, ssm_lr=ssm_lr, schedule=schedule

@@ -5,6 +5,7 @@ import contextlib
 import math
 import os
 import pathlib
+import re
 from collections.abc import Callable, Iterator
 
 _CHECKOUT = pathlib.Path(__file__).parents[2]
@@ -75,24 +76,76 @@ def existing_path(text: str) -> pathlib.Path:
     return path
 
 
+class UsageError(ValueError):
+    """A user's input (an option's value, a file, a checkpoint) that the run cannot use,
+    found before training: `python -m lineax_seq` reports it as a usage error (exit
+    status 2, one line under the command's usage), not a traceback."""
+
+
+@contextlib.contextmanager
+def reading_inputs(what: str = "") -> Iterator[None]:
+    """Delimit a phase that only reads the user's inputs (files, checkpoints, options the
+    library checks): a `ValueError`, `TypeError` or `OSError` raised there is the input's
+    fault, re-raised as a `UsageError` prefixed with `what` (e.g. `"--train data.csv"`).
+
+    Never put training or evaluation inside: an error there is a bug and keeps its
+    traceback.
+    """
+    try:
+        yield
+    except UsageError:
+        raise
+    except (ValueError, TypeError, OSError) as e:
+        message = str(e)
+        if isinstance(e, UnicodeDecodeError):
+            message = f"not UTF-8 text ({e})"
+        raise UsageError(f"{what}: {message}" if what else message) from e
+
+
+# The library's advice that names its keyword arguments, not command-line options.
+_API_ADVICE = re.compile(r"; use [^;()]*split='all'\)")
+
+
 @contextlib.contextmanager
 def corpus_errors(corpus: str | os.PathLike | None) -> Iterator[None]:
     """Turn a corpus that cannot serve the run (too few documents for a held-out split,
-    documents shorter than a window...) into a one-line error naming `--corpus`, not a
-    traceback."""
+    documents shorter than a window, too few sequences for a batch...) into a
+    `UsageError` naming `--corpus`, with advice in terms of the command-line options."""
     try:
         yield
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         where = "the stdlib corpus" if corpus is None else f"--corpus {str(corpus)!r}"
+        message = _API_ADVICE.sub(")", str(e))
         hint = ""
-        if "has no documents" in str(e):
+        if "has no documents" in message:
             hint = (
                 ". With a directory, documents go to the held-out split by a hash of their "
                 "paths (about 5%): give more files, or one long text file (split by position)"
             )
-        elif "longest document" in str(e):
+        elif "longest document" in message:
             hint = ". Use shorter sequence lengths (see --help) or longer documents"
-        raise SystemExit(f"error: {where}: {e}{hint}") from None
+        elif "examples available" in message:
+            hint = ". Use a smaller --batch-size or --length, or a larger corpus"
+        raise UsageError(f"{where}: {message}{hint}") from e
+
+
+def output_problem(flag: str, path: pathlib.Path, *, directory: bool = True) -> str | None:
+    """Why `path` (a directory to write into, or a file when not `directory`) cannot be
+    written, checked before any training: an existing file where a directory goes (or a
+    directory where a file goes), or a file or an unwritable directory above it."""
+    path = pathlib.Path(path)
+    if directory and path.exists() and not path.is_dir():
+        return f"{flag} {path}: exists and is not a directory"
+    if not directory and path.is_dir():
+        return f"{flag} {path}: is a directory (expected a file name, e.g. {path / 'out.png'})"
+    parent = path if directory else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{flag} {path}: {parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {path}: {parent} is not writable"
+    return None
 
 
 def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
