@@ -1,7 +1,9 @@
 """`python -m lineax_seq bst` at tiny size: it trains, evaluates, and writes its outputs."""
 
 import argparse
+import dataclasses
 import json
+import re
 
 import jax.random as jr
 import numpy as np
@@ -129,7 +131,10 @@ def test_cli_tiny_run(tmp_path):
         ["bst", "--small", "--models", "SLIDE", "BST:SH:S4", "--steps", "7", "--out", str(tmp_path)]
     )
     assert rc == 0
-    payload = json.loads((tmp_path / "bst_lm.json").read_text())
+    stem = _bst.output_stem(dataclasses.replace(_bst.small_config(), steps=7,
+                                                models=("SLIDE", "BST:SH:S4")), None)  # fmt: skip
+    assert stem.startswith("bst_lm_7steps_")  # not the committed bst_lm.*
+    payload = json.loads((tmp_path / f"{stem}.json").read_text())
     assert set(payload["results"]) == {"SLIDE", "BST:SH:S4"}
     assert payload["config"]["steps"] == 7  # the explicit flag wins over --small's 20
     assert payload["config"]["dt_min"] == 4 / 256  # the value used, not None
@@ -139,8 +144,8 @@ def test_cli_tiny_run(tmp_path):
         assert all(1.0 < p < 1e4 for p in r["perplexity"].values())
     sizes = [r["parameters"] for r in payload["results"].values()]
     assert max(sizes) / min(sizes) < 1.05, "parameter counts should be matched"
-    assert (tmp_path / "bst_lm.png").stat().st_size > 0
-    assert (tmp_path / "bst_lm.md").read_text().startswith("| model")
+    assert (tmp_path / f"{stem}.png").stat().st_size > 0
+    assert (tmp_path / f"{stem}.md").read_text().startswith("| model")
 
 
 def test_cli_corpus_errors(tmp_path, capsys):
@@ -155,8 +160,64 @@ def test_cli_corpus_errors(tmp_path, capsys):
     book.write_text("a short line of text\n" * 300)
     with pytest.raises(SystemExit) as exit_info:
         main(["bst", "--small", "--corpus", str(book), "--out", str(tmp_path / "out")])
-    message = str(exit_info.value.code)
-    assert message.startswith(f"error: --corpus '{book}': length=") and "shorter" in message
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert message.startswith(f"python -m lineax_seq bst: error: --corpus '{book}': length=")
+    assert "shorter" in message
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--eval-multipliers", "1", "1.5"],
+            r"--eval-multipliers 1 1.5: 1 x .* = 256 must be .* longest evaluation length 384",
+        ),
+        (["--eval-multipliers", "0.5", "1", "--train-length", "192"], "= 96 must be a multiple"),
+        (["--eval-multipliers", "2"], "--eval-multipliers 2: must include 1"),
+        (["--train-length", "100"], "--window 64: must divide --train-length 100"),
+        (["--heads", "3"], "--heads 3: must divide --dim 32"),
+        (["--bst-layers", "5"], "--bst-layers 5: layer indices must be below --layers 2"),
+        (["--dt-min", "0.5", "--dt-max", "0.1"], "--dt-min 0.5: must be below --dt-max 0.1"),
+        (["--models", "SLIDE", "SLIDE"], "--models SLIDE SLIDE: each may be given once"),
+        (["--seeds", "0", "0"], "--seeds 0 0: each may be given once"),
+        (["--out", "{tmp}/file"], "--out .*file: exists and is not a directory"),
+        (["--out", "{tmp}/file/x"], "--out .*x: .*file is a file, not a directory"),
+    ],
+)
+def test_cli_usage_errors_before_training(argv, message, tmp_path, capsys):
+    """Each was a traceback, several of them after the whole training."""
+    from lineax_seq.__main__ import main
+
+    (tmp_path / "file").touch()
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bst", "--small", "--models", "SLIDE", "--eval-tokens", "512", *argv])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "training" not in err.out
+    assert re.search(message, err.err.splitlines()[-1]), err.err
+
+
+def test_output_names_keep_the_default_and_documented_runs():
+    name = lambda **kw: _bst.output_stem(dataclasses.replace(_bst.Config(), **kw), None)
+    pair = ("SLIDE", "BST:SH:S4")
+    assert name() == "bst_lm"
+    assert name(steps=1200, models=pair) == "bst_lm_1200steps"
+    assert name(dt_min=1e-3) == "bst_lm_dt_min_1e-3"
+    assert name(steps=1200, models=pair, dt_min=1e-3) == "bst_lm_1200steps_dt_min_1e-3"
+    others = {name(models=pair), name(seeds=(0,)), name(dim=64), name(steps=1200)}
+    assert len(others) == 4 and not others & {"bst_lm", "bst_lm_1200steps"}
+    assert _bst.output_stem(_bst.Config(), "corpus.txt") != "bst_lm"
+
+
+def test_labels_follow_the_settings():
+    payload = _payload([4.0], 4.1)
+    payload["eval_lengths"] = [512, 1024, 4096]
+    for r in payload["results"].values():
+        r["perplexity"]["4096"] = r["perplexity"].pop("16384")
+        r["train_loss_steps"] = [5, 7]
+    assert "BST:SH:S4 ppl(4L)/ppl(L) - 1" in _bst.summarise(payload)
+    assert "train loss (last 7 steps)" in _bst.table(payload)
 
 
 def test_heldout_windows_spread_over_the_valid_split(tmp_path):

@@ -15,7 +15,8 @@ seed by seed (the same batches for both).
 
 Writes `bst_lm.json`, `bst_lm.png` and `bst_lm.md` (a README table) under `--out`
 (default `benchmarks/results/` of the source checkout, or of the current directory when
-the package is installed without one).
+the package is installed without one); other settings than the default run's add a
+suffix (see `output_stem`: the second command above writes `bst_lm_50steps.*`).
 """
 
 import argparse
@@ -36,12 +37,16 @@ import optax
 from jaxtyping import Array, Float, Int
 
 from ._cli import (
+    UsageError,
     corpus_errors,
     existing_path,
     non_negative_int,
+    output_problem,
     positive_float,
     positive_int,
+    reading_inputs,
     results_dir,
+    settings_tag,
 )
 
 LOG_EVERY = 5
@@ -324,13 +329,81 @@ def _aggregate(params: int, mlp_dim: int, runs: list[dict]) -> dict:
     return out
 
 
-def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
-    """Train and evaluate every model of `cfg` for every seed; write JSON, plot and table."""
+def config_problem(cfg: Config) -> str | None:
+    """What in `cfg` the run cannot use, named by its option, found before any training
+    (the models' constructors, the training windows and the evaluation would otherwise
+    fail after minutes of it)."""
+    lengths = cfg.eval_lengths()
+    multipliers = " ".join(f"{m:g}" for m in cfg.eval_multipliers)
+    for flag, values in (("--models", cfg.models), ("--seeds", cfg.seeds)):
+        if len(set(values)) < len(values):
+            return f"{flag} {' '.join(map(str, values))}: each may be given once"
+    if 1.0 not in cfg.eval_multipliers:
+        return (
+            f"--eval-multipliers {multipliers}: must include 1 (the training length, which "
+            "the comparisons are made at)"
+        )
+    if cfg.train_length % cfg.window:
+        return (
+            f"--window {cfg.window}: must divide --train-length {cfg.train_length} "
+            "(the sequences are cut into windows)"
+        )
+    for m, n in zip(cfg.eval_multipliers, lengths, strict=True):
+        if n < 1 or n % cfg.window or max(lengths) % n:
+            return (
+                f"--eval-multipliers {multipliers}: {m:g} x --train-length {cfg.train_length} "
+                f"= {n} must be a multiple of --window {cfg.window} that divides the longest "
+                f"evaluation length {max(lengths)}"
+            )
+    if cfg.dim % cfg.num_heads:
+        return f"--heads {cfg.num_heads}: must divide --dim {cfg.dim}"
+    if any(i >= cfg.num_layers for i in cfg.bst_layers):
+        return (
+            f"--bst-layers {' '.join(map(str, cfg.bst_layers))}: layer indices must be "
+            f"below --layers {cfg.num_layers}"
+        )
+    if cfg.ssm_dt_min() >= cfg.dt_max:
+        return f"--dt-min {cfg.ssm_dt_min():g}: must be below --dt-max {cfg.dt_max:g}"
+    return None
+
+
+def output_stem(cfg: Config, corpus: str | None) -> str:
+    """`bst_lm`, and for settings other than the default run's a suffix, so that they do
+    not overwrite its results: `_<N>steps` and `_dt_min_<x>` (the README's runs), then a
+    short hash of every other setting that differs (at other --steps, the models are
+    left out of it for SLIDE and BST:SH:S4 only: the README's longer comparison)."""
+    default = dataclasses.asdict(Config())
+    differ = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
+    stem = "bst_lm"
+    if "steps" in differ:
+        stem += f"_{differ.pop('steps')}steps"
+        # The README's longer runs compare SLIDE and BST:SH:S4 only: those models get
+        # the plain name, any others (all five included) the hash.
+        differ["models"] = cfg.models
+        if cfg.models == ("SLIDE", "BST:SH:S4"):
+            del differ["models"]
+    if "dt_min" in differ:
+        dt_min = differ.pop("dt_min")
+        stem += "_dt_min_" + (
+            f"{dt_min:.0e}".replace("e-0", "e-") if dt_min < 1e-2 else f"{dt_min:g}"
+        )
+    if corpus is not None:
+        differ["corpus"] = corpus
+    return stem + (f"_{settings_tag(differ)}" if differ else "")
+
+
+def run_experiment(
+    cfg: Config, corpus: str | None, out: pathlib.Path, *, stem: str = "bst_lm"
+) -> dict:
+    """Train and evaluate every model of `cfg` for every seed; write `<stem>.json`, `.png`
+    and `.md` (plot and table)."""
     if not cfg.seeds:
         raise ValueError("seeds must name at least one seed, got seeds=()")
     import lineax_seq as ls
 
     tokenizer = ls.ByteTokenizer()
+    if problem := config_problem(cfg):
+        raise UsageError(problem)
     with corpus_errors(corpus):
         heldout = heldout_windows(corpus, tokenizer, cfg)
     vocab_size = tokenizer.vocab_size
@@ -340,7 +413,8 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
         f"seeds {list(cfg.seeds)}",
         flush=True,
     )
-    mlp_dims = matched_mlp_dims(vocab_size, cfg)
+    with reading_inputs("the model options"):
+        mlp_dims = matched_mlp_dims(vocab_size, cfg)
     runs: dict[str, list[dict]] = {name: [] for name in cfg.models}
     params = {}
     for seed in cfg.seeds:
@@ -369,13 +443,13 @@ def run_experiment(cfg: Config, corpus: str | None, out: pathlib.Path) -> dict:
     }
     payload["summary"] = summarise(payload)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bst_lm.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out / "bst_lm.md").write_text(table(payload) + "\n")
-    plot(payload, out / "bst_lm.png")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(table(payload) + "\n")
+    plot(payload, out / f"{stem}.png")
     print(table(payload))
     for line in payload["summary"]["lines"]:
         print(line)
-    print(f"wrote {out / 'bst_lm.json'}, bst_lm.png, bst_lm.md")
+    print(f"wrote {out / stem}.json, {stem}.png, {stem}.md")
     return payload
 
 
@@ -411,9 +485,10 @@ def summarise(payload: dict) -> dict:
                 f"({100 * gain:+.1f}%; per seed {per_seed}: better in {wins} of {len(paired)})"
             )
     longest = str(max(lengths))
+    times = f"{max(lengths) / payload['config']['train_length']:g}L"
     for name, r in results.items():
         drift = r["perplexity"][longest] / r["perplexity"][at] - 1
-        out[f"{name} ppl(16L)/ppl(L) - 1"] = drift
+        out[f"{name} ppl({times})/ppl(L) - 1"] = drift
         if name == "BST:SH:S4":
             verdict = "within" if abs(drift) <= 0.05 else "NOT within"
             lines.append(
@@ -433,7 +508,10 @@ def table(payload: dict) -> str:
     head = ["model", "params"] + [
         f"ppl @ {n}" + (" (L)" if n == train_length else "") for n in lengths
     ]
-    head += [f"{max(lengths)} / L", "train loss (last 20 steps)", "train s"]
+    trained = [r for r in payload["results"].values() if "train_loss_steps" in r]
+    logged = trained[0]["train_loss_steps"] if trained else [0]
+    last = logged[-1] - (logged[-5] if len(logged) > 4 else 0)  # final_train_loss's steps
+    head += [f"{max(lengths)} / L", f"train loss (last {last} steps)", "train s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     multi = len(payload["config"].get("seeds", ())) > 1
     for name, r in payload["results"].items():
@@ -553,8 +631,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=pathlib.Path,
         default=results_dir(),
-        help="directory for bst_lm.json/png/md (default: the checkout's benchmarks/results, "
-        "else ./benchmarks/results)",
+        help="directory for bst_lm.json/png/md, with a suffix for settings other than the "
+        "default run's (_<N>steps, _dt_min_<x>, then a short hash of the others) (default: "
+        "the checkout's benchmarks/results, else ./benchmarks/results)",
     )
     parser.add_argument(
         "--small", action="store_true", help="tiny sizes (smoke tests); explicit flags still win"
@@ -569,17 +648,18 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if field in given:
             given[field] = tuple(given[field])
     config = dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
-    if 1.0 not in config.eval_multipliers:
-        raise ValueError(
-            f"--eval-multipliers {' '.join(map(str, config.eval_multipliers))} must include "
-            "1.0 (the training length, which the comparisons are made at)"
-        )
+    if problem := config_problem(config):
+        raise UsageError(problem)
     return config
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the options and `--out` (usage errors, before any training), then run."""
     corpus = None if args.corpus is None else str(args.corpus)
-    run_experiment(config_from_args(args), corpus, args.out)
+    cfg = config_from_args(args)
+    if problem := output_problem("--out", args.out):
+        raise UsageError(problem)
+    run_experiment(cfg, corpus, args.out, stem=output_stem(cfg, corpus))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 import argparse
 import contextlib
+import hashlib
+import json
 import math
 import os
 import pathlib
@@ -146,6 +148,13 @@ def output_problem(flag: str, path: pathlib.Path, *, directory: bool = True) -> 
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{flag} {path}: {parent} is not writable"
     return None
+
+
+def settings_tag(settings: dict) -> str:
+    """A short, stable name for `settings` (six hex digits of a hash of their JSON), for
+    output file names that must not collide with another run's."""
+    text = json.dumps(sorted(settings.items()), default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:6]
 
 
 def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
