@@ -750,3 +750,33 @@ def test_kernels_writes_and_prints_the_png(pretrained, tmp_path, capsys):
     assert f"kernel heat map: {path}" in capsys.readouterr().out
     err = _cli_error(["kernels", "--checkpoint", str(out), str(out)], capsys)
     assert "given twice" in err
+
+
+def test_ablation_names_cover_every_setting():
+    """Most settings (--dim, --length, --corpus, --quick's seed and task...) left the name
+    bigs_ablation(.json), overwriting the committed default run's results."""
+
+    def name(*argv):
+        args = _parse(["ablation", *argv])
+        cfg = {k: getattr(args, k) for k in _bigs_ablation.SETTINGS}
+        others = _bigs_ablation._other_settings(args)
+        return _bigs_ablation.output_suffix(cfg, quick=args.quick, backend="cpu", others=others)
+
+    assert name() == ""
+    assert name("--finetune-task", "match", "--finetune-steps", "1500", "--seed", "1") == (
+        "_match_1500ftsteps_seed1"
+    )
+    assert name("--quick") == "_quick" and name("--quick", "--dim", "8") == "_quick"
+    names = [
+        name(*a)
+        for a in (
+            ["--dim", "32"],
+            ["--length", "256", "--batch-size", "8"],
+            ["--corpus", "."],
+            ["--lr", "3e-3"],
+            ["--tokenizer", "bpe"],
+            ["--quick", "--seed", "1"],
+            ["--quick", "--finetune-task", "match"],
+        )
+    ]
+    assert len(set(names)) == len(names) and "" not in names and "_quick" not in names

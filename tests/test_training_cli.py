@@ -73,3 +73,12 @@ def test_corpus_too_small_for_a_held_out_split(tmp_path, capsys):
     assert "split='valid'" in err and "give more files, or one long text file" in err
     assert "split='all'" not in err  # the library's advice, not a command-line option
     assert not (tmp_path / "run").exists()
+
+
+def test_ablation_corpus_errors_are_usage_errors(tmp_path, capsys):
+    """They were tracebacks (pretrain's were wrapped, the ablation's not)."""
+    (tmp_path / "tiny.txt").write_text("x\n")
+    argv = ["bigs", "ablation", "--corpus", str(tmp_path / "tiny.txt"), "--out", str(tmp_path)]
+    err = _usage_error(argv, capsys).splitlines()[-1]
+    assert err.startswith(f"python -m lineax_seq bigs ablation: error: --corpus '{tmp_path}")
+    assert "split='all'" not in err and not list(tmp_path.glob("bigs_ablation*"))

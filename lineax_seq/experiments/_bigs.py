@@ -662,9 +662,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune-lr", type=positive_float, default=1e-3)
     g.add_argument("--finetune-examples", type=positive_int, default=4000, help="training rows")
     abl.add_argument(
-        "--quick", action="store_true", help="a smoke run: tiny sizes (overrides the size options)"
+        "--quick",
+        action="store_true",
+        help="a smoke run: tiny sizes and budget (sets --dim, --layers, --length, "
+        "--batch-size, --steps, --finetune-steps, --finetune-examples; caps --max-files "
+        "at 40 and --vocab-size at 512)",
     )
-    _path(abl, "--out", "where bigs_ablation.* and bigs_kernels.png go", default=RESULTS_DIR)
+    _path(
+        abl,
+        "--out",
+        "where bigs_ablation*.json/png/md and bigs_kernels*.png go, with a suffix for "
+        "settings other than the default run's (default: the checkout's "
+        "benchmarks/results, else ./benchmarks/results)",
+        default=RESULTS_DIR,
+    )
 
     ker = sub.add_parser(
         "kernels",

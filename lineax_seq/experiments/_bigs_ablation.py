@@ -36,7 +36,7 @@ from ._bigs_train import (
     save_json,
     scaled_init_std,
 )
-from ._cli import results_dir
+from ._cli import corpus_errors, results_dir, settings_tag
 
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
 VARIANT_NAMES = {
@@ -494,26 +494,28 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     backend's name off CPU, the fine-tuning task's name for other than ListOps,
     `_<N>steps` for other than the default 500 pretraining steps, `_<N>ftsteps` for
     other than 300 fine-tuning steps,
-    `_seed<N>` for a seed other than 0, `_quick` for `--quick`).
+    `_seed<N>` for a seed other than 0, `_quick` for `--quick`, then a short hash of
+    any other setting that differs from the default run's: see `output_suffix`).
     """
     cfg = {k: getattr(args, k) for k in SETTINGS}
     if args.quick:
         cfg.update(QUICK, max_files=min(args.max_files, 40), vocab_size=min(args.vocab_size, 512))
     start = time.perf_counter()
-    train_texts, eval_texts = load_corpus(args.corpus, cfg["max_files"])
-    tok = make_tokenizer(train_texts, cfg["tokenizer"], cfg["vocab_size"])
     length, batch_size = cfg["length"], cfg["batch_size"]
     num_eval = batch_size * max(1, cfg["finetune_examples"] // (4 * batch_size))
-    ft_train, ft_eval, num_classes, task_name = _finetune_task(
-        cfg["finetune_task"],
-        train_texts,
-        eval_texts,
-        tok,
-        length=length,
-        num_train=cfg["finetune_examples"],
-        num_eval=num_eval,
-        seed=cfg["seed"],
-    )
+    with corpus_errors(args.corpus):  # the corpus and the tasks made of it, before training
+        train_texts, eval_texts = load_corpus(args.corpus, cfg["max_files"])
+        tok = make_tokenizer(train_texts, cfg["tokenizer"], cfg["vocab_size"])
+        ft_train, ft_eval, num_classes, task_name = _finetune_task(
+            cfg["finetune_task"],
+            train_texts,
+            eval_texts,
+            tok,
+            length=length,
+            num_train=cfg["finetune_examples"],
+            num_eval=num_eval,
+            seed=cfg["seed"],
+        )
     cfg["init_std"] = cfg["init_std"] or scaled_init_std(cfg["dim"])
     base = dict(
         vocab_size=tok.vocab_size,
@@ -567,22 +569,49 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         "total_seconds": round(time.perf_counter() - start, 1),
         "environment": _environment(),
     }
-    suffix = output_suffix(cfg, quick=args.quick, backend=jax.default_backend())
+    suffix = output_suffix(
+        cfg, quick=args.quick, backend=jax.default_backend(), others=_other_settings(args)
+    )
     _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix)
     return payload
 
 
-def output_suffix(cfg: dict[str, Any], *, quick: bool, backend: str) -> str:
+# The settings `output_suffix` spells out; `--quick` sets the others but seed, task.
+_NAMED = ("finetune_task", "steps", "finetune_steps", "seed")
+
+
+def _other_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of `args` that differ from the default run's and that the file
+    names do not spell out (`--corpus` included; with `--quick`, only those it leaves
+    to the command line)."""
+    from ._bigs import add_arguments  # the parser's defaults (imports this module)
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args(["ablation"]))
+    names = [k for k in (*SETTINGS, "corpus") if k not in _NAMED]
+    if args.quick:
+        names = [k for k in names if k not in QUICK]
+    return {k: getattr(args, k) for k in names if getattr(args, k) != defaults[k]}
+
+
+def output_suffix(
+    cfg: dict[str, Any], *, quick: bool, backend: str, others: dict[str, Any] | None = None
+) -> str:
     """What the ablation's file names carry after `bigs_ablation`, so that runs with other
-    settings do not overwrite the default run's results."""
+    settings do not overwrite the default run's results: the backend off CPU, `_quick`,
+    the fine-tuning task, `_<N>steps`, `_<N>ftsteps`, `_seed<N>` where they differ from
+    the default run's, then a short hash of `others` (the other settings that differ)."""
     suffix = "" if backend == "cpu" else f"_{backend}"
     if quick:
-        return suffix + "_quick"
+        suffix += "_quick"
     suffix += f"_{cfg['finetune_task']}" if cfg["finetune_task"] != "listops" else ""
-    suffix += f"_{cfg['steps']}steps" if cfg["steps"] != DEFAULT_STEPS else ""
-    ft = cfg["finetune_steps"]
-    suffix += f"_{ft}ftsteps" if ft != DEFAULT_FINETUNE_STEPS else ""
-    return suffix + (f"_seed{cfg['seed']}" if cfg["seed"] else "")
+    if not quick:  # --quick sets the steps
+        suffix += f"_{cfg['steps']}steps" if cfg["steps"] != DEFAULT_STEPS else ""
+        ft = cfg["finetune_steps"]
+        suffix += f"_{ft}ftsteps" if ft != DEFAULT_FINETUNE_STEPS else ""
+    suffix += f"_seed{cfg['seed']}" if cfg["seed"] else ""
+    return suffix + (f"_{settings_tag(others)}" if others else "")
 
 
 def _write_ablation(
