@@ -649,6 +649,17 @@ def test_finetune_listops(pretrained, tmp_path):
     assert 0.0 <= metrics["accuracy"] <= 1.0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["task"] == "listops" and result["checkpoint"] == str(out)
+    # The fine-tuned model is saved: its encoder moved away from the pretrained one.
+    model, tok, summary = _bigs_train.load_finetuned(tmp_path)
+    pretrained, _, _ = _bigs_train.load_pretrained(out)
+    assert summary == result and tok.vocab_size == model.encoder.vocab_size
+    assert model.head.num_outputs == summary["num_outputs"] == 10  # ListOps: values 0-9
+    moved = jax.tree.map(
+        lambda a, b: bool(jnp.any(a != b)),
+        eqx.filter(model.encoder, eqx.is_array),
+        eqx.filter(pretrained.encoder, eqx.is_array),
+    )
+    assert any(jax.tree.leaves(moved))
 
 
 # ----------------------------------------------------------------- CLI: inputs checked first

@@ -39,6 +39,7 @@ from ._bigs_train import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     FINAL_DIR,
+    RESULT_FILE,
     Classifier,
     MaskedLM,
     build_encoder,
@@ -421,7 +422,12 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         summary["listops_examples"] = args.listops_examples
     if names is not None:
         summary["label_names"] = list(names)  # class i is names[i]
-    save_json(summary, args.out / "result.json")
+    summary["num_outputs"] = num_outputs
+    ls.save_checkpoint(
+        args.out / FINAL_DIR, result.step, model=result.model, key=jr.key(args.seed), keep=1
+    )
+    save_json(summary, args.out / RESULT_FILE)
+    print(f"fine-tuned model in {args.out / FINAL_DIR} (load_finetuned), summary in {RESULT_FILE}")
     if result.model.encoder.routing == "ssm":
         length = max(args.length, 2 * KERNEL_RADIUS + 1)
         panels = {
@@ -636,7 +642,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(
         fin,
         "--out",
-        "output directory (default outputs/bigs/finetune)",
+        "output directory (default outputs/bigs/finetune): result.json, metrics, curves, "
+        "kernels and the fine-tuned model in final/",
         default=pathlib.Path("outputs/bigs/finetune"),
     )
 

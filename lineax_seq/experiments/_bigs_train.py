@@ -27,6 +27,7 @@ CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"  # where `ls.train` keeps a run's checkpoints
 TOKENIZER_FILE = "tokenizer.json"
 FINAL_DIR = "final"
+RESULT_FILE = "result.json"  # a `bigs finetune` run's summary
 
 
 # ---------------------------------------------------------------------------------------
@@ -532,6 +533,22 @@ def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, ls.Tokenizer, dict
     )
     model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
     return model, load_tokenizer(run_dir, config["tokenizer"]), config
+
+
+def load_finetuned(run_dir: pathlib.Path) -> tuple[Classifier, ls.Tokenizer, dict[str, Any]]:
+    """Load a `bigs finetune` run: the fine-tuned classifier (from `run_dir/final`), the
+    tokenizer of the pretraining run it started from (which must still exist) and the
+    run's `result.json` (label names: class `i` is `label_names[i]`)."""
+    run_dir = pathlib.Path(run_dir)
+    if not (run_dir / RESULT_FILE).exists():
+        raise ValueError(f"{run_dir} is not a `bigs finetune` output (no {RESULT_FILE})")
+    summary = json.loads((run_dir / RESULT_FILE).read_text())
+    mlm, tok, _ = load_pretrained(pathlib.Path(summary["checkpoint"]))
+    template = eqx.filter_eval_shape(
+        lambda: Classifier(mlm.encoder, summary["num_outputs"], key=jr.key(0))
+    )
+    model = ls.load_checkpoint(run_dir / FINAL_DIR, model=template).model
+    return model, tok, summary
 
 
 def print_metrics(prefix: str, metrics: dict[str, float]) -> None:
