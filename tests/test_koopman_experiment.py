@@ -4,6 +4,7 @@ import argparse
 import importlib
 import json
 import math
+import pathlib
 import re
 
 import jax
@@ -15,6 +16,7 @@ import pytest
 import lineax_seq as ls
 from lineax_seq.__main__ import main
 from lineax_seq.experiments import _koopman as kx
+from lineax_seq.experiments._cli import output_problem
 
 
 def test_cli_tiny_run(tmp_path, capsys):
@@ -27,6 +29,8 @@ def test_cli_tiny_run(tmp_path, capsys):
 
     payload = json.loads((tmp_path / "koopman_table.json").read_text())
     assert payload["config"]["steps"] == 20 and payload["config"]["periods"] == [1, 5, 50]
+    row = payload["systems"]["duffing"]
+    assert row["command"] == payload["command"] and row["config"]["steps"] == 20
     assert payload["paper"]["100"]["duffing"][1] == 0.0112
     variants = payload["systems"]["duffing"]["variants"]
     assert set(variants) == {"Koopman / linear dec", "MLP baseline"}
@@ -58,9 +62,7 @@ def test_cli_tiny_run(tmp_path, capsys):
     # The recorded command reproduces the run's options.
     command = payload["command"].split()
     assert command[:4] == ["python", "-m", "lineax_seq", "koopman"]
-    parser = argparse.ArgumentParser()
-    kx.add_arguments(parser)
-    again = vars(parser.parse_args(command[4:]))
+    again = vars(_parse(*command[4:]))
     for name, value in payload["config"].items():
         if name not in ("command", "out", "small"):
             want = tuple(value) if isinstance(value, list) else value
@@ -178,18 +180,201 @@ def test_main_imports_only_the_chosen_command(monkeypatch, capsys):
     assert "--prediction" in capsys.readouterr().out
 
 
-def test_system_param_is_checked_before_training(tmp_path):
-    for argv, message in [
-        (["--system", "duffing", "--system-param", "g=1"], "g is not a parameter of the 'duffing'"),
-        (["--system", "pendulum", "--system-param", "g=-1"], "Pendulum.g must be a positive"),
-        (["--all", "--system-param", "g=1"], "g is not a parameter of the 'parabolic'"),
-        (["--system", "pendulum", "--system-param", "g=1", "--system-param", "g=2"], "twice"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            main(["koopman", *argv, "--small", "--out", str(tmp_path)])
-    assert not list(tmp_path.iterdir())  # nothing trained, nothing written
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--window", "41"], r"--window 41: must be at most --train-length 40 \(.* 42 states"),
+        (["--window", "600", "--train-length", "500"], "--window 600: must be at most"),
+        (
+            ["--system", "pendulum", "--system-param", "g=1", "--system-param", "g=2"],
+            r"--system-param g=2: g is already given \(g=1\); give each parameter once",
+        ),
+        (["--system-param", "g=1"], r"--system-param g=1: g is not a parameter of the 'duffing'"),
+        (["--all", "--system-param", "g=1"], "--system-param g=1: .*'parabolic' system"),
+        (["--system", "pendulum", "--system-param", "g=-1"], "g=-1: Pendulum.g must be a pos"),
+        (["--out", "{tmp}/file"], "--out .*file: exists and is not a directory"),
+        (["--out", "{tmp}/file/x"], "--out .*x: .*file is a file, not a directory"),
+    ],
+)
+def test_usage_errors_before_training(argv, message, tmp_path, capsys):
+    """Each was a traceback, the --out ones after training every model of the system."""
+    (tmp_path / "file").touch()
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["koopman", "--small", *argv])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "==" not in err.out  # no system started
+    assert err.err.splitlines()[-1].startswith("python -m lineax_seq koopman: error: ")
+    assert re.search(message, err.err.splitlines()[-1]), err.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
 
 
-def test_window_longer_than_trajectories(tmp_path):
-    with pytest.raises(ValueError, match="--window=50 must be below --train-length=40"):
-        main(["koopman", "--window", "50", "--train-length", "40", "--out", str(tmp_path)])
+def test_unwritable_out_is_a_usage_error(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if output_problem("--out", tmp_path / "x") or not output_problem("--out", locked):
+        pytest.skip("permissions are not enforced here (root?)")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["koopman", "--small", "--out", str(locked / "results")])
+    assert exit_info.value.code == 2
+    assert re.search(r"--out .*results: .*locked is not writable", capsys.readouterr().err)
+
+
+def test_window_as_long_as_the_trajectories_is_usable():
+    # A 40-step trajectory holds 41 states: one window of 40 steps (41 states) fits.
+    args = _parse("--small", "--window", "40")
+    assert kx.options_problem(args) is None
+    assert kx._windows(np.zeros((2, 41, 3)), 40).shape == (2, 41, 3)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    kx.add_arguments(parser)
+    return kx.resolve_sizes(parser.parse_args(list(argv)))
+
+
+def test_small_preset_yields_to_explicit_options():
+    small = vars(_parse("--small"))
+    assert {k: small[k] for k in kx.SIZES} == {k: s for k, (_, s) in kx.SIZES.items()}
+    # As bst's --small: explicit options win, larger than the preset's or not.
+    args = _parse("--small", "--steps", "100", "--window", "8", "--num-train", "2")
+    assert (args.steps, args.window, args.num_train) == (100, 8, 2)
+    assert (args.batch_size, args.latent, args.train_length) == (16, 16, 40)
+    assert vars(_parse("--steps", "7", "--small"))["steps"] == 7  # order does not matter
+
+
+def test_defaults_are_the_committed_run(capsys):
+    # The default command is still the committed koopman_table.json's run: same config
+    # (so the same models, data and keys) and the same recorded command.
+    committed = json.loads(COMMITTED.read_text())
+    args = _parse("--all")
+    args.command = "koopman"
+    config = kx._config(args)
+    assert {k: config[k] for k in committed["config"] if k != "out"} == {
+        k: v for k, v in committed["config"].items() if k != "out"
+    }
+    assert config["system_param"] == []  # the option the committed run predates
+    assert "python -m lineax_seq " + " ".join(kx._command_line(args)) == committed["command"]
+    with pytest.raises(SystemExit):
+        main(["koopman", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: ./benchmarks/results, relative to the current directory" in text
+    assert "explicit options still win" in text and "(default: 800; --small: 20)" in text
+
+
+def test_demo_settings_and_metrics(tmp_path, monkeypatch, capsys):
+    # The demo trains what it trained before (run_system's options, per scale), and its
+    # section writes its metrics beside the figures.
+    seen = []
+    cell = {"none": 2.0, "every_step": 1.0, "periodic": 0.5, "best_k": 10, "all_k": {}}
+    fake = {
+        "system": "duffing",
+        "variants": {
+            kx.LABELS[kx.VARIANTS[0]]: {"horizons": {"100": cell, "1000": cell}},
+            kx.BASELINE: {"horizons": {"100": {"mlp": 3.0}, "1000": {"mlp": 4.0}}},
+        },
+        "figures": ["a.png", "b.png"],
+    }
+    monkeypatch.setattr(kx, "run_system", lambda name, args, *a, **k: seen.append(args) or fake)
+    kx.demo(tmp_path, small=False)
+    kx.demo(tmp_path, small=True)
+    sizes = [{k: getattr(a, k) for k in kx.SIZES} for a in seen]
+    assert sizes[0] == {
+        "steps": 1500, "batch_size": 128, "window": 10, "latent": 128, "width": 64,
+        "num_train": None, "train_length": 500, "num_test": 100,
+    }  # fmt: skip
+    assert sizes[1] == {
+        "steps": 20, "batch_size": 16, "window": 5, "latent": 16, "width": 16,
+        "num_train": 4, "train_length": 40, "num_test": 4,
+    }  # fmt: skip
+    assert all(a.variants == (("koopman", "linear"),) and a.seed == 0 for a in seen)
+    metrics = json.loads((tmp_path / "koopman_metrics.json").read_text())
+    assert metrics["variants"] == fake["variants"] and metrics["config"]["steps"] == 20
+    assert "koopman_metrics.json" in capsys.readouterr().out
+
+
+COMMITTED = pathlib.Path(__file__).parents[1] / "benchmarks/results/koopman_table.json"
+
+
+def _fake_row(value: float, horizons=("100",)) -> dict:
+    cell = {"none": value, "periodic": value / 2, "every_step": value, "best_k": 1}
+    return {
+        "variants": {
+            kx.LABELS[kx.VARIANTS[0]]: {"horizons": {h: cell for h in horizons}},
+            kx.BASELINE: {"horizons": {h: {"mlp": value} for h in horizons}},
+        }
+    }
+
+
+def test_merged_rows_keep_their_config_and_command(tmp_path):
+    """Merging runs with other settings into one table kept only the last run's config."""
+    kx.save_results({"duffing": _fake_row(1.0, ("20", "50"))}, _parse("--small"), tmp_path)
+    path = tmp_path / "koopman_table.json"
+    first = json.loads(path.read_text())
+    assert first["command"] == first["systems"]["duffing"]["command"]
+    assert first["systems"]["duffing"]["config"]["steps"] == 20
+    # The same settings for another system: one config, no footnotes, but two commands.
+    pendulum = _parse("--system", "pendulum", "--small")
+    kx.save_results({"pendulum": _fake_row(2.0)}, pendulum, tmp_path)
+    assert "[^" not in (tmp_path / "koopman_table.md").read_text()
+    assert "command" not in json.loads(path.read_text())
+    # Other settings: each row says what made it, and the table marks which is which.
+    other = _parse("--system", "parabolic", "--small", "--steps", "7", "--variants", "koopman/mlp")
+    kx.save_results({"parabolic": _fake_row(3.0)}, other, tmp_path)
+    payload = json.loads(path.read_text())
+    rows = payload["systems"]
+    assert "config" not in payload and "command" not in payload and "merged" in payload
+    assert rows["duffing"]["config"]["steps"] == rows["pendulum"]["config"]["steps"] == 20
+    assert rows["parabolic"]["config"]["steps"] == 7
+    assert rows["parabolic"]["config"]["variants"] == ["koopman/mlp"]
+    assert "--system parabolic --steps 7 " in rows["parabolic"]["command"]
+    assert "--system duffing --steps 20 " in rows["duffing"]["command"]
+    table = (tmp_path / "koopman_table.md").read_text()
+    assert "| duffing [^1] |" in table and "| pendulum [^1] |" in table
+    assert "| parabolic [^2] |" in table
+    notes = [line for line in table.splitlines() if line.startswith("[^")]
+    assert len(notes) == 2
+    assert notes[0].startswith("[^1]: variants=koopman/linear,koopman/mlp,mlp/linear,mlp/mlp, ")
+    assert "steps=20" in notes[0] and "steps=7" in notes[1]
+    assert rows["duffing"]["command"] in notes[0] and rows["pendulum"]["command"] in notes[0]
+    assert rows["parabolic"]["command"] in notes[1]
+    # Rerunning a row's own command keeps one row per system (the footnotes follow).
+    again = _parse("--system", "parabolic", "--small")
+    kx.save_results({"parabolic": _fake_row(3.0)}, again, tmp_path)
+    assert "[^" not in (tmp_path / "koopman_table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "path", sorted(COMMITTED.parent.glob("koopman_table*.json")), ids=lambda p: p.name
+)
+def test_committed_tables_load_with_their_run_as_every_rows(path):
+    """The committed files predate per-row configs: their one config is every row's."""
+    payload = json.loads(path.read_text())
+    systems = kx.load_table(path)
+    assert systems.keys() == payload["systems"].keys()
+    for res in systems.values():
+        assert res["command"] == payload["command"]
+        config = kx.row_config(payload["config"])
+        assert {k: res["config"][k] for k in config} == config
+        assert res["config"]["system_param"] == config.get("system_param", [])
+    # and the table drawn from them is the committed one
+    assert kx.format_table(systems) + "\n" == path.with_suffix(".md").read_text()
+
+
+def test_merging_into_a_committed_table(tmp_path):
+    (tmp_path / "koopman_table.json").write_text(COMMITTED.read_text())
+    committed = json.loads(COMMITTED.read_text())
+    args = _parse("--system", "duffing", "--steps", "3000", "--variants", "koopman/linear")
+    kx.save_results({"duffing": _fake_row(1.0)}, args, tmp_path)
+    rows = json.loads((tmp_path / "koopman_table.json").read_text())["systems"]
+    assert rows["pendulum"]["command"] == committed["command"]  # the old rows' run
+    assert rows["pendulum"]["config"]["steps"] == 800 and rows["duffing"]["config"]["steps"] == 3000
+    assert rows["pendulum"]["variants"] == committed["systems"]["pendulum"]["variants"]
+    table = (tmp_path / "koopman_table.md").read_text()
+    assert "| pendulum [^1] |" in table and "| duffing [^2] |" in table
+    assert f"`{committed['command']}`" in table
+    notes = [line for line in table.splitlines() if line.startswith("[^")]
+    assert notes[0].startswith("[^1]: variants=koopman/linear,koopman/mlp,mlp/linear,mlp/mlp, ")
+    assert notes[1].startswith("[^2]: variants=koopman/linear, steps=3000: ")

@@ -6,7 +6,10 @@ and 100 fresh test initial conditions over 1000 steps; train the Koopman variant
 of 10 steps; evaluate every Koopman model without reencoding, reencoding every step,
 and periodically (k in 1, 10, 25, 50, 100, best reported per horizon); print a Table
 1.1-style table (MSE x100, Lorenz unscaled) beside the paper's numbers; save phase
-portraits (Fig. 1.4), MSE-vs-horizon curves (Fig. 1.5) and `koopman_table.json`.
+portraits (Fig. 1.4), MSE-vs-horizon curves (Fig. 1.5) and `koopman_table.json` / `.md`
+under `--out` (default `./benchmarks/results`, relative to the current directory). The
+table is merged with the rows of other systems already there: each row records the
+config and command that produced it, and the `.md` footnotes rows whose configs differ.
 
 The models see standardised states (per-dimension mean / std of the training data);
 predictions are mapped back and every error is measured in the system's own units.
@@ -37,7 +40,7 @@ import numpy as np
 
 import lineax_seq as ls
 
-from ._cli import non_negative_float, positive_float, positive_int
+from ._cli import UsageError, non_negative_float, output_problem, positive_float, positive_int
 
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
 PERIODS = (1, 10, 25, 50, 100)
@@ -437,7 +440,9 @@ def _row(res: dict, horizon: int) -> list:
 
 def format_table(all_results: dict) -> str:
     """Table 1.1 layout: per variant (no reencoding, periodic), then the MLP; `ours / paper`;
-    last, the system's own `sensitivity_floor` (ours only)."""
+    last, the system's own `sensitivity_floor` (ours only). Rows merged from runs with
+    different configs carry a footnote per config (see `config_footnotes`)."""
+    markers, notes = config_footnotes(all_results)
     cols = [f"{LABELS[v]} ({tag})" for v in VARIANTS for tag in ("none", "periodic")]
     cols += ["MLP", f"floor: exact dynamics, x0 off by {FLOOR_EPS:g} std"]
     horizons = sorted({int(h) for r in all_results.values() for h in _horizons(r)})
@@ -463,9 +468,48 @@ def format_table(all_results: dict) -> str:
             cells.append(_fmt(res.get("floor", {}).get("horizons", {}).get(str(h))))
             params = "".join(f", {n}={v:g}" for n, v in res.get("params", {}).items())
             label = f"{system} ({params[2:]})" if params else system
+            label += markers.get(system, "")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
+    if notes:
+        lines += ["The rows come from runs with different settings:", "", *notes, ""]
     return "\n".join(lines)
+
+
+def config_footnotes(all_results: dict) -> tuple[dict[str, str], list[str]]:
+    """When the rows' recorded configs are not all the same: a footnote marker per system
+    (`" [^2]"`) and one footnote per distinct config, giving the settings in which the
+    configs differ and the command(s) that produced its rows. `({}, [])` otherwise."""
+    configs = []
+    for res in all_results.values():
+        if "config" in res and res["config"] not in configs:
+            configs.append(res["config"])
+    if len(configs) < 2:
+        return {}, []
+    markers = {
+        system: f" [^{configs.index(res['config']) + 1}]"
+        for system, res in all_results.items()
+        if "config" in res
+    }
+    keys = dict.fromkeys(k for c in configs for k in c)
+    differ = [k for k in keys if any(c.get(k, None) != configs[0].get(k, None) for c in configs)]
+    notes = []
+    for i, config in enumerate(configs, 1):
+        settings = ", ".join(f"{k}={_setting(config.get(k))}" for k in differ)
+        commands = dict.fromkeys(
+            str(res.get("command")) for res in all_results.values() if res.get("config") == config
+        )
+        notes.append(f"[^{i}]: {settings}: `" + "`, `".join(commands) + "`")
+    return markers, notes
+
+
+def _setting(value) -> str:
+    # A config value as the command line writes it: lists comma-separated, pairs NAME=VALUE.
+    if isinstance(value, list | tuple):
+        return ",".join(
+            "=".join(map(str, v)) if isinstance(v, list | tuple) else str(v) for v in value
+        )
+    return str(value)
 
 
 def _horizons(res: dict) -> list[str]:
@@ -574,6 +618,27 @@ def _variant_list(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(VARIANT_NAMES[v] for v in dict.fromkeys(names))
 
 
+# The options `--small` sets when they are not given (an explicit option wins, as with
+# `bst --small`): dest -> (default, small). Their parser default is None ("not given");
+# `resolve_sizes` fills them in.
+SIZES = {
+    "steps": (800, 20),
+    "batch_size": (128, 16),
+    "window": (10, 5),
+    "latent": (128, 16),
+    "width": (64, 16),
+    "num_train": (None, 4),  # None: 50 (Lorenz 100)
+    "train_length": (500, 40),
+    "num_test": (100, 4),
+}
+
+
+def _sized(help_text: str, dest: str) -> str:
+    default, small = SIZES[dest]
+    shown = "50 (Lorenz 100)" if default is None else default
+    return f"{help_text} (default: {shown}; --small: {small})"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `koopman` command's options (defaults: the committed Table 1.1 run)."""
     parser.add_argument("--system", choices=SYSTEM_NAMES, default="duffing")
@@ -585,7 +650,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="override a parameter of the system(s), e.g. 'g=1.0' for the pendulum "
-        "(repeatable; default: the paper's parameters)",
+        "(repeatable, once per NAME; default: the paper's parameters)",
     )
     parser.add_argument(
         "--variants",
@@ -599,14 +664,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--horizons", type=_int_list("--horizons"), default=HORIZONS, help="evaluation horizons"
     )
-    parser.add_argument("--steps", type=positive_int, default=800, help="train steps per model")
-    parser.add_argument("--batch-size", type=positive_int, default=128)
+    parser.add_argument("--steps", type=positive_int, help=_sized("train steps per model", "steps"))
+    parser.add_argument(
+        "--batch-size", type=positive_int, help=_sized("training windows per batch", "batch_size")
+    )
     parser.add_argument(
         "--window",
         type=positive_int,
-        default=10,
-        help="training window (steps; paper: 10; 50 with --batch-size 512 --steps 6000 "
-        "nears its figures)",
+        help=_sized(
+            "training window in steps, at most --train-length (paper: 10; 50 with "
+            "--batch-size 512 --steps 6000 nears its figures)",
+            "window",
+        ),
     )
     parser.add_argument("--lr", type=positive_float, default=3e-3, help="paper: 1e-4 (longer runs)")
     parser.add_argument("--dynamics-lr", type=positive_float, default=3e-3, help="paper: 1e-5")
@@ -623,16 +692,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="scale of the initial Koopman generator K (0: Kbar = I; 1: N(0, 1/n) entries)",
     )
-    parser.add_argument("--latent", type=positive_int, default=128)
-    parser.add_argument("--width", type=positive_int, default=64, help="encoder/decoder/MLP width")
+    parser.add_argument("--latent", type=positive_int, help=_sized("latent size", "latent"))
     parser.add_argument(
-        "--num-train", type=positive_int, default=None, help="default 50 (Lorenz 100)"
+        "--width", type=positive_int, help=_sized("encoder/decoder/MLP width", "width")
     )
     parser.add_argument(
-        "--train-length", type=positive_int, default=500, help="steps per trajectory"
+        "--num-train", type=positive_int, help=_sized("training trajectories", "num_train")
     )
     parser.add_argument(
-        "--num-test", type=positive_int, default=100, help="fresh initial conditions"
+        "--train-length", type=positive_int, help=_sized("steps per trajectory", "train_length")
+    )
+    parser.add_argument(
+        "--num-test", type=positive_int, help=_sized("fresh initial conditions", "num_test")
     )
     parser.add_argument(
         "--normalize",
@@ -640,37 +711,126 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="standardise states with the training data's mean / std",
     )
-    parser.add_argument("--small", action="store_true", help="tiny models and data (smoke test)")
+    small = " ".join(f"--{k.replace('_', '-')} {v}" for k, (_, v) in SIZES.items())
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help=f"tiny models and data (smoke test): {small}; explicit options still win",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("benchmarks/results"),
+        help="directory for koopman_table.json / .md and the figures; the rows of other "
+        "systems already there are kept, each with the config and command that produced it "
+        "(default: ./benchmarks/results, relative to the current directory: from the "
+        "checkout's root, the committed results)",
+    )
 
 
-def _apply_small(args: argparse.Namespace) -> None:
-    # A smoke-test scale: every code path, seconds of compute.
-    args.steps = min(args.steps, 20)
-    args.batch_size = min(args.batch_size, 16)
-    args.latent, args.width = min(args.latent, 16), min(args.width, 16)
-    args.num_train = min(args.num_train or 4, 4)
-    args.train_length = min(args.train_length, 40)
-    args.num_test = min(args.num_test, 4)
-    args.window = min(args.window, 5)
+def resolve_sizes(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in the `SIZES` options not given: `--small`'s values with it, else the
+    defaults (an explicit option always wins). Returns `args`, changed in place."""
+    for dest, (default, small) in SIZES.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, small if args.small else default)
+    return args
 
 
-def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path:
-    """Merge `all_results` into `out_dir/koopman_table.json` (other systems are kept)."""
-    path = out_dir / "koopman_table.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    systems = previous.get("systems", {})
-    systems.update(all_results)
+def options_problem(args: argparse.Namespace) -> str | None:
+    """What in `args` (sizes resolved) the run cannot use, named by its option, found
+    before any training: a window longer than the trajectories, a `--system-param` given
+    twice, or one that the system(s) do not have or refuse."""
+    if args.window > args.train_length:
+        return (
+            f"--window {args.window}: must be at most --train-length {args.train_length} (a "
+            f"window of {args.window} steps needs {args.window + 1} states of one trajectory, "
+            f"which has {args.train_length + 1})"
+        )
+    seen = {}
+    for name, value in args.system_param:
+        if name in seen:
+            return (
+                f"--system-param {name}={value:g}: {name} is already given ({name}="
+                f"{seen[name]:g}); give each parameter once"
+            )
+        seen[name] = value
+    for name in SYSTEM_NAMES if args.all else (args.system,):
+        for param, value in seen.items():
+            try:
+                ls.get_system(name, **{param: value})
+            except (ValueError, TypeError) as e:
+                return f"--system-param {param}={value:g}: {e}"
+        try:
+            ls.get_system(name, **seen)
+        except (ValueError, TypeError) as e:
+            given = " ".join(f"--system-param {n}={v:g}" for n, v in seen.items())
+            return f"{given}: {e}"
+    return None
+
+
+# Options that say which systems a run covers and where it writes, not how a row of the
+# table was made: left out of each row's config.
+_RUN_OPTIONS = ("command", "all", "system", "out", "small")
+
+
+def _config(args) -> dict:
+    """`args` as JSON values (variants as 'dynamics/decoder' names)."""
     config = {}
     for k, v in vars(args).items():
         if k == "variants":
             v = [f"{dyn}/{dec}" for dyn, dec in v]
         config[k] = str(v) if isinstance(v, pathlib.Path) else v
+    return json.loads(json.dumps(config))  # tuples as lists, as read back from a file
+
+
+def row_config(config: dict) -> dict:
+    """The settings in `config` that make a system's row (not which systems ran, or where)."""
+    return {k: v for k, v in config.items() if k not in _RUN_OPTIONS}
+
+
+def load_table(path: pathlib.Path) -> dict:
+    """The systems of a `koopman_table.json`, each with the `config`, `command` and
+    `jax_backend` that produced its row. A file written before rows carried their own
+    (the committed ones) was one run's: its file-level config is every row's; an option
+    that a config does not name (added since) had its default."""
+    payload = json.loads(pathlib.Path(path).read_text())
+    systems = payload.get("systems", {})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    # An option a file does not name did not exist yet: the run had its default.
+    defaults = row_config(_config(resolve_sizes(parser.parse_args([]))))
+    for res in systems.values():
+        if "config" not in res:
+            res["config"] = row_config(payload.get("config", {}))
+            res["command"] = payload.get("command")
+            res["jax_backend"] = payload.get("jax_backend")
+        res["config"] = {**defaults, **res["config"]}
+    return systems
+
+
+def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path:
+    """Merge `all_results` into `out_dir/koopman_table.json` and `.md` (other systems are
+    kept). Each row records the config and command that produced it; the file-level
+    `config` / `command` are there only while every row comes from this command."""
+    path = out_dir / "koopman_table.json"
+    systems = load_table(path) if path.exists() else {}
+    config = _config(args)
+    command = "python -m lineax_seq " + " ".join(_command_line(args))
+    backend = jax.default_backend()
+    for name, res in all_results.items():
+        systems[name] = {**res, "config": row_config(config), "command": command}
+        systems[name]["jax_backend"] = backend
+    if all(res["command"] == command for res in systems.values()):
+        run = {"config": config, "command": command, "jax_backend": backend}
+    else:
+        run = {
+            "merged": "the rows come from different commands: each system's own config, "
+            "command and jax_backend are those that produced it"
+        }
     payload = {
-        "config": config,
-        "command": "python -m lineax_seq " + " ".join(_command_line(args)),
-        "jax_backend": jax.default_backend(),
+        **run,
         "units": "MSE x100 (Lorenz x1), over the first H predicted steps, 100 fresh ICs",
         "paper": {str(h): PAPER[h] for h in HORIZONS},
         "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
@@ -696,7 +856,7 @@ def _command_line(args) -> list[str]:
     other option that differs from its default."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    defaults = vars(parser.parse_args([]))
+    defaults = vars(resolve_sizes(parser.parse_args([])))
     words = ["koopman", "--all" if args.all else f"--system {args.system}"]
     words += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--seed {args.seed}"]
     for name, value in vars(args).items():
@@ -719,17 +879,12 @@ def _command_line(args) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs."""
-    if args.small:
-        _apply_small(args)
-    if args.window >= args.train_length:
-        raise ValueError(f"--window={args.window} must be below --train-length={args.train_length}")
+    """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs.
+    The options and `--out` are checked first (usage errors, before any training)."""
+    resolve_sizes(args)
+    if problem := options_problem(args) or output_problem("--out", args.out):
+        raise UsageError(problem)
     names = SYSTEM_NAMES if args.all else (args.system,)
-    given = [n for n, _ in args.system_param]
-    if len(set(given)) != len(given):
-        raise ValueError(f"--system-param names a parameter twice: {given}")
-    for name in names:  # a bad --system-param fails here, before any training
-        ls.get_system(name, **dict(args.system_param))
     key = jr.key(args.seed)
     all_results = {}
     for name in names:
@@ -748,14 +903,14 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     """A short Duffing run: the linear Koopman autoencoder and the MLP baseline; prints the
-    table row (none / every step / periodic) and saves a phase portrait and MSE curves."""
+    table row (none / every step / periodic) and saves a phase portrait, MSE curves and
+    `koopman_metrics.json` (the row's numbers and config; the key is `jr.key(0)`, not the
+    `koopman` command's, so no command line reproduces it)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
     argv += ["--small"] if small else ["--steps", "1500"]
-    args = parser.parse_args(argv)
-    if small:
-        _apply_small(args)
+    args = resolve_sizes(parser.parse_args(argv))
     res = run_system("duffing", args, jr.key(0), out_dir, variants=args.variants)
     entry = res["variants"][LABELS[VARIANTS[0]]]["horizons"]
     base = res["variants"][BASELINE]["horizons"]
@@ -768,4 +923,6 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
             f"periodic (k={e['best_k']}) {_fmt(e['periodic'])} | MLP {_fmt(base[str(h)]['mlp'])}"
             f"   (paper {_fmt(p[0])} | {_fmt(p[1])} | {_fmt(p[8])})"
         )
-    print(f"figures: {', '.join(str(out_dir / f) for f in res['figures'])}")
+    metrics = out_dir / "koopman_metrics.json"
+    metrics.write_text(json.dumps({**res, "config": row_config(_config(args))}, indent=1) + "\n")
+    print(f"figures: {', '.join(str(out_dir / f) for f in res['figures'])}; metrics: {metrics}")
