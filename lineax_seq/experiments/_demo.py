@@ -25,13 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=pathlib.Path,
         default=pathlib.Path("outputs/demo"),
         help="directory for plots and metrics, one subdirectory per section, replaced on "
-        "every run (default: outputs/demo)",
+        "every run: s4d/ (s4d_kernels.png, s4d_metrics.json), koopman/ (phase portrait and "
+        "MSE curves .png, koopman_metrics.json), bigs/ (curves.png, kernels.png, "
+        "metrics.jsonl), bst/ (bst_lm.png, bst_lm.json, bst_lm.md) (default: outputs/demo)",
     )
     parser.add_argument(
         "--only",
         choices=[name for name, _ in SECTIONS],
         action="append",
-        help="run only this section (repeatable)",
+        help="run only this section (repeatable; default: all four, in this order)",
     )
     parser.add_argument("--small", action="store_true", help="tiny sizes, for smoke tests")
 

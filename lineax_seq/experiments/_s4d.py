@@ -8,11 +8,11 @@ kernels must not have decayed after that many lags, and must point the same way 
 the whole range of lags. The trivial baseline (always the majority class) is right
 about `1 / num_classes` of the time.
 
-`demo(out_dir, small=...)` is what `python -m lineax_seq demo` runs;
-`add_arguments` / `run` give the full command line (`--length`, `--steps`, ...).
+`demo(out_dir, small=...)` is what `python -m lineax_seq demo` runs (its `s4d` section);
+there is no `s4d` command: `train_memory_task` takes the other settings (`length`,
+`steps`, `batch`, `num_classes`, `dim`, `state_size`, `learning_rate`, `seed`).
 """
 
-import argparse
 import json
 import pathlib
 import time
@@ -175,25 +175,3 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
         f"{result['accuracy_at_4x_length']:.1%}. Trained {result['steps']} steps in "
         f"{result['train_seconds']:.0f} s; kernels: {out_dir / 's4d_kernels.png'}"
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--length", type=int, default=1024, help="sequence length")
-    parser.add_argument("--steps", type=int, default=200, help="training steps")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--classes", type=int, default=8, help="number of key tokens")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("outputs/s4d"))
-
-
-def run(args: argparse.Namespace) -> int:
-    result = train_memory_task(
-        length=args.length,
-        steps=args.steps,
-        batch=args.batch,
-        num_classes=args.classes,
-        seed=args.seed,
-        out_dir=args.out,
-    )
-    print(json.dumps(result, indent=2))
-    return 0
