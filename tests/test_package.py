@@ -118,6 +118,9 @@ def test_layers_take_key_like_equinox_layers():
     calls["KoopmanAutoencoder"] = (koopman, (jnp.ones(2),))
     calls["UnitNormLinear"] = (koopman.decoder, (jnp.ones(4),))
     calls["MLPBaseline"] = (ls.MLPBaseline(2, width=8, key=k), (jnp.ones(2),))
+    calls["LinearKoopmanDynamics"] = (koopman.dynamics, (jnp.ones(4),))
+    mlp_dynamics = ls.KoopmanAutoencoder(2, 4, width=8, dynamics="mlp", key=k).dynamics
+    calls["MLPDynamics"] = (mlp_dynamics, (jnp.ones(4),))
     for name, (call, args) in calls.items():
         want = call(*args)
         for key in (None, jr.key(1)):

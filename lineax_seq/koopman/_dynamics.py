@@ -75,7 +75,11 @@ class AbstractLatentDynamics(eqx.Module):
         return (self.delta / self.dt) * self.rate(z, v)
 
     def __call__(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array, " latent"],
+        v: Float[Array, " action_latent"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, " latent"]:
         """One discrete step.
 
@@ -83,6 +87,8 @@ class AbstractLatentDynamics(eqx.Module):
 
         - `z`: latent state `(latent_dim,)`.
         - `v`: encoded control `(action_latent_dim,)`, or `None`.
+        - `key`: ignored (the dynamics are deterministic); accepted, as by every Equinox
+            layer, so that `eqx.nn.Sequential` can call them.
 
         **Returns:**
 
