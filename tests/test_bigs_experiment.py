@@ -683,26 +683,61 @@ def test_pretrain_checks_the_batches_before_writing(pretrained, corpus_dir, tmp_
     assert err.startswith("python -m lineax_seq bigs pretrain: error: --corpus")
     assert "examples available" in err and "--batch-size" in err
     assert not (tmp_path / "r").exists()
+    # Model options the encoder cannot take are named by option (building the model is
+    # not wrapped as "reading inputs": an error there is a bug and keeps its traceback).
+    attention = [*argv, "--routing", "attention", "--heads", "3"]
+    assert _cli_error(attention, capsys).endswith(
+        "--heads 3: must divide --dim 16 (attention routing)"
+    )
+    assert "--state-size 5: must be even" in _cli_error([*argv, "--state-size", "5"], capsys)
 
 
-def test_pretrain_run_that_never_started(pretrained, tmp_path):
-    """A run directory with a config but no checkpoint: a new command into it runs, and
-    its --resume is the same run as a fresh start (the MLM head's key was jr.key(1))."""
+def test_pretrain_run_that_never_started(pretrained, tmp_path, capsys):
+    """A run directory with a config but no checkpoint: a new command into it is refused
+    with the way out, and its --resume is the same run as a fresh start (the MLM head's
+    key was jr.key(1)); another command's files or a damaged config are usage errors."""
     out, argv, metrics = pretrained
+    at = argv.index("--out") + 1
+    into = lambda d, *extra: [*argv[:at], str(d), *argv[at + 1 :], *extra]  # noqa: E731
+    record = json.loads((out / "config.json").read_text())
+    record.pop("resumed", None)  # another test may have resumed the fixture's run
     unstarted = tmp_path / "unstarted"
     unstarted.mkdir()
-    (unstarted / "config.json").write_text((out / "config.json").read_text())
-    at = argv.index("--out") + 1
-    resumed = _bigs.pretrain(_parse([*argv[:at], str(unstarted), *argv[at + 1 :], "--resume"]))
-    assert resumed == pytest.approx(metrics)
+    (unstarted / "config.json").write_text(json.dumps(record))
+    err = _cli_error(into(unstarted), capsys)
+    assert "stopped before its first checkpoint: pass --resume" in err, err
+    assert _bigs.pretrain(_parse(into(unstarted, "--resume"))) == pytest.approx(metrics)
     config = json.loads((unstarted / "config.json").read_text())
     assert config["pretrain"]["out"] == str(out)  # the original record is kept
     assert [r["resume"] for r in config["resumed"]] == [True]
     assert "dim" not in config["resumed"][0]  # the checkpoint's model, not parser defaults
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    (fresh / "config.json").write_text("{}")
-    assert _bigs.pretrain(_parse([*argv[:at], str(fresh), *argv[at + 1 :]])) == metrics
+    # Another command's files are never overwritten by a new run (a fine-tuning run's
+    # final/ was replaced), nor is a pretraining run by `finetune --out`.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "result.json").write_text("{}")
+    err = _cli_error(into(other), capsys)
+    assert "holds another run's files (result.json)" in err, err
+    ft = ["finetune", "--checkpoint", str(out), "--task", "listops", "--out", str(out)]
+    assert "holds a `bigs pretrain` run" in _cli_error(ft, capsys)
+    for damaged in ("{", "{}"):
+        (unstarted / "config.json").write_text(damaged)
+        err = _cli_error(into(unstarted, "--resume"), capsys)
+        assert f"--resume {unstarted}" in err, err
+
+
+def test_init_from_records_its_source_not_its_history(pretrained, tmp_path, monkeypatch):
+    """A run started from another's weights records that run's absolute path (so it
+    loads from anywhere) and not that run's own resumes."""
+    out, argv, _ = pretrained
+    source = json.loads((out / "config.json").read_text())
+    monkeypatch.chdir(out.parent)
+    at = argv.index("--out")
+    new = tmp_path / "continued"
+    _bigs.pretrain(_parse([*argv[:at], "--out", str(new), "--init-from", out.name, "--steps", "1"]))
+    config = json.loads((new / "config.json").read_text())
+    assert config["init_from"] == str(out) and "resumed" not in config
+    assert config["model"] == source["model"]
 
 
 def test_unfinished_run_is_refused_with_a_way_out(tmp_path, capsys):
@@ -778,6 +813,11 @@ def test_ablation_names_cover_every_setting():
         "_match_1500ftsteps_seed1"
     )
     assert name("--quick") == "_quick" and name("--quick", "--dim", "8") == "_quick"
+    # Settings as the run uses them: --quick caps --max-files at 40 (a smaller one is
+    # another run), and --init-std's default for --dim given explicitly is the default.
+    assert name("--quick", "--max-files", "10") not in ("_quick", name("--quick", "--seed", "1"))
+    assert name("--quick", "--max-files", "400") == "_quick"
+    assert name("--init-std", f"{_bigs_train.scaled_init_std(64)!r}") == ""
     names = [
         name(*a)
         for a in (

@@ -208,6 +208,11 @@ def test_output_names_keep_the_default_and_documented_runs():
     others = {name(models=pair), name(seeds=(0,)), name(dim=64), name(steps=1200)}
     assert len(others) == 4 and not others & {"bst_lm", "bst_lm_1200steps"}
     assert _bst.output_stem(_bst.Config(), "corpus.txt") != "bst_lm"
+    # Step-size bounds are told apart (1.4e-3 had the committed 1e-3 run's name), and the
+    # default range given explicitly (4 / train_length) is the default run.
+    assert name(dt_min=1.4e-3) == "bst_lm_dt_min_1.4e-3"
+    assert name(dt_min=0.0099) == "bst_lm_dt_min_9.9e-3" and name(dt_min=0.05).endswith("_0.05")
+    assert name(dt_min=4 / 1024) == "bst_lm"
 
 
 def test_labels_follow_the_settings():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -39,6 +40,7 @@ from ._bigs_train import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     FINAL_DIR,
+    METRICS_FILE,
     RESULT_FILE,
     Classifier,
     MaskedLM,
@@ -108,17 +110,39 @@ def _run_problem(flag: str, run_dir: pathlib.Path) -> str | None:
     return None
 
 
+def _model_problem(args: argparse.Namespace) -> str | None:
+    """What in the model options the encoder cannot be built with, named by option."""
+    if args.routing == "attention" and args.dim % args.heads:
+        return f"--heads {args.heads}: must divide --dim {args.dim} (attention routing)"
+    if args.routing == "ssm" and args.state_size % 2:
+        return f"--state-size {args.state_size}: must be even (N / 2 complex conjugate pairs)"
+    return None
+
+
 def _pretrain_problem(args: argparse.Namespace) -> str | None:
     out: pathlib.Path = args.out
     if args.resume and not (out / CONFIG_FILE).exists():
         return f"--resume: {out} holds no run to resume (no {CONFIG_FILE})"
-    if not args.resume and (out / CONFIG_FILE).exists() and _started(out):
-        # Checked before anything is written: the existing run stays resumable. A run
-        # that never reached a checkpoint is simply started again.
-        return f"{out} already holds a run: pass --resume to continue it, or a new --out"
+    if not args.resume:
+        # Checked before anything is written: an existing run stays resumable, and
+        # another command's files (a fine-tuning run, say) are never overwritten.
+        if (out / CONFIG_FILE).exists():
+            if _started(out):
+                return f"{out} already holds a run: pass --resume to continue it, or a new --out"
+            return (
+                f"{out} holds a run that stopped before its first checkpoint: pass --resume "
+                "to start it again with its recorded settings, or a new --out"
+            )
+        found = [
+            n for n in (CHECKPOINT_DIR, FINAL_DIR, METRICS_FILE, RESULT_FILE) if (out / n).exists()
+        ]
+        if found:
+            return f"--out {out} holds another run's files ({', '.join(found)}): choose a new --out"
     if args.init_from is not None and (problem := _run_problem("--init-from", args.init_from)):
         return problem
-    return _mlm_length_problem(args) or output_problem("--out", out)
+    if args.resume or args.init_from is not None:  # the checkpoint's model is used
+        return _mlm_length_problem(args) or output_problem("--out", out)
+    return _model_problem(args) or _mlm_length_problem(args) or output_problem("--out", out)
 
 
 def _finetune_problem(args: argparse.Namespace) -> str | None:
@@ -134,6 +158,8 @@ def _finetune_problem(args: argparse.Namespace) -> str | None:
             f"--length {args.length}: an example needs at least {_FINETUNE_MIN_LENGTH} "
             "tokens (<cls>, text, <sep>; a sentence pair 5)"
         )
+    if (args.out / CONFIG_FILE).exists():  # its final/ would be replaced by the classifier
+        return f"--out {args.out}: holds a `bigs pretrain` run; choose another directory"
     return _run_problem("--checkpoint", args.checkpoint) or output_problem("--out", args.out)
 
 
@@ -216,7 +242,7 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
     with corpus_errors(args.corpus):
         texts = load_corpus(args.corpus, args.max_files)
     key = jr.key(args.seed)
-    recorded = json.loads((out / CONFIG_FILE).read_text()) if args.resume else {}
+    recorded = _recorded_config(out) if args.resume else {}
     start_from = args.init_from
     if args.resume and not _started(out) and recorded.get("init_from") is not None:
         start_from = pathlib.Path(recorded["init_from"])
@@ -225,7 +251,9 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
     if start_from is not None:
         with reading_inputs(f"--init-from {start_from}"):
             model, tok, config = load_pretrained(start_from)
-        config = recorded or {**config, "init_from": str(start_from)}
+        # The source's model and tokenizer, not its history (`resumed`).
+        source = {k: v for k, v in config.items() if k != "resumed"}
+        config = recorded or {**source, "init_from": os.path.abspath(start_from)}
     elif args.resume:
         config = recorded
         with reading_inputs(f"--resume {out}"):
@@ -234,21 +262,20 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
     else:
         with corpus_errors(args.corpus):
             tok = make_tokenizer(texts[0], args.tokenizer, args.vocab_size)
-        with reading_inputs("the model options"):
-            encoder = build_encoder(
-                key,
-                vocab_size=tok.vocab_size,
-                dim=args.dim,
-                num_layers=args.layers,
-                architecture=args.architecture,
-                routing=args.routing,
-                inner_dim=args.inner,
-                num_heads=args.heads if args.routing == "attention" else None,
-                max_length=args.length if args.routing == "attention" else None,
-                state_size=args.state_size,
-                dropout=args.dropout,
-                init_std=args.init_std or scaled_init_std(args.dim),
-            )
+        encoder = build_encoder(  # its options were checked by `_model_problem`
+            key,
+            vocab_size=tok.vocab_size,
+            dim=args.dim,
+            num_layers=args.layers,
+            architecture=args.architecture,
+            routing=args.routing,
+            inner_dim=args.inner,
+            num_heads=args.heads if args.routing == "attention" else None,
+            max_length=args.length if args.routing == "attention" else None,
+            state_size=args.state_size,
+            dropout=args.dropout,
+            init_std=args.init_std or scaled_init_std(args.dim),
+        )
         model = MaskedLM(encoder, key=jr.fold_in(key, 1))
         config = {"model": encoder.config()}
         if args.tokenizer == "bpe" and tok.vocab_size < args.vocab_size:
@@ -270,6 +297,18 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
             seed=args.seed,
         )
     return config, model, tok, (texts, batches)
+
+
+def _recorded_config(out: pathlib.Path) -> dict[str, Any]:
+    """The `config.json` of the run to resume, with the entries a resume needs."""
+    with reading_inputs(f"--resume {out}: {CONFIG_FILE}"):
+        config = json.loads((out / CONFIG_FILE).read_text())
+    if not isinstance(config, dict) or not {"model", "tokenizer"} <= config.keys():
+        raise UsageError(
+            f"--resume {out}: {CONFIG_FILE} is not a `bigs pretrain` record (no model and "
+            "tokenizer entries); start a new run with another --out"
+        )
+    return config
 
 
 def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
@@ -321,9 +360,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         mask_rate=args.mask_rate,
         out_dir=out,
         checkpoint_every=max(1, args.steps // 4),
-        # Continues from a checkpoint if there is one; a run that never reached one
-        # (a new run into its directory, or its --resume) starts at step 0.
-        resume=True,
+        # --resume continues from the checkpoint if there is one (a run that never
+        # reached one starts at step 0); a new run refuses a directory with another's.
+        resume=args.resume,
         data=batches,
     )
     ls.save_checkpoint(
@@ -408,7 +447,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
     summary = {
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": os.path.abspath(args.checkpoint),
         "task": args.task,
         "train": None if args.train is None else str(args.train),
         "eval": None if args.eval is None else str(args.eval),
@@ -427,7 +466,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         args.out / FINAL_DIR, result.step, model=result.model, key=jr.key(args.seed), keep=1
     )
     save_json(summary, args.out / RESULT_FILE)
-    print(f"fine-tuned model in {args.out / FINAL_DIR} (load_finetuned), summary in {RESULT_FILE}")
+    print(f"fine-tuned model in {args.out / FINAL_DIR}, summary in {args.out / RESULT_FILE}")
     if result.model.encoder.routing == "ssm":
         length = max(args.length, 2 * KERNEL_RADIUS + 1)
         panels = {

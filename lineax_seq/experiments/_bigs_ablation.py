@@ -497,9 +497,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     `_seed<N>` for a seed other than 0, `_quick` for `--quick`, then a short hash of
     any other setting that differs from the default run's: see `output_suffix`).
     """
-    cfg = {k: getattr(args, k) for k in SETTINGS}
-    if args.quick:
-        cfg.update(QUICK, max_files=min(args.max_files, 40), vocab_size=min(args.vocab_size, 512))
+    cfg = effective_settings(args)
     start = time.perf_counter()
     length, batch_size = cfg["length"], cfg["batch_size"]
     num_eval = batch_size * max(1, cfg["finetune_examples"] // (4 * batch_size))
@@ -516,7 +514,6 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             num_eval=num_eval,
             seed=cfg["seed"],
         )
-    cfg["init_std"] = cfg["init_std"] or scaled_init_std(cfg["dim"])
     base = dict(
         vocab_size=tok.vocab_size,
         dim=cfg["dim"],
@@ -580,19 +577,30 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
 _NAMED = ("finetune_task", "steps", "finetune_steps", "seed")
 
 
+def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings (`SETTINGS`): the command line's, `--quick`'s sizes (it caps
+    `--max-files` and `--vocab-size`), and `--init-std`'s default for `--dim` resolved."""
+    cfg = {k: getattr(args, k) for k in SETTINGS}
+    if args.quick:
+        cfg.update(QUICK, max_files=min(args.max_files, 40), vocab_size=min(args.vocab_size, 512))
+    cfg["init_std"] = cfg["init_std"] or scaled_init_std(cfg["dim"])
+    return cfg
+
+
 def _other_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of `args` that differ from the default run's and that the file
-    names do not spell out (`--corpus` included; with `--quick`, only those it leaves
-    to the command line)."""
+    """The settings that differ from the default run's (the `--quick` one under
+    `--quick`) and that the file names do not spell out, `--corpus` included. Compared
+    as the run uses them, so a default given explicitly is no difference."""
     from ._bigs import add_arguments  # the parser's defaults (imports this module)
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    defaults = vars(parser.parse_args(["ablation"]))
-    names = [k for k in (*SETTINGS, "corpus") if k not in _NAMED]
-    if args.quick:
-        names = [k for k in names if k not in QUICK]
-    return {k: getattr(args, k) for k in names if getattr(args, k) != defaults[k]}
+    defaults = parser.parse_args(["ablation", *(["--quick"] if args.quick else [])])
+    cfg, default = effective_settings(args), effective_settings(defaults)
+    others = {k: cfg[k] for k in SETTINGS if k not in _NAMED and cfg[k] != default[k]}
+    if args.corpus is not None:
+        others["corpus"] = args.corpus
+    return others
 
 
 def output_suffix(

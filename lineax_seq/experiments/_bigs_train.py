@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,7 @@ CHECKPOINT_DIR = "checkpoints"  # where `ls.train` keeps a run's checkpoints
 TOKENIZER_FILE = "tokenizer.json"
 FINAL_DIR = "final"
 RESULT_FILE = "result.json"  # a `bigs finetune` run's summary
+METRICS_FILE = "metrics.jsonl"  # written by `ls.train`
 
 
 # ---------------------------------------------------------------------------------------
@@ -700,7 +702,10 @@ def _train(
 
 
 def save_json(payload: dict[str, Any], path: pathlib.Path) -> pathlib.Path:
+    """Write `payload` to `path` atomically (a crash leaves the old file or the new one)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
     return path

@@ -44,7 +44,6 @@ from ._cli import (
     output_problem,
     positive_float,
     positive_int,
-    reading_inputs,
     results_dir,
     settings_tag,
 )
@@ -367,11 +366,21 @@ def config_problem(cfg: Config) -> str | None:
     return None
 
 
+def _short_float(x: float) -> str:
+    """`x` exactly enough to tell settings apart, briefly: `1e-3`, `1.4e-3`, `0.05`."""
+    if x >= 1e-2:
+        return f"{x:.12g}"
+    mantissa, exponent = f"{x:.11e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def output_stem(cfg: Config, corpus: str | None) -> str:
     """`bst_lm`, and for settings other than the default run's a suffix, so that they do
     not overwrite its results: `_<N>steps` and `_dt_min_<x>` (the README's runs), then a
     short hash of every other setting that differs (at other --steps, the models are
     left out of it for SLIDE and BST:SH:S4 only: the README's longer comparison)."""
+    if cfg.dt_min is not None and cfg.dt_min == dataclasses.replace(cfg, dt_min=None).ssm_dt_min():
+        cfg = dataclasses.replace(cfg, dt_min=None)  # the default range, given explicitly
     default = dataclasses.asdict(Config())
     differ = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
     stem = "bst_lm"
@@ -384,9 +393,7 @@ def output_stem(cfg: Config, corpus: str | None) -> str:
             del differ["models"]
     if "dt_min" in differ:
         dt_min = differ.pop("dt_min")
-        stem += "_dt_min_" + (
-            f"{dt_min:.0e}".replace("e-0", "e-") if dt_min < 1e-2 else f"{dt_min:g}"
-        )
+        stem += f"_dt_min_{_short_float(dt_min)}"
     if corpus is not None:
         differ["corpus"] = corpus
     return stem + (f"_{settings_tag(differ)}" if differ else "")
@@ -413,8 +420,7 @@ def run_experiment(
         f"seeds {list(cfg.seeds)}",
         flush=True,
     )
-    with reading_inputs("the model options"):
-        mlp_dims = matched_mlp_dims(vocab_size, cfg)
+    mlp_dims = matched_mlp_dims(vocab_size, cfg)
     runs: dict[str, list[dict]] = {name: [] for name in cfg.models}
     params = {}
     for seed in cfg.seeds:
