@@ -631,8 +631,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(
         pre,
         "--out",
-        "run directory (default outputs/bigs/pretrain); one whose run never reached a "
-        "checkpoint is started again",
+        "run directory (default outputs/bigs/pretrain); a new run needs one without "
+        "another run's files",
         default=pathlib.Path("outputs/bigs/pretrain"),
     )
     pre.add_argument(
