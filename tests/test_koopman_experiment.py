@@ -230,9 +230,7 @@ def test_window_as_long_as_the_trajectories_is_usable():
 
 
 def _parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    kx.add_arguments(parser)
-    return kx.resolve_sizes(parser.parse_args(list(argv)))
+    return kx.parse_args(list(argv))
 
 
 def test_small_preset_yields_to_explicit_options():

@@ -84,10 +84,15 @@ from ._cli import (
 # ---------------------------------------------------------------------------------------
 
 
+# The shortest sequences with any text: <cls>, text, <sep> (a sentence pair: two more).
+_MIN_LENGTH = 3
+_PAIR_MIN_LENGTH = 5
+
+
 def _mlm_length_problem(args: argparse.Namespace) -> str | None:
-    if args.length < 3:
+    if args.length < _MIN_LENGTH:
         return (
-            f"--length {args.length}: masked-LM sequences need at least 3 tokens "
+            f"--length {args.length}: masked-LM sequences need at least {_MIN_LENGTH} tokens "
             "(<cls>, text, <sep>)"
         )
     return None
@@ -153,10 +158,10 @@ def _finetune_problem(args: argparse.Namespace) -> str | None:
         given += ["--regression"] if args.regression else []
         if given:
             return f"--task listops: {' and '.join(given)} apply to --task file only"
-    if args.length < _FINETUNE_MIN_LENGTH:
+    if args.length < _MIN_LENGTH:
         return (
-            f"--length {args.length}: an example needs at least {_FINETUNE_MIN_LENGTH} "
-            "tokens (<cls>, text, <sep>; a sentence pair 5)"
+            f"--length {args.length}: an example needs at least {_MIN_LENGTH} "
+            f"tokens (<cls>, text, <sep>; a sentence pair {_PAIR_MIN_LENGTH})"
         )
     if (args.out / CONFIG_FILE).exists():  # its final/ would be replaced by the classifier
         return f"--out {args.out}: holds a `bigs pretrain` run; choose another directory"
@@ -215,7 +220,6 @@ _MODEL_OPTIONS = (
     "state_size",
     "dropout",
 )
-_FINETUNE_MIN_LENGTH = 3
 
 
 def _length_problem(model: MaskedLM, length: int, source: str) -> str | None:
@@ -407,10 +411,10 @@ def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, 
             num_outputs = max(num_outputs, eval_outputs)
         else:
             train_records, eval_records = split_records(train_records)
-        if "text_pair" in train_records[0] and args.length < 5:
+        if "text_pair" in train_records[0] and args.length < _PAIR_MIN_LENGTH:
             raise UsageError(
                 f"--length {args.length}: --train {args.train} has sentence pairs, which "
-                "need at least 5 tokens (<cls>, text, <sep>, text, <sep>)"
+                f"need at least {_PAIR_MIN_LENGTH} tokens (<cls>, text, <sep>, text, <sep>)"
             )
     where = "--listops-examples" if args.task == "listops" else "--train"
     if len(train_records) < args.batch_size:

@@ -738,6 +738,13 @@ def resolve_sizes(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The `koopman` command's options for `argv`, sizes resolved (`resolve_sizes`)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return resolve_sizes(parser.parse_args(argv))
+
+
 def options_problem(args: argparse.Namespace) -> str | None:
     """What in `args` (sizes resolved) the run cannot use, named by its option, found
     before any training: a window longer than the trajectories, a `--system-param` given
@@ -797,10 +804,8 @@ def load_table(path: pathlib.Path) -> dict:
     that a config does not name (added since) had its default."""
     payload = json.loads(pathlib.Path(path).read_text())
     systems = payload.get("systems", {})
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     # An option a file does not name did not exist yet: the run had its default.
-    defaults = row_config(_config(resolve_sizes(parser.parse_args([]))))
+    defaults = row_config(_config(parse_args([])))
     for res in systems.values():
         if "config" not in res:
             res["config"] = row_config(payload.get("config", {}))
@@ -854,9 +859,7 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
 def _command_line(args) -> list[str]:
     """The options that reproduce `args`: the system(s), steps, batch and seed, and every
     other option that differs from its default."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    defaults = vars(resolve_sizes(parser.parse_args([])))
+    defaults = vars(parse_args([]))
     words = ["koopman", "--all" if args.all else f"--system {args.system}"]
     words += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--seed {args.seed}"]
     for name, value in vars(args).items():
@@ -906,11 +909,8 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     table row (none / every step / periodic) and saves a phase portrait, MSE curves and
     `koopman_metrics.json` (the row's numbers and config; the key is `jr.key(0)`, not the
     `koopman` command's, so no command line reproduces it)."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
-    argv += ["--small"] if small else ["--steps", "1500"]
-    args = resolve_sizes(parser.parse_args(argv))
+    args = parse_args(argv + (["--small"] if small else ["--steps", "1500"]))
     res = run_system("duffing", args, jr.key(0), out_dir, variants=args.variants)
     entry = res["variants"][LABELS[VARIANTS[0]]]["horizons"]
     base = res["variants"][BASELINE]["horizons"]
