@@ -130,6 +130,16 @@ def test_corpus_directory_scan(tmp_path):
     ids = [doc_id for doc_id, _ in ls.data._corpus.read_documents(root)]
     assert "sub/doc.txt" in ids and not any(i.startswith(("a_link/", "up/")) for i in ids)
     assert len(ids) == 5
+    # A link to a file is read only if nothing else reaches that file (else its text
+    # would be a second document, maybe in another split).
+    (root / "latest.txt").symlink_to(root / "top.txt")
+    (root / "z.txt").symlink_to(real / "a.txt")  # read through "linked/" already
+    outside = tmp_path / "outside.txt"
+    outside.write_text("outside")
+    (root / "o1.txt").symlink_to(outside)
+    (root / "o2.txt").symlink_to(outside)
+    ids = [doc_id for doc_id, _ in ls.data._corpus.read_documents(root)]
+    assert "top.txt" in ids and "o1.txt" in ids and len(ids) == 6
 
 
 def test_corpus_bad_inputs(tmp_path, corpus_dir):

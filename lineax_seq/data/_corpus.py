@@ -45,8 +45,9 @@ def _stdlib_files() -> tuple[pathlib.Path, list[pathlib.Path]]:
 def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
     """The corpus files under `root`: hidden files and folders (`.git`, `.venv`, ...)
     skipped; symbolic links to folders outside the tree followed (each folder once), while
-    a link to a folder of the tree (or to an ancestor) is not, so a document's id is its
-    path through real folders whatever links exist."""
+    a link to a folder of the tree (or to an ancestor) is not, and a link to a file is
+    read only if no other path reaches that file, so a document's id is its path through
+    real folders whatever links exist."""
 
     def visible(names):
         return sorted(n for n in names if not n.startswith("."))
@@ -72,7 +73,18 @@ def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
             path = pathlib.Path(folder, name)
             if not name.startswith(".") and path.suffix in _SUFFIXES and path.is_file():
                 files.append(path)
-    return files
+    # A file is read once: a link to a file that is read anyway (or that an earlier link
+    # reaches) would duplicate a document under another id, maybe in another split.
+    direct = {os.path.realpath(p) for p in files if not p.is_symlink()}
+    kept = []
+    for path in sorted(files):
+        real = os.path.realpath(path)
+        if path.is_symlink():
+            if real in direct:
+                continue
+            direct.add(real)
+        kept.append(path)
+    return kept
 
 
 def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
@@ -207,8 +219,9 @@ def text_corpus(
     document per file. A user `source` may be a `.txt`/`.py` file (one document), a
     `.jsonl` file (one document per line, its `text_field`, a string; an `"id"` field,
     a string or an integer, if present, names the document), or a directory searched
-    recursively for such files (following symbolic links to folders; hidden files and
-    folders, such as `.git` or `.venv`, are skipped). Files are read as UTF-8 (line ends
+    recursively for such files (following symbolic links to folders, and reading a file
+    that links reach by several paths once; hidden files and folders, such as `.git` or
+    `.venv`, are skipped). Files are read as UTF-8 (line ends
     read as `\\n`; a JSONL file may start with a byte-order mark); invalid bytes become
     the replacement character U+FFFD rather than an error.
 
