@@ -5,6 +5,7 @@ import inspect
 import json
 import pathlib
 import shutil
+import types
 
 import _training_sharding_common as common
 import equinox as eqx
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import lineax_seq as ls
-from lineax_seq.training import _checkpoint
+from lineax_seq.training import _checkpoint, _train
 
 
 def _records(out_dir):
@@ -94,6 +95,32 @@ def test_progress_bar_shows_loss_and_throughput(data, capsys):
     )
     err = capsys.readouterr().err
     assert "loss=" in err and "tokens/s=" in err
+
+
+def test_tokens_throughput_counts_token_arrays(monkeypatch):
+    """`unit="tokens"` counts the `(B, L)` token ids even when a `(B,)` leaf sorts first,
+    as a classification batch's `"label"` does (it counted B tokens per batch)."""
+    batch = {"label": np.zeros(4, np.int32), "tokens": np.ones((4, 16), np.int32)}
+    loss_fn = lambda w, b, key: (jnp.mean(w[b["tokens"]] ** 2), None)
+    per_s = {}
+    for unit in ("samples", "tokens"):
+        clock = iter(range(10**6))  # the same readings in both runs
+        fake = types.SimpleNamespace(perf_counter=lambda clock=clock: float(next(clock)))
+        monkeypatch.setattr(_train, "time", fake)
+        result = ls.train(
+            jnp.ones(8),
+            ls.make_optimizer(1e-2),
+            loss_fn,
+            [batch] * 3,
+            steps=3,
+            key=jr.key(0),
+            log_every=1,
+            unit=unit,
+            progress=False,
+        )
+        per_s[unit] = [r[f"{unit}_per_s"] for r in result.history if f"{unit}_per_s" in r]
+    assert len(per_s["tokens"]) == 2
+    assert per_s["tokens"] == [16 * x for x in per_s["samples"]]
 
 
 def test_resume_rewinds_metrics_and_matches(full_run, data, tmp_path):

@@ -220,14 +220,15 @@ def _host(x: Any) -> float:
 
 
 def _count(batch: Any, unit: str) -> int:
-    leaves = jax.tree.leaves(batch)
-    if not leaves:
+    """The leading size of the batch's first leaf (`"samples"`), or the largest product of
+    a leaf's first two dimensions (`"tokens"`: a `(B, L)` token array; a classification
+    batch's first leaf, in key order, is its `(B,)` labels)."""
+    shapes = [np.shape(x) for x in jax.tree.leaves(batch)]
+    if not shapes:
         return 0
-    first = leaves[0]
-    shape = np.shape(first)
-    if unit == "samples":
-        return int(shape[0]) if shape else 1
-    return int(np.prod(shape[:2])) if len(shape) >= 2 else int(np.prod(shape))
+    samples = int(shapes[0][0]) if shapes[0] else 1
+    sequences = [int(s[0]) * int(s[1]) for s in shapes if len(s) >= 2]
+    return max(sequences) if unit == "tokens" and sequences else samples
 
 
 def _read_jsonl(path: pathlib.Path, max_step: float | int) -> list[dict]:
@@ -384,7 +385,8 @@ def train(
     - `keep_checkpoints`: number of checkpoints kept.
     - `resume`: continue from the newest intact checkpoint in `out_dir` if any.
     - `unit`: throughput unit: `"samples"` (leading size of the first batch leaf) or
-        `"tokens"` (product of its first two dimensions).
+        `"tokens"` (the largest product of a batch leaf's first two dimensions, e.g.
+        `B * L` of `(B, L)` token ids).
     - `mesh`: if given, batches are split over its `"data"` axis
         ([`lineax_seq.shard_batch`][]) and large weights over `"model"`
         ([`lineax_seq.shard_params`][]); every process feeds its own slice of the
