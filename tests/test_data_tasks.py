@@ -180,6 +180,11 @@ def test_read_classification_json_values_of_texts_and_labels(tmp_path):
             ls.read_classification(path, num_classes=2, pair_field="pair")
     with pytest.raises(ValueError, match="pair_field must be a field name .* got pair_field=''"):
         ls.read_classification(path, num_classes=2, pair_field="")
+    # Half an emoji (json.dumps escapes it as "\\ud83d") is named here, not left for the
+    # tokenizer's UnicodeEncodeError while batching.
+    path.write_text(ok + "\n" + json.dumps({"text": "x", "pair": "cut \ud83d", "label": 0}))
+    with pytest.raises(ValueError, match=r"v.jsonl:2: field 'pair' holds '\\ud83d', half of a"):
+        ls.read_classification(path, num_classes=2, pair_field="pair")
     # Regression: JSON integers beyond int64 are numbers like any other.
     path.write_text(json.dumps({"text": "x", "label": 10**30}) + "\n")
     assert ls.read_classification(path, num_classes=None)[0]["label"] == 1e30

@@ -183,6 +183,19 @@ def test_corpus_jsonl_bad_records(tmp_path, records, message):
         ls.text_corpus(path, split="all")
 
 
+def test_corpus_jsonl_half_surrogates_are_replaced(tmp_path):
+    """Half an emoji, as json.dumps escapes it ("\\ud83d"), reads as U+FFFD, like invalid
+    bytes: no tokenizer encodes it (nor hashes it as an id)."""
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"id": "\udc00", "text": "cut \ud83d here"}) + "\n")
+    (doc,) = ls.text_corpus(path, split="all")
+    assert doc == "cut \ufffd here"
+    split = ls.data._corpus.split_of("\udc00", valid_fraction=0.3, test_fraction=0.3)
+    assert ls.text_corpus(path, split=split, valid_fraction=0.3, test_fraction=0.3)[0] == doc
+    for tok in (ls.ByteTokenizer(), ls.BPETokenizer.train(DOCS, vocab_size=270)):
+        assert tok.decode(tok.encode(doc)) == doc
+
+
 # -------------------------------------------------------------------------- tokenizers
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from beartype import beartype
 
 from .._checks import IntLike, RealLike, check_int
+from ._corpus import LONE_SURROGATE
 from ._loader import batch_examples
 from ._tokenizers import (
     NUM_SPECIAL,
@@ -192,8 +193,9 @@ def read_classification(
     that repeats a column, a CSV field over the `csv` module's size limit
     (`csv.field_size_limit()`, 131,072 characters by default; JSONL has none), a JSONL
     line that is not a JSON object, a missing field, a text that is not a string (a
-    JSON list, number or `null`), or a label that is not an integer in range (not one
-    of `label_names`; for regression, not a finite number within float32's range).
+    JSON list, number or `null`) or holds half a surrogate pair (`"\\ud83d"`), or a
+    label that is not an integer in range (not one of `label_names`; for regression,
+    not a finite number within float32's range).
     """
     if num_classes is not None:
         num_classes = check_int("num_classes", num_classes, minimum=2)
@@ -238,6 +240,11 @@ def read_classification(
                     if not isinstance(row[name], str):
                         raise ValueError(
                             f"{where}: field {name!r} must be a string, got {row[name]!r}"
+                        )
+                    if half := LONE_SURROGATE.search(row[name]):  # no tokenizer takes it
+                        raise ValueError(
+                            f"{where}: field {name!r} holds {half.group()!r}, half of a "
+                            "surrogate pair (e.g. an emoji cut in two), which is not text"
                         )
                 record = {
                     "text": row[text_field],

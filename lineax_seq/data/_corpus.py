@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sysconfig
 
 import grain
@@ -15,6 +16,9 @@ from .._checks import RealLike
 from ._loader import check_split
 
 _SUFFIXES = (".txt", ".py", ".jsonl")
+# A JSON string may escape half of a surrogate pair ("\\ud83d", e.g. an emoji cut in two),
+# which no UTF-8 encoder (so no tokenizer) accepts.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def split_of(document_id: str, *, valid_fraction: RealLike, test_fraction: RealLike) -> str:
@@ -23,7 +27,8 @@ def split_of(document_id: str, *, valid_fraction: RealLike, test_fraction: RealL
     `[0, valid)` is `"valid"`, `[valid, valid + test)` is `"test"`, the rest `"train"`.
     Independent of the machine, the Python hash seed, and of every other document.
     """
-    digest = hashlib.blake2b(document_id.encode("utf-8"), digest_size=8).digest()
+    data = document_id.encode("utf-8", errors="surrogatepass")  # a JSONL id may hold one
+    digest = hashlib.blake2b(data, digest_size=8).digest()
     u = int.from_bytes(digest, "little") / 2**64
     if u < valid_fraction:
         return "valid"
@@ -105,6 +110,7 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                     raise ValueError(
                         f"{path}:{lineno}: field {text_field!r} must be a string, got {text!r}"
                     )
+                text = LONE_SURROGATE.sub("\ufffd", text)
                 doc_id = record.get("id", f"{rel}:{lineno}")
                 if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
                     raise ValueError(
@@ -221,9 +227,9 @@ def text_corpus(
     a string or an integer, if present, names the document), or a directory searched
     recursively for such files (following symbolic links to folders, and reading a file
     that links reach by several paths once; hidden files and folders, such as `.git` or
-    `.venv`, are skipped). Files are read as UTF-8 (line ends
-    read as `\\n`; a JSONL file may start with a byte-order mark); invalid bytes become
-    the replacement character U+FFFD rather than an error.
+    `.venv`, are skipped). Files are read as UTF-8 (line ends read as `\\n`; a JSONL
+    file may start with a byte-order mark); invalid bytes, and JSON escapes of half a
+    surrogate pair, become the replacement character U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
     path relative to `source`, or `path:line` for JSONL), so the split never depends
