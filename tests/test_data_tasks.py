@@ -107,9 +107,13 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(_write_csv(tmp_path / "s.csv", [("x", "pos")]), num_classes=2)
     with pytest.raises(ValueError, match="label 'nan' is not a finite number"):
         ls.read_classification(_write_csv(tmp_path / "f.csv", [("x", "nan")]), num_classes=None)
-    with pytest.raises(ValueError, match="missing field 'label'"):
+    with pytest.raises(ValueError, match="missing field 'label'; its fields are 'text', 'y'"):
         ls.read_classification(
             _write_csv(tmp_path / "h.csv", [("x", 1)], header="text,y"), num_classes=2
+        )
+    with pytest.raises(ValueError, match="missing field 'label'; its fields are 'text', ' label'"):
+        ls.read_classification(
+            _write_csv(tmp_path / "h.csv", [("x", 1)], header="text, label"), num_classes=2
         )
     with pytest.raises(ValueError, match="b.jsonl:2: not a JSON object"):
         p = tmp_path / "b.jsonl"

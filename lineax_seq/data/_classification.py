@@ -235,7 +235,10 @@ def read_classification(
                 where = f"{p}:{lineno}"
                 for name in [*texts, label_field]:
                     if name not in row:
-                        raise ValueError(f"{where}: missing field {name!r}")
+                        raise ValueError(  # e.g. a CSV header "text, label" has " label"
+                            f"{where}: missing field {name!r}; its fields are "
+                            f"{', '.join(map(repr, row))}"
+                        )
                 for name in texts:  # str() would read a list or a number as its repr
                     if not isinstance(row[name], str):
                         raise ValueError(
