@@ -242,6 +242,12 @@ def test_resume_with_another_data_layout_says_so(data, tmp_path):
     with pytest.raises(ValueError, match=r"data pipeline's layout changed .* num_workers"):
         ls.train(*args, workers, **{**kw, "steps": 3})
     assert ls.list_checkpoints(tmp_path / "checkpoints")[-1].name.endswith("2")  # untouched
+    # A plain iterable is replayed to the checkpoint's position: one too short says so
+    # (a bare StopIteration escaped).
+    plain = tmp_path / "plain"
+    ls.train(*args, data[:3], **{**kw, "steps": 3, "out_dir": plain})
+    with pytest.raises(ValueError, match=r"`data` ran out after 1 batches while replaying the 3"):
+        ls.train(*args, data[:1], **{**kw, "steps": 4, "out_dir": plain})
 
 
 def test_train_bad_arguments_named(data, no_jaxtyping):

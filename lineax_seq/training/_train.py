@@ -289,7 +289,14 @@ class _DataIterator:
             self.consumed = state["consumed"]
             return
         for _ in range(state["consumed"] - self.consumed):  # replay a plain iterator
-            next(self)
+            try:
+                next(self)
+            except StopIteration:
+                raise ValueError(
+                    f"`data` ran out after {self.consumed} batches while replaying the "
+                    f"{state['consumed']} the checkpoint's run had taken: resume with the "
+                    "data the run was started with."
+                ) from None
 
 
 def _layout(state: Any) -> Any:
