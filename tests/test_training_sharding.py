@@ -113,6 +113,22 @@ def test_sharded_step_equals_single_device():
     assert len(model_8.layers[1].weight.addressable_shards) == 8
 
 
+def test_eval_batch_that_does_not_divide_the_mesh_is_replicated():
+    """A finite eval set's shorter last batch (3 examples on 8 "data" devices) is
+    evaluated, not a ValueError at the first evaluation (which lost the final checkpoint)."""
+    (x, y), *_ = common.batches(1, 8)
+    train = [(x, y)]
+    evals = [(x, y), (x[:3], y[:3])]
+    records = {}
+    for name, mesh in (("one", None), ("mesh", ls.make_mesh(8, 1))):
+        args = (common.make_model(), common.optimizer(), common.loss_fn, train)
+        result = ls.train(*args, steps=1, key=jr.key(0), eval_data=evals, mesh=mesh, progress=False)
+        (records[name],) = [r for r in result.history if r["split"] == "eval"]
+    assert records["mesh"].keys() == records["one"].keys()
+    for k in ("loss", "max_err"):
+        np.testing.assert_allclose(records["mesh"][k], records["one"][k], rtol=1e-5)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 
 from .._checks import IntLike, check_bool, check_int, check_optional_int
@@ -397,7 +399,8 @@ def train(
     - `mesh`: if given, batches are split over its `"data"` axis
         ([`lineax_seq.shard_batch`][]) and large weights over `"model"`
         ([`lineax_seq.shard_params`][]); every process feeds its own slice of the
-        global batch.
+        global batch. In a one-process run an evaluation batch whose size does not
+        divide the `"data"` axis (a finite `eval_data`'s last one) is replicated instead.
     - `min_shard_size`: smaller arrays are replicated, not split over `"model"`.
     - `progress`: show a tqdm progress bar with the loss and the throughput.
     - `plot`: save the loss curves to `out_dir/curves.png` at the end.
@@ -579,7 +582,7 @@ def train(
             if eval_batches is not None and i >= eval_batches:
                 break
             if mesh is not None:
-                batch = shard_batch(batch, mesh)
+                batch = _place_eval_batch(batch, mesh)
             m = eval_step(model, batch, jr.fold_in(k, i))
             size = _count(batch, "samples")
             for name, v in m.items():
@@ -660,6 +663,15 @@ def train(
     if plot and is_main:
         plot_metrics(history, out / PLOT_FILE)
     return TrainResult(model, opt_state, step, key, history, resumed_from)
+
+
+def _place_eval_batch(batch: Any, mesh: jax.sharding.Mesh) -> Any:
+    """An evaluation batch split over the mesh's `"data"` axis or, in a one-process run,
+    replicated when its size does not divide that axis (the shorter last batch of a
+    finite `eval_data`, which would otherwise fail the run at its first evaluation)."""
+    if jax.process_count() == 1 and _count(batch, "samples") % mesh.shape["data"]:
+        return jax.device_put(batch, NamedSharding(mesh, P()))
+    return shard_batch(batch, mesh)
 
 
 def _check_key(key: Any) -> None:
