@@ -114,6 +114,26 @@ def test_multi_head_attention_float64_is_float64(getkey):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_multi_head_attention_fully_masked_row(getkey, dtype):
+    """A query that sees no key gets the plain mean of the values, and (float64 added
+    the mask to its logits) no gradient through its queries, keys or bias: the function
+    does not depend on them."""
+    with jax.enable_x64(dtype == "float64"):
+        mha = ls.MultiHeadAttention(8, 2, kv_dim=6, key=getkey())
+        mha = jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, mha)
+        x, ctx = jr.normal(getkey(), (4, 8), dtype), jr.normal(getkey(), (5, 6), dtype)
+        bias = jr.normal(getkey(), (2, 4, 5), dtype)
+        mask = jnp.ones((4, 5), bool).at[2].set(False)
+        out = lambda x, bias: mha(x, ctx, mask=mask, bias=bias)[2]
+        v = mha.keys_values(ctx)[1]
+        np.testing.assert_allclose(out(x, bias), mha.merge_heads(v.mean(0)[None])[0], rtol=1e-5)
+        grad_x, grad_bias = jax.jacrev(out, argnums=(0, 1))(x, bias)
+        assert not np.any(grad_x) and not np.any(grad_bias)
+        # Empty self-attention is empty, not a zero-size reduction error.
+        assert mha(jnp.zeros((0, 8), dtype), jnp.zeros((0, 6), dtype)).shape == (0, 8)
+
+
 @pytest.mark.parametrize("window", [1, 3, 4])
 def test_sliding_window_attention_matches_dense_reference(getkey, window):
     length, heads, d = 12, 2, 3

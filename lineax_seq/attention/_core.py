@@ -27,20 +27,26 @@ def head_major_attention(
     k: Float[Array, "*batch k d"],
     v: Float[Array, "*batch k d"],
     bias: Float[Array, "*#batch #q #k"] | None = None,
+    mask: Bool[Array, "*#batch #q #k"] | None = None,
 ) -> Float[Array, "*batch q d"]:
     """Softmax attention with leading batch axes (e.g. `(heads, blocks)`).
 
     Logits and the softmax are float32, or float64 for float64 inputs (the outputs are
     cast back to `v`'s dtype);
     normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
-    `bias` is additive (use `-1e30` to block a key); every query must see a key.
+    `bias` is additive (`-1e30` blocks a key); `mask` (`False` blocks a key) replaces the
+    blocked logits, as `jax.nn.dot_product_attention` does, so a query that sees no key
+    gets the plain mean of the values and no gradient through its logits.
     """
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=acc)
     if bias is not None:
         logits = logits + bias
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    if mask is not None:
+        logits = jnp.where(mask, logits, -1e30)
+    # (`initial`: no keys at all, as in self-attention over an empty sequence, is fine.)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf))
     out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)
     return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
 
@@ -58,6 +64,6 @@ def attend(
     `bias` and `mask` broadcast to `(*batch, heads, q, k)`, as there."""
     if q.dtype != jnp.float64:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
-    total = bias if mask is None else masked_bias(mask, bias)
     hm = lambda a: rearrange(a, "... t h d -> ... h t d")
-    return rearrange(head_major_attention(hm(q), hm(k), hm(v), total), "... h t d -> ... t h d")
+    out = head_major_attention(hm(q), hm(k), hm(v), bias, mask)
+    return rearrange(out, "... h t d -> ... t h d")
