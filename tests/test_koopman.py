@@ -413,6 +413,12 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
     assert ls.unroll_continuous(model, jnp.ones(2), ts, **euler).shape == (11, 2)
     with pytest.raises(ValueError, match="StepTo.*reencoding.*4 segments"):
         ls.unroll_continuous(model, jnp.ones(2), ts, reencode_dt=0.25, **euler)
+    # The exact path solves no ODE: diffrax options would be silently ignored.
+    with pytest.raises(ValueError, match="^solver, stepsize_controller have no effect with exact"):
+        ls.unroll_continuous(model, jnp.ones(2), ts, exact=True, **euler)
+    for option in ({"adjoint": diffrax.BacksolveAdjoint()}, {"dt0": 0.1}):
+        with pytest.raises(ValueError, match=f"^{next(iter(option))} has no effect with exact"):
+            ls.unroll_continuous(model, jnp.ones(2), ts, exact=True, **option)
     with pytest.raises(ValueError, match="action_latent_dim=3 needs action_dim > 0"):
         ls.KoopmanAutoencoder(2, 4, action_latent_dim=3, key=jr.key(0))
     with pytest.raises(ValueError, match="autonomous: pass v=None"):
@@ -461,6 +467,9 @@ def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
         ls.KoopmanAutoencoder(2, 4, 1, action_head="no", key=jr.key(0))
     with pytest.raises(ValueError, match="alignment must be a real number.*'1'"):
         ls.koopman_loss(model, jnp.zeros((6, 2)), alignment="1")
+    # An array of weights would make the loss an array (and `jax.grad` fail far away).
+    with pytest.raises(ValueError, match=r"scalar float array, got alignment=Array\(\[1., 2"):
+        ls.koopman_loss(model, jnp.zeros((6, 2)), alignment=jnp.array([1.0, 2.0]))
 
 
 @pytest.mark.parametrize("x64", [False, True])
@@ -693,7 +702,7 @@ def test_numpy_inputs(model, controlled):
     np.testing.assert_allclose(
         loss(prediction=1, sparsity=np.float32(0.5)), loss(prediction=1.0, sparsity=0.5)
     )
-    with pytest.raises(ValueError, match="prediction must be a real number or a float array"):
+    with pytest.raises(ValueError, match="prediction must be a real number or a scalar float"):
         loss(prediction=True)
 
 

@@ -169,6 +169,16 @@ def test_simulate_bad_inputs():
             ls.simulate(ls.Duffing(), jnp.zeros(2), 10, **{tolerance: -1.0})
     with pytest.raises(ValueError, match="max_steps must be a positive integer, got max_steps=0"):
         ls.simulate(ls.Duffing(), jnp.zeros(2), 10, max_steps=0)
+    # Tolerances only where the default PID controller runs (else silently ignored).
+    pid = diffrax.PIDController(rtol=1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match="^rtol set the default PIDController's tolerances"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 10, rtol=1e-10, stepsize_controller=pid)
+    with pytest.raises(ValueError, match="^rtol and atol set the default PIDController"):
+        ls.simulate(ls.Duffing(), jnp.zeros(2), 10, rtol=1e-3, atol=1e-6, solver=diffrax.Euler())
+    # The torque is `args` of shape (1,): a scalar, or two torques, are named errors.
+    for args in (jnp.asarray(0.5), jnp.ones(2)):
+        with pytest.raises(ValueError, match=rf"args is the torque u, .*{args.shape}"):
+            ls.ControlledPendulum().vector_field(0.0, jnp.zeros(2), args)
 
 
 def test_get_system_names_its_argument(no_jaxtyping):

@@ -21,12 +21,17 @@ def _norms(a: Array) -> Array:
 
 def _weight(name: str, value: object):
     """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
-    one) or a float array; not a bool."""
+    one) or a scalar float array; not a bool (an array of weights would make the loss an
+    array)."""
     real = isinstance(value, numbers.Real) or (
-        hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.floating)
+        hasattr(value, "dtype")
+        and jnp.issubdtype(value.dtype, jnp.floating)
+        and np.shape(value) == ()
     )
     if isinstance(value, bool | np.bool_) or not real:
-        raise ValueError(f"{name} must be a real number or a float array, got {name}={value!r}")
+        raise ValueError(
+            f"{name} must be a real number or a scalar float array, got {name}={value!r}"
+        )
     return float(value) if isinstance(value, np.generic) else value
 
 
@@ -80,7 +85,8 @@ def koopman_loss(
     - `xs`: states `(T + 1, state_dim)`, finite (a JAX or NumPy array).
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
-        (Python or NumPy numbers, not bools, or float arrays, e.g. traced under `jit`).
+        (Python or NumPy numbers, not bools, or scalar float arrays, e.g. traced under
+        `jit`).
     - `reencode_every`: reencoding period inside the training unroll, or `None`.
     - `method`: how the training unroll is computed (see [`unroll`][lineax_seq.unroll];
         for short windows on CPU `"sequential"` is often cheaper).

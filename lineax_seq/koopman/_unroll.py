@@ -436,6 +436,18 @@ def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
     return ts
 
 
+def _check_no_solve_options(**options: object) -> None:
+    """A `ValueError` naming the diffrax options given (not `None`): `exact=True` solves
+    no ODE, so they would be ignored."""
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        verb = "has" if len(given) == 1 else "have"
+        raise ValueError(
+            f"{', '.join(given)} {verb} no effect with exact=True (the matrix exponential "
+            "solves no ODE): leave them None, or pass exact=False to integrate with diffrax"
+        )
+
+
 @jaxtyped(typechecker=beartype)
 def unroll_continuous(
     model: KoopmanAutoencoder,
@@ -468,7 +480,7 @@ def unroll_continuous(
     recursive checkpointing), so models can be trained through it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
-    `z(t) = exp((t - tau_j) K) z(tau_j)`: the oracle for the ODE path. With concrete
+    `z(t) = exp((t - tau_j) (delta / dt) K) z(tau_j)`: the oracle for the ODE path. With concrete
     `ts` (outside `jit`, or closed over) one exponential is computed per distinct offset
     `t - tau_j` (about `k + 1` for a uniform grid reencoded every `k` points: offsets
     that differ by less than half a unit in the last place of `max |ts|` share one);
@@ -488,11 +500,14 @@ def unroll_continuous(
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
         error); with concrete `ts` it must equal that count.
     - `exact`: use the matrix exponential instead of an ODE solver.
-    - `solver`, `stepsize_controller`, `dt0` (positive), `max_steps` (positive, or
-        `None`), `adjoint`, `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
+    - `solver` (any solver of one `ODETerm`; not the IMEX ones, which need split
+        terms), `stepsize_controller`, `dt0` (positive), `max_steps` (positive, or
+        `None`; per segment), `adjoint`, `progress_meter`: passed to
+        `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without
-        reencoding (one segment). Unused with `exact=True`.
+        reencoding (one segment). With `exact=True` (no ODE solve) they must be left
+        `None` (`max_steps` is unused).
 
     **Returns:**
 
@@ -511,6 +526,14 @@ def unroll_continuous(
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
+    if exact:
+        _check_no_solve_options(
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            dt0=dt0,
+            adjoint=adjoint,
+            progress_meter=progress_meter,
+        )
     # The host copy comes from the argument itself: inside `jit` even a closed-over NumPy
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)

@@ -27,8 +27,22 @@ def _check_steps(steps: object, dt: object) -> tuple[int, float | None]:
     return check_int("steps", steps), None if dt is None else check_real("dt", dt)
 
 
-def _check_tolerances(rtol: object, atol: object) -> tuple[float, float]:
-    rtol, atol = check_real("rtol", rtol, "nonnegative"), check_real("atol", atol, "nonnegative")
+# The default PID controller's tolerances.
+_RTOL, _ATOL = 1e-7, 1e-9
+
+
+def _check_tolerances(rtol: object, atol: object, used: bool) -> tuple[float, float]:
+    """`(rtol, atol)` as floats (`None`: the defaults), checked; given ones only where
+    `used` (the default PID controller runs), else they would be silently ignored."""
+    given = [name for name, value in (("rtol", rtol), ("atol", atol)) if value is not None]
+    if given and not used:
+        raise ValueError(
+            f"{' and '.join(given)} set the default PIDController's tolerances, which "
+            "is not used with a stepsize_controller given or a solver without an error "
+            "estimate: set the tolerances in your stepsize_controller instead"
+        )
+    rtol = _RTOL if rtol is None else check_real("rtol", rtol, "nonnegative")
+    atol = _ATOL if atol is None else check_real("atol", atol, "nonnegative")
     if rtol == 0 and atol == 0:
         raise ValueError("rtol=0 and atol=0: at least one tolerance must be positive")
     return rtol, atol
@@ -43,8 +57,8 @@ def simulate(
     actions: Float[Array | np.ndarray, "steps action_dim"] | None = None,
     dt: RealScalar | None = None,
     solver: diffrax.AbstractSolver | None = None,
-    rtol: RealScalar = 1e-7,
-    atol: RealScalar = 1e-9,
+    rtol: RealScalar | None = None,
+    atol: RealScalar | None = None,
     max_steps: IntLike = 100_000,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     dt0: RealScalar | None = None,
@@ -69,8 +83,9 @@ def simulate(
         controlled systems; must be `None` for autonomous ones.
     - `dt`: sampling interval, positive and finite (default `system.dt`).
     - `solver`: a diffrax solver (default `diffrax.Dopri8()`).
-    - `rtol`, `atol`: tolerances of the default PID controller (adaptive solvers, no
-        `stepsize_controller`), `>= 0` and not both 0.
+    - `rtol`, `atol`: tolerances of the default PID controller (default `1e-7`,
+        `1e-9`), `>= 0` and not both 0; only for an adaptive solver without a
+        `stepsize_controller` (elsewhere they would be ignored: an error).
     - `max_steps`: passed to `diffrax.diffeqsolve`, a positive integer.
     - `stepsize_controller`: overrides the default controller (`PIDController(rtol,
         atol)` for adaptive solvers, `StepTo` the sampling times otherwise); not
@@ -84,11 +99,11 @@ def simulate(
     """
     x0 = _check_state(system, jnp.asarray(x0))
     steps, dt = _check_steps(steps, dt)
-    rtol, atol = _check_tolerances(rtol, atol)
     max_steps = check_int("max_steps", max_steps)
     dt0 = None if dt0 is None else check_real("dt0", dt0)
     solver = diffrax.Dopri8() if solver is None else solver
     adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
+    rtol, atol = _check_tolerances(rtol, atol, adaptive and stepsize_controller is None)
     step_to = isinstance(stepsize_controller, diffrax.StepTo) or (
         stepsize_controller is None and not adaptive
     )

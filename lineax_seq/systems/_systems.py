@@ -164,7 +164,8 @@ class Pendulum(DynamicalSystem):
 class ControlledPendulum(DynamicalSystem):
     """Damped pendulum driven by a torque `u`: `theta'' = -(g/l) sin(theta) - b omega + u`.
 
-    One control input (`action_dim = 1`), passed as `args` to `vector_field`. Initial
+    One control input (`action_dim = 1`), passed as `args` of shape `(1,)` to
+    `vector_field` (`None`: no torque). Initial
     conditions: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`; `sample_actions` draws torques
     `U[-max_torque, max_torque]`, held constant over each sampling interval.
     """
@@ -183,7 +184,15 @@ class ControlledPendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
-        u = jnp.zeros(()) if args is None else args[0]
+        if args is None:
+            u = 0.0
+        elif jnp.shape(args) != (self.action_dim,):
+            raise ValueError(
+                f"args is the torque u, shape ({self.action_dim},) (or None: no torque), "
+                f"got args.shape={jnp.shape(args)}"
+            )
+        else:
+            u = args[0]
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
 
     def sample_initial(self, key, num):
