@@ -5,6 +5,7 @@ and ratios, and writes `benchmarks/results/<name>.json` plus a plot.
 """
 
 import json
+import math
 import pathlib
 import platform
 import statistics
@@ -17,15 +18,40 @@ import jax
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def median_time(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time in seconds of `fn()` (its outputs are blocked on), after warmup."""
+def calls_per_sample(
+    fn: Callable[[], Any], *, min_seconds: float = 0.02, max_calls: int = 1000
+) -> int:
+    """How many back-to-back calls of `fn` one timing sample needs to last `min_seconds`.
+
+    1 for calls that take that long already (every CPU figure here); more for the
+    sub-millisecond calls of an accelerator, whose samples then time a stream of
+    asynchronous dispatches rather than one call's launch latency and clock ramp.
+    `fn` is called twice (a warm-up and a probe).
+    """
+    jax.block_until_ready(fn())
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    once = time.perf_counter() - start
+    return int(min(max_calls, max(1, math.ceil(min_seconds / max(once, 1e-9)))))
+
+
+def median_time(
+    fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, number: int = 1
+) -> float:
+    """Median wall time in seconds of `fn()` (its outputs are blocked on), after warmup.
+
+    Each of the `repeats` samples runs `number` calls back to back, blocks on the last,
+    and counts a `number`-th of its time.
+    """
     for _ in range(warmup):
         jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
+        for _ in range(number - 1):
+            fn()
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / number)
     return statistics.median(times)
 
 

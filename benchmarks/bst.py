@@ -4,14 +4,18 @@ One layer each of BST:SH, BST:MH, BST:MF (S4 kernels, state size 16), SLIDE (the
 sliding-window block transformer) and BRECT:FIXED:SKIP (the block-recurrent layer,
 `lax.scan` over blocks), at the paper's shape: embedding 512, 16 heads, window
 W = 128, batch 1, sequence lengths 1k, 4k, 16k and 64k. All five are timed side by
-side in one process (jitted forward, median of several calls) and compared by ratio;
-peak memory is what XLA plans for one call.
+side in one process (jitted forward, median over interleaved rounds; a call under
+20 ms, as on a GPU, is timed over enough back-to-back calls to last 20 ms) and compared
+by ratio; peak memory is what XLA plans for one call.
 
-    python benchmarks/bst.py            # L = 1k, 4k, 16k, 64k
-    python benchmarks/bst.py --quick    # L = 1k, 4k, fewer repeats
+    python benchmarks/bst.py                    # L = 1k, 4k, 16k, 64k, float32
+    python benchmarks/bst.py --quick            # L = 1k, 4k, fewer repeats
+    python benchmarks/bst.py --dtype bfloat16   # weights and activations in bfloat16
 
 Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU, `bst_quick.json` with
-`--quick`) and a PNG beside it.
+`--quick`, `bst_bf16*.json` in bfloat16) and a PNG beside it. In bfloat16 (the meliad
+reference's dtype) the layers keep their float32 islands: attention logits and softmax,
+the S4D kernel and the FFT convolution.
 Runs unchanged on GPU, where the blocks of BST run in parallel and the paper's 6-11x
 over BRECT is expected; on a 2-core CPU the parallelism has little room to pay off.
 """
@@ -27,7 +31,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import RESULTS, compiled_memory, median_time, save  # noqa: E402
+from _common import RESULTS, calls_per_sample, compiled_memory, median_time, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -76,6 +80,7 @@ MELIAD_LAYER = {
     "GFLOP: compare it with `gemm_gflops`, this run's float32 matmul probe, before "
     "comparing milliseconds (the development host measured 283 and, later, 512).",
 }
+_SHORT = {"bfloat16": "bf16"}  # file-name suffix per non-default dtype
 # ratio name -> (numerator, denominator)
 RATIOS = {
     "BST:SH/SLIDE": ("BST:SH", "SLIDE"),
@@ -104,6 +109,12 @@ def build_layer(variant: str, *, key: jax.Array) -> eqx.Module:
     raise ValueError(f"unknown variant {variant!r}")
 
 
+def cast(layer: eqx.Module, dtype) -> eqx.Module:
+    """`layer` with every floating-point array in `dtype`."""
+    floating = lambda a: eqx.is_array(a) and jnp.issubdtype(a.dtype, jnp.floating)
+    return jax.tree.map(lambda a: a.astype(dtype) if floating(a) else a, layer)
+
+
 def forward_fn(layer: eqx.Module):
     """`(params, x) -> y`: the layer's forward pass as a pure function of its arrays."""
     params, static = eqx.partition(layer, eqx.is_array)
@@ -120,32 +131,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", help="override sequence lengths")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="(float32)"
+    )
+    parser.add_argument(
+        "--no-flops", action="store_true", help="skip XLA's FLOP counts (CPU compiles)"
+    )
     args = parser.parse_args(argv)
+    dtype = jnp.dtype(args.dtype)
     lengths = args.lengths or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536])
     repeats = args.repeats or (3 if args.quick else 5)
 
     keys = jr.split(jr.key(0), len(args.variants) + 1)
-    layers = {v: build_layer(v, key=k) for v, k in zip(args.variants, keys[1:], strict=True)}
+    layers = {
+        v: cast(build_layer(v, key=k), dtype) for v, k in zip(args.variants, keys[1:], strict=True)
+    }
     params = {}
     for variant, layer in layers.items():
         params[variant] = sum(x.size for x in jax.tree.leaves(eqx.filter(layer, eqx.is_array)))
         print(f"{variant:8s} {params[variant] / 1e6:6.2f}M parameters", flush=True)
 
-    gemm = _gemm_gflops()
-    print(f"machine: {gemm:.0f} GFLOP/s on a (1024 x 512) @ (512 x 2048) float32 matmul")
+    gemm = _gemm_gflops(dtype)
+    print(f"machine: {gemm:.0f} GFLOP/s on a (1024 x 512) @ (512 x 2048) {dtype} matmul")
     times: dict[str, dict[int, float]] = {v: {} for v in args.variants}
     best: dict[str, dict[int, float]] = {v: {} for v in args.variants}
     memory: dict[str, dict[int, int]] = {v: {} for v in args.variants}
     flops: dict[str, dict[int, float]] = {v: {} for v in args.variants}
+    number: dict[str, dict[int, int]] = {v: {} for v in args.variants}
     done: list[int] = []
     for length in lengths:
-        x = jr.normal(keys[0], (length, DIM), jnp.float32)
+        x = jr.normal(keys[0], (length, DIM), dtype)
         calls = {}
         for variant, layer in layers.items():
             p, fn = forward_fn(layer)
             jitted = jax.jit(fn)
             calls[variant] = lambda jitted=jitted, p=p, x=x: jitted(p, x)
             memory[variant][length] = compiled_memory(fn, p, x).get("peak_bytes", -1)
+            if args.no_flops:
+                continue
             flops[variant][length] = _xla_flops(fn, p, x)
             if variant == "BRECT":
                 # XLA counts a while loop's body once. BRECT's state update is a
@@ -158,37 +181,56 @@ def main(argv: list[str] | None = None) -> int:
         # processes on a shared machine hits all competitors alike.
         reps = repeats if length <= 16384 else max(3, repeats // 2)
         samples: dict[str, list[float]] = {v: [] for v in layers}
-        for r in range(reps):
+        for variant, call in calls.items():  # compiles and warms up each call
+            number[variant][length] = calls_per_sample(call)
+        for _ in range(reps):
             for variant, call in calls.items():
-                samples[variant].append(median_time(call, repeats=1, warmup=int(r == 0)))
+                n = number[variant][length]
+                samples[variant].append(median_time(call, repeats=1, warmup=0, number=n))
         for variant in layers:
             times[variant][length] = statistics.median(samples[variant])
             best[variant][length] = min(samples[variant])
+            gflop = flops[variant].get(length, float("nan")) / 1e9
             print(
                 f"L={length:6d} {variant:8s} median {times[variant][length] * 1e3:9.2f} ms  "
                 f"min {best[variant][length] * 1e3:9.2f} ms  "
-                f"{flops[variant][length] / 1e9:7.2f} GFLOP  "
+                f"{gflop:7.2f} GFLOP  "
                 f"peak {memory[variant][length] / 2**20:8.1f} MiB",
                 flush=True,
             )
         done.append(length)
-        _report(times, best, memory, flops, params, repeats, gemm, done, quick=args.quick)
+        _report(
+            times,
+            best,
+            memory,
+            flops,
+            number,
+            params,
+            repeats,
+            gemm,
+            done,
+            quick=args.quick,
+            dtype=dtype,
+        )
 
     return 0
 
 
 def _report(
-    times, best, memory, flops, params, repeats, gemm, done, *, quick: bool
+    times, best, memory, flops, number, params, repeats, gemm, done, *, quick: bool, dtype
 ) -> pathlib.Path:
     """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
     length, so an interrupted long run keeps what it measured)."""
     ratios = _ratios(times, done)
     flop_ratios = _ratios(flops, done)
     for name, by_length in ratios.items():
-        row = "  ".join(
-            f"{length // 1024:>3d}k {r:5.2f}x (FLOPs {flop_ratios[name][length]:4.2f}x)"
-            for length, r in by_length.items()
-        )
+        cells = []
+        for length, r in by_length.items():
+            cell = f"{length // 1024:>3d}k {r:5.2f}x"
+            if length in flop_ratios.get(name, {}):
+                cell += f" (FLOPs {flop_ratios[name][length]:4.2f}x)"
+            cells.append(cell)
+        row = "  ".join(cells)
         print(f"{name:14s} {row}")
 
     targets = _targets(times, ratios, done)
@@ -203,9 +245,13 @@ def _report(
             "ssm_state_size": STATE_SIZE,
             "brect_states": BRECT_STATES,
             "batch": 1,
+            "dtype": str(dtype),
             "pass": "forward, jitted, one layer",
             "repeats": repeats,
+            "timing": "median over rounds; each round times every variant once, over "
+            "calls_per_sample back-to-back calls (1 when a call lasts 20 ms)",
         },
+        "calls_per_sample": {v: {str(k): n for k, n in d.items()} for v, d in number.items()},
         "lengths": done,
         "parameters": params,
         "seconds": {v: {str(k): t for k, t in d.items()} for v, d in times.items()},
@@ -219,11 +265,13 @@ def _report(
         "targets": targets,
         "gemm_gflops": gemm,
         "gflops_per_s": {
-            v: {str(k): flops[v][k] / times[v][k] / 1e9 for k in d} for v, d in times.items()
+            v: {str(k): flops[v][k] / times[v][k] / 1e9 for k in d if k in flops[v]}
+            for v, d in times.items()
         },
     }
-    path = save("bst_quick" if quick else "bst", payload)  # quick runs keep the full
-    _plot(times, memory, done, path.with_suffix(".png"))
+    stem = "bst" if dtype == jnp.float32 else f"bst_{_SHORT[str(dtype)]}"
+    path = save(f"{stem}_quick" if quick else stem, payload)  # quick runs keep the full
+    _plot(times, memory, done, path.with_suffix(".png"), dtype)
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path
 
@@ -241,10 +289,10 @@ def _xla_flops(fn, *args) -> float:
     return float((cost or {}).get("flops", float("nan")))
 
 
-def _gemm_gflops() -> float:
-    """Throughput of one mid-sized float32 matmul, to calibrate the machine (and its load)."""
-    a = jnp.ones((1024, DIM))
-    b = jnp.ones((DIM, 4 * DIM))
+def _gemm_gflops(dtype=jnp.float32) -> float:
+    """Throughput of one mid-sized matmul, to calibrate the machine (and its load)."""
+    a = jnp.ones((1024, DIM), dtype)
+    b = jnp.ones((DIM, 4 * DIM), dtype)
     matmul = jax.jit(jnp.matmul)
     return 2 * a.shape[0] * DIM * 4 * DIM / median_time(lambda: matmul(a, b), repeats=21) / 1e9
 
@@ -287,7 +335,7 @@ def _targets(times, ratios, lengths) -> dict[str, str]:
     return out
 
 
-def _plot(times, memory, lengths, path: pathlib.Path) -> None:
+def _plot(times, memory, lengths, path: pathlib.Path, dtype) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,7 +357,7 @@ def _plot(times, memory, lengths, path: pathlib.Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
     device = jax.devices()[0].device_kind
-    ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW} ({device})")
+    ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW}, {dtype} ({device})")
     ax_m.set_title("XLA-planned peak memory of one call")
     if jax.default_backend() == "cpu":
         ax_t.annotate("x: meliad reference (SLIDE, BRECT)", (0.02, 0.95), xycoords="axes fraction")
