@@ -16,8 +16,10 @@ Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU, `bst_quick.j
 `--quick`, `bst_bf16*.json` in bfloat16) and a PNG beside it. In bfloat16 (the meliad
 reference's dtype) the layers keep their float32 islands: attention logits and softmax,
 the S4D kernel and the FFT convolution.
-Runs unchanged on GPU, where the blocks of BST run in parallel and the paper's 6-11x
-over BRECT is expected; on a 2-core CPU the parallelism has little room to pay off.
+Runs unchanged on GPU, where the blocks of BST run in parallel while BRECT's scan over
+blocks cannot fill the device (on an H200 BRECT is 4.0-4.9x slower than BST:SH at
+16k-64k, against the paper's 6-11x); on a 2-core CPU the parallelism has little room
+to pay off.
 """
 
 import argparse
