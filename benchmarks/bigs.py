@@ -411,13 +411,9 @@ def _gemm_gflops() -> float:
     a = jnp.ones((8192, DIM))
     b = jnp.ones((DIM, 5 * DIM))
     matmul = jax.jit(jnp.matmul)
-    jax.block_until_ready(matmul(a, b))
-    best = []
-    for _ in range(9):
-        start = time.perf_counter()
-        jax.block_until_ready(matmul(a, b))
-        best.append(time.perf_counter() - start)
-    return 2 * a.size * b.shape[1] / statistics.median(best) / 1e9
+    call = lambda: matmul(a, b)
+    seconds = median_time(call, repeats=9, warmup=0, number=calls_per_sample(call))
+    return 2 * a.size * b.shape[1] / seconds / 1e9
 
 
 def plot(result: dict, path: pathlib.Path) -> None:

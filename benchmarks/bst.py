@@ -82,7 +82,6 @@ MELIAD_LAYER = {
     "GFLOP: compare it with `gemm_gflops`, this run's float32 matmul probe, before "
     "comparing milliseconds (the development host measured 283 and, later, 512).",
 }
-_SHORT = {"bfloat16": "bf16"}  # file-name suffix per non-default dtype
 # ratio name -> (numerator, denominator)
 RATIOS = {
     "BST:SH/SLIDE": ("BST:SH", "SLIDE"),
@@ -271,7 +270,7 @@ def _report(
             for v, d in times.items()
         },
     }
-    stem = "bst" if dtype == jnp.float32 else f"bst_{_SHORT[str(dtype)]}"
+    stem = "bst" if dtype == jnp.float32 else "bst_bf16"
     path = save(f"{stem}_quick" if quick else stem, payload)  # quick runs keep the full
     _plot(times, memory, done, path.with_suffix(".png"), dtype)
     print(f"wrote {path} and {path.with_suffix('.png').name}")
@@ -296,7 +295,9 @@ def _gemm_gflops(dtype=jnp.float32) -> float:
     a = jnp.ones((1024, DIM), dtype)
     b = jnp.ones((DIM, 4 * DIM), dtype)
     matmul = jax.jit(jnp.matmul)
-    return 2 * a.shape[0] * DIM * 4 * DIM / median_time(lambda: matmul(a, b), repeats=21) / 1e9
+    call = lambda: matmul(a, b)
+    seconds = median_time(call, repeats=21, warmup=0, number=calls_per_sample(call))
+    return 2 * a.shape[0] * DIM * 4 * DIM / seconds / 1e9
 
 
 def _ratios(values, lengths) -> dict[str, dict[int, float]]:
