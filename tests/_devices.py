@@ -10,3 +10,9 @@ needs_8_devices = pytest.mark.skipif(
     reason=f"needs 8 devices, JAX has {jax.device_count()} ({jax.default_backend()}); "
     "on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 provides them",
 )
+
+# cuDNN's fused attention (`implementation="cudnn"`): NVIDIA GPUs only.
+needs_cuda = pytest.mark.skipif(
+    jax.default_backend() != "gpu" or "cuda" not in jax.devices()[0].client.platform_version,
+    reason=f"needs an NVIDIA GPU (cuDNN), JAX runs on {jax.default_backend()}",
+)

@@ -9,8 +9,10 @@ import jax.random as jr
 import jax.test_util
 import numpy as np
 import pytest
+from _devices import needs_cuda
 
 import lineax_seq as ls
+from lineax_seq.attention._window import _frame_attention
 
 
 def softmax_attention(q, k, v, allowed, bias):
@@ -169,6 +171,60 @@ def test_sliding_window_attention_with_any_frame_bias_matches_block_loop(getkey,
         kb, vb = k[np.clip(keys, 0, None)], v[np.clip(keys, 0, None)]
         want = softmax_attention(q[rows], kb, vb, jnp.asarray(allowed), bias)
         np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_frame_layout_of_the_fused_path_matches_head_major(getkey, blocks, with_bias):
+    # `implementation="cudnn"` hands the blocks to `jax.nn.dot_product_attention` as its
+    # batch (block 0 alone, on its own keys). Here XLA runs that layout, on any machine.
+    window, heads, d = 4, 2, 8
+    q, k, v = (jr.normal(getkey(), (blocks * window, heads, d)) for _ in range(3))
+    bias = jr.normal(getkey(), (heads, window, 2 * window)) if with_bias else None
+    want = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
+    got = _frame_attention(q, k, v, window, bias, implementation="xla")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_implementation_is_checked(key):
+    for build in (
+        lambda i: ls.MultiHeadAttention(8, 2, implementation=i, key=key),
+        lambda i: ls.SlidingWindowAttention(8, 2, 4, implementation=i, key=key),
+    ):
+        with pytest.raises(ValueError, match=r"`implementation` must be None or one of .*'flash'"):
+            build("flash")
+    x = jnp.ones((8, 2, 8))
+    with pytest.raises(ValueError, match="implementation='XLA'"):
+        ls.sliding_window_attention(x, x, x, window=4, implementation="XLA")
+    # cuDNN takes half precision only: float32 is refused by name, on any platform.
+    mha = ls.MultiHeadAttention(8, 2, implementation="cudnn", key=key)
+    assert mha.implementation == "cudnn"
+    with pytest.raises(TypeError, match='implementation="cudnn".*got q.dtype=float32'):
+        mha(jnp.ones((4, 8)))
+
+
+@needs_cuda
+def test_cudnn_attention_matches_xla(getkey):
+    length, dim, heads, window = 32, 32, 2, 8
+    half = lambda tree: jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree
+    )
+    x = half(jr.normal(getkey(), (length, dim)))
+    k = getkey()
+    for build in (
+        lambda i: ls.MultiHeadAttention(dim, heads, implementation=i, key=k),
+        lambda i: ls.SlidingWindowAttention(dim, heads, window, implementation=i, key=k),
+    ):
+        xla, cudnn = half(build(None)), half(build("cudnn"))
+        loss = lambda m, x: jnp.sum(m(x).astype(jnp.float32) ** 2)
+        run = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+        # (`jax.nn.dot_product_attention` promotes bfloat16 with float32 itself.)
+        with jax.numpy_dtype_promotion("standard"):
+            want, got = run(xla, x), run(cudnn, x)
+        f32 = lambda a: np.asarray(a, np.float32)
+        np.testing.assert_allclose(f32(got[0]), f32(want[0]), rtol=3e-2)
+        for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+            np.testing.assert_allclose(f32(g), f32(w), rtol=5e-2, atol=5e-2 * np.abs(f32(w)).max())
 
 
 def test_sliding_window_module_is_causal(getkey):

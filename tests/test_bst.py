@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from _devices import needs_cuda
 
 import lineax_seq as ls
 
@@ -329,6 +330,65 @@ def test_ssm_step_size_range_reaches_the_kernels(key):
         ls.BlockStateTransformerLM(
             VOCAB, DIM, 2, num_heads=HEADS, window=W, dt_min=0.1, dt_max=0.01, key=key
         )
+
+
+def test_attention_implementation(tmp_path, key):
+    for build in (
+        lambda i: ls.SlidingWindowLayer(DIM, HEADS, W, attention_implementation=i, key=key),
+        lambda i: ls.BlockRecurrentTransformerLayer(
+            DIM, HEADS, W, attention_implementation=i, key=key
+        ),
+        lambda i: ls.BlockStateTransformerLayer(DIM, HEADS, W, attention_implementation=i, key=key),
+        lambda i: ls.BlockStateTransformerLM(VOCAB, DIM, 2, attention_implementation=i, key=key),
+    ):
+        with pytest.raises(ValueError, match="`attention_implementation` must be.*'triton'"):
+            build("triton")
+    # The kernel is a static choice: a model built for cuDNN loads an XLA model's weights.
+    kw = dict(num_heads=HEADS, window=W, bst_layers=(0,), recurrent_layers=(1,), key=key)
+    xla = ls.BlockStateTransformerLM(VOCAB, DIM, 3, **kw)
+    cudnn = ls.BlockStateTransformerLM(VOCAB, DIM, 3, attention_implementation="cudnn", **kw)
+    eqx.tree_serialise_leaves(tmp_path / "lm.eqx", xla)
+    loaded = eqx.tree_deserialise_leaves(tmp_path / "lm.eqx", cudnn)
+    kernels = {m.implementation for m in jax.tree.leaves(
+        loaded, is_leaf=lambda m: isinstance(m, ls.MultiHeadAttention)
+    ) if isinstance(m, ls.MultiHeadAttention)}  # fmt: skip
+    assert kernels == {"cudnn"}
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(xla), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _layer_for_cudnn(variant, implementation, key, dim=32, window=8, length=32):
+    kw = dict(mlp_dim=2 * dim, attention_implementation=implementation, key=key)
+    if variant == "slide":
+        return ls.SlidingWindowLayer(dim, HEADS, window, **kw)
+    if variant == "brect":
+        return ls.BlockRecurrentTransformerLayer(dim, HEADS, window, num_states=8, **kw)
+    context, ssm = variant.split(":")
+    return ls.BlockStateTransformerLayer(
+        dim, HEADS, window, context=context, ssm=ssm, num_filters=4, max_length=length, **kw
+    )
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4", "mh:s4", "mf:unstruct"])
+def test_cudnn_layers_match_xla(variant, getkey):
+    # Each layer kind in bfloat16 (head size 16), forward and input gradient, cuDNN's
+    # kernel against XLA's with the same weights.
+    half = lambda tree: jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree
+    )
+    x = half(jr.normal(getkey(), (32, 32)))
+    k = getkey()
+    loss = lambda x, m: jnp.sum(m(x).astype(jnp.float32) ** 2)
+    run = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+    # (`jax.nn.dot_product_attention` promotes bfloat16 with float32 itself.)
+    with jax.numpy_dtype_promotion("standard"):
+        want = run(x, half(_layer_for_cudnn(variant, None, k)))
+        got = run(x, half(_layer_for_cudnn(variant, "cudnn", k)))
+    f32 = lambda a: np.asarray(a, np.float32)
+    np.testing.assert_allclose(f32(got[0]), f32(want[0]), rtol=3e-2)
+    scale = np.abs(f32(want[1])).max()
+    np.testing.assert_allclose(f32(got[1]), f32(want[1]), atol=5e-2 * scale)
 
 
 def test_bad_input(sh_lm, key):

@@ -1,11 +1,56 @@
 """Softmax attention kernels shared by the attention modules and the BST cell."""
 
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Bool, Float
+
+IMPLEMENTATIONS = ("xla", "cudnn")
+
+
+def check_implementation(value: object, name: str = "implementation") -> str | None:
+    """`value` if it is `None`, `"xla"` or `"cudnn"`; else a `ValueError` naming `name`.
+
+    The attention kernel of a parallel (whole-sequence) pass: `None` or `"xla"` is XLA's
+    fusions, on every platform and dtype; `"cudnn"` is cuDNN's fused flash-attention
+    kernel (`jax.nn.dot_product_attention(implementation="cudnn")`): NVIDIA GPUs,
+    float16 / bfloat16 inputs, head size a multiple of 8, and the `(queries, keys)`
+    logits are never written to memory.
+    """
+    if value is not None and value not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`{name}` must be None or one of {IMPLEMENTATIONS}, got {name}={value!r}."
+        )
+    return value
+
+
+def fused_attention(
+    q: Float[Array, "*batch q heads d"],
+    k: Float[Array, "*batch k heads d"],
+    v: Float[Array, "*batch k heads d"],
+    bias: Float[Array, "..."] | None = None,
+    mask: Bool[Array, "..."] | None = None,
+    *,
+    implementation: Literal["xla", "cudnn"],
+) -> Float[Array, "*batch q heads d"]:
+    """`jax.nn.dot_product_attention` with the given `implementation`, at most one
+    leading batch axis; `bias` is cast to the inputs' dtype (cuDNN's requirement).
+
+    `"cudnn"` takes float16 / bfloat16 inputs only: others raise a `TypeError` here,
+    before JAX's own lowering error.
+    """
+    if implementation == "cudnn" and q.dtype not in (jnp.float16, jnp.bfloat16):
+        raise TypeError(
+            'implementation="cudnn" (cuDNN flash attention) needs float16 or bfloat16 '
+            f'inputs, got q.dtype={q.dtype}; use implementation="xla" (or None) for it.'
+        )
+    bias = None if bias is None else bias.astype(q.dtype)
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, implementation=implementation
+    )
 
 
 def masked_bias(
@@ -58,10 +103,14 @@ def attend(
     *,
     bias: Float[Array, "..."] | None = None,
     mask: Bool[Array, "..."] | None = None,
+    implementation: str | None = None,
 ) -> Float[Array, "*batch q heads d"]:
-    """`jax.nn.dot_product_attention` (fused kernels on GPU, float32 logits), except that
-    float64 inputs are computed in float64 throughout (by `head_major_attention`).
-    `bias` and `mask` broadcast to `(*batch, heads, q, k)`, as there."""
+    """`jax.nn.dot_product_attention` (float32 logits), except that float64 inputs are
+    computed in float64 throughout (by `head_major_attention`). `bias` and `mask`
+    broadcast to `(*batch, heads, q, k)`, as there; `implementation` as in
+    [`lineax_seq.MultiHeadAttention`][]."""
+    if implementation == "cudnn":
+        return fused_attention(q, k, v, bias, mask, implementation="cudnn")
     if q.dtype != jnp.float64:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
     hm = lambda a: rearrange(a, "... t h d -> ... h t d")

@@ -8,7 +8,7 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import as_arrays, check_bool, check_int
-from ._core import attend
+from ._core import attend, check_implementation
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -21,8 +21,9 @@ class MultiHeadAttention(eqx.Module):
 
     Queries come from `x` (`dim` features); keys and values from `context` (`kv_dim`
     features, default `dim`), or from `x` itself for self-attention. The attention
-    itself is `jax.nn.dot_product_attention`, so GPUs get fused kernels (float32
-    logits); float64 inputs are computed in float64 throughout.
+    itself is `jax.nn.dot_product_attention` (float32 logits) with XLA's fusions, or
+    cuDNN's fused flash-attention kernel with `implementation="cudnn"` (NVIDIA GPUs,
+    float16 / bfloat16 inputs); float64 inputs are computed in float64 throughout.
 
     The projections are also available one by one (`queries`, `keys_values`,
     `merge_heads`) for layers that arrange heads themselves (sliding-window blocks, the
@@ -37,6 +38,7 @@ class MultiHeadAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     kv_dim: int = eqx.field(static=True)
     head_dim: int = eqx.field(static=True)
+    implementation: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class MultiHeadAttention(eqx.Module):
         kv_dim: int | None = None,
         use_bias: bool = False,
         output_projection: bool = True,
+        implementation: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -57,6 +60,11 @@ class MultiHeadAttention(eqx.Module):
         - `output_projection`: if `False`, `__call__` returns the concatenated heads
           without the final `dim x dim` projection (for layers that mix several
           attention outputs with one projection).
+        - `implementation`: the attention kernel: `None` or `"xla"` (XLA, any platform
+          and dtype), or `"cudnn"` (cuDNN flash attention: NVIDIA GPUs, float16 /
+          bfloat16 inputs, `dim // num_heads` a multiple of 8). A static choice: to run
+          a trained model with another kernel, build one with it and load the weights
+          (`eqx.tree_deserialise_leaves`).
         - `key`: PRNG key for the initialisation.
         """
         dim = check_int("dim", dim)
@@ -68,6 +76,7 @@ class MultiHeadAttention(eqx.Module):
         kv_dim = dim if kv_dim is None else check_int("kv_dim", kv_dim)
         check_bool("use_bias", use_bias)
         check_bool("output_projection", output_projection)
+        implementation = check_implementation(implementation)
         kq, kk, kv, ko = jr.split(key, 4)
         self.query_proj = eqx.nn.Linear(dim, dim, use_bias=use_bias, key=kq)
         self.key_proj = eqx.nn.Linear(kv_dim, dim, use_bias=use_bias, key=kk)
@@ -79,6 +88,7 @@ class MultiHeadAttention(eqx.Module):
         self.num_heads = num_heads
         self.kv_dim = kv_dim
         self.head_dim = dim // num_heads
+        self.implementation = implementation
 
     def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
         """Project `x` `(q, dim)` to per-head queries `(q, heads, head_dim)`."""
@@ -149,4 +159,5 @@ class MultiHeadAttention(eqx.Module):
                 )
         q = self.queries(x)
         k, v = self.keys_values(context)
-        return self.merge_heads(attend(q, k, v, bias=bias, mask=mask))
+        out = attend(q, k, v, bias=bias, mask=mask, implementation=self.implementation)
+        return self.merge_heads(out)

@@ -1,5 +1,7 @@
 """Causal sliding-window attention computed block by block, all blocks at once."""
 
+from typing import Literal
+
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
@@ -10,7 +12,12 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import check_int
 from ._bias import RelativePositionBias
-from ._core import head_major_attention, masked_bias
+from ._core import (
+    check_implementation,
+    fused_attention,
+    head_major_attention,
+    masked_bias,
+)
 from ._mha import MultiHeadAttention
 
 
@@ -55,6 +62,7 @@ def sliding_window_attention(
     *,
     window: int,
     bias: Float[Array, "heads w 2*w"] | None = None,
+    implementation: str | None = None,
 ) -> Float[Array, "length heads head_dim"]:
     """Causal sliding-window attention, batched over blocks of `window` tokens.
 
@@ -68,6 +76,10 @@ def sliding_window_attention(
     `(length, length)` is built. Logits and the softmax are computed in float32 (float64
     for float64 inputs).
 
+    With `implementation="cudnn"` (NVIDIA GPUs, float16 / bfloat16) the blocks are the
+    batch of cuDNN's fused flash-attention kernel, which never writes the
+    `(heads, blocks, window, 2 * window)` logits to memory.
+
     **Arguments:**
 
     - `q`, `k`, `v`: per-head queries, keys and values, shape `(length, heads, head_dim)`.
@@ -75,6 +87,8 @@ def sliding_window_attention(
     - `bias`: additive bias for the `(window, 2 * window)` block frame (queries at frame
       positions `window .. 2*window - 1`), e.g.
       `RelativePositionBias(...)(window, 2 * window, query_offset=window)`.
+    - `implementation`: `None` or `"xla"` (XLA, any platform), or `"cudnn"`; see
+      [`lineax_seq.MultiHeadAttention`][].
 
     **Returns:**
 
@@ -99,6 +113,8 @@ def sliding_window_attention(
             f"`bias` must have shape (heads, window, 2 * window)={expected}, "
             f"got shape {bias.shape}."
         )
+    if check_implementation(implementation) == "cudnn":
+        return _frame_attention(q, k, v, window, bias, implementation="cudnn")
     # Head-major blocks: (heads, blocks, w, d). The batched products then have their
     # batch axes leading and contract the minor axis: plain GEMMs, no transposes inside.
     q, k, v = (rearrange(a, "(n w) h d -> h n w d", w=window) for a in (q, k, v))
@@ -115,17 +131,53 @@ def sliding_window_attention(
     return rearrange(out, "h n w d -> (n w) h d")
 
 
+def _frame_attention(
+    q: Float[Array, "length heads head_dim"],
+    k: Float[Array, "length heads head_dim"],
+    v: Float[Array, "length heads head_dim"],
+    window: int,
+    bias: Float[Array, "heads w 2*w"] | None,
+    *,
+    implementation: Literal["xla", "cudnn"],
+) -> Float[Array, "length heads head_dim"]:
+    """`sliding_window_attention` by `jax.nn.dot_product_attention`, blocks as its batch.
+
+    Block 0 has no previous block: it attends to its own keys alone, in a call of its
+    own, so that the other blocks share one `(heads, window, 2 * window)` bias and mask.
+    """
+    blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=window)
+    q, k, v = blocks(q), blocks(k), blocks(v)
+    mask = sliding_window_mask(window)[None, None]
+    bias = None if bias is None else bias[None]
+    own = lambda a: None if a is None else a[..., window:]
+    out = fused_attention(q[:1], k[:1], v[:1], own(bias), own(mask), implementation=implementation)
+    if q.shape[0] > 1:
+        frame = lambda a: jnp.concatenate([a[:-1], a[1:]], axis=1)  # [previous; own]
+        rest = fused_attention(q[1:], frame(k), frame(v), bias, mask, implementation=implementation)
+        out = jnp.concatenate([out, rest])
+    return rearrange(out, "n w h d -> (n w) h d")
+
+
 def block_attention(
     q: Float[Array, "blocks q heads d"],
     k: Float[Array, "blocks k heads d"],
     v: Float[Array, "blocks k heads d"],
     bias: Float[Array, "#heads q k"] | None = None,
+    mask: Bool[Array, "q k"] | None = None,
+    implementation: str | None = None,
 ) -> Float[Array, "blocks q heads d"]:
     """Multi-head softmax attention batched over blocks (each block its own keys).
 
     The same computation as `jax.nn.dot_product_attention` with the blocks as the batch
-    axis, laid out head-major so every block/head pair is one plain matrix product.
+    axis. XLA's path lays it out head-major so every block/head pair is one plain matrix
+    product; `implementation="cudnn"` runs cuDNN's fused kernel on the blocks.
     """
+    if check_implementation(implementation) == "cudnn":
+        bias = None if bias is None else bias[None]
+        mask = None if mask is None else mask[None, None]
+        return fused_attention(q, k, v, bias, mask, implementation="cudnn")
+    if mask is not None:
+        bias = masked_bias(mask, bias)
     hm = lambda a: rearrange(a, "n t h d -> h n t d")
     out = head_major_attention(hm(q), hm(k), hm(v), None if bias is None else bias[:, None])
     return rearrange(out, "h n t d -> n t h d")
@@ -151,6 +203,7 @@ class SlidingWindowAttention(eqx.Module):
         num_buckets: int = 32,
         max_distance: int = 128,
         output_projection: bool = True,
+        implementation: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -159,13 +212,17 @@ class SlidingWindowAttention(eqx.Module):
         - `num_heads`: number of heads.
         - `window`: block / window size `W`.
         - `num_buckets`, `max_distance`: of the relative position bias.
-        - `output_projection`: as in [`lineax_seq.MultiHeadAttention`][].
+        - `output_projection`, `implementation`: as in [`lineax_seq.MultiHeadAttention`][].
         - `key`: PRNG key.
         """
         window = check_window(window)
         ka, kb = jr.split(key)
         self.attention = MultiHeadAttention(
-            dim, num_heads, output_projection=output_projection, key=ka
+            dim,
+            num_heads,
+            output_projection=output_projection,
+            implementation=implementation,
+            key=ka,
         )
         self.relative_bias = RelativePositionBias(
             num_heads, num_buckets=num_buckets, max_distance=max_distance, key=kb
@@ -188,7 +245,9 @@ class SlidingWindowAttention(eqx.Module):
         `q`, `k`, `v` and the output are `(length, heads, head_dim)`.
         """
         bias = self.relative_bias(self.window, 2 * self.window, query_offset=self.window)
-        return sliding_window_attention(q, k, v, window=self.window, bias=bias)
+        return sliding_window_attention(
+            q, k, v, window=self.window, bias=bias, implementation=self.attention.implementation
+        )
 
     @jaxtyped(typechecker=beartype)
     def __call__(

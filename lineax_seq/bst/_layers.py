@@ -24,7 +24,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from .._checks import check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
-from ..attention._core import attend, masked_bias
+from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
 from ._ssm import ContextSSM
 
@@ -134,19 +134,34 @@ class SlidingWindowLayer(eqx.Module):
     mlp: _MLP
     window: int = eqx.field(static=True)
 
-    def __init__(self, dim: int, num_heads: int, window: int, *, mlp_dim: int | None = None, key):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window: int,
+        *,
+        mlp_dim: int | None = None,
+        attention_implementation: str | None = None,
+        key: PRNGKeyArray,
+    ):
         """**Arguments:**
 
         - `dim`: feature size; divisible by `num_heads`.
         - `num_heads`: attention heads.
         - `window`: block / window size `W`.
         - `mlp_dim`: hidden size of the ReLU MLP (default `4 * dim`).
+        - `attention_implementation`: the attention kernel of the parallel forward pass,
+          `None` / `"xla"` or `"cudnn"` (see [`lineax_seq.MultiHeadAttention`][]);
+          decoding steps always use XLA.
         - `key`: PRNG key.
         """
         window = check_window(window)
+        check_implementation(attention_implementation, "attention_implementation")
         ka, km = jr.split(key)
         self.attention_norm = eqx.nn.LayerNorm(dim)
-        self.attention = SlidingWindowAttention(dim, num_heads, window, key=ka)
+        self.attention = SlidingWindowAttention(
+            dim, num_heads, window, implementation=attention_implementation, key=ka
+        )
         self.mlp_norm = eqx.nn.LayerNorm(dim)
         self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=km)
         self.window = window
@@ -349,6 +364,7 @@ class BlockStateTransformerLayer(eqx.Module):
         num_filters: int = 32,
         mlp_dim: int | None = None,
         max_length: int | None = None,
+        attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -367,9 +383,13 @@ class BlockStateTransformerLayer(eqx.Module):
         - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
         - `max_length`: training length (required for `ssm="unstruct"`; Hyena positions
           are normalised by it).
+        - `attention_implementation`: the kernel of the self- and cross-attention in the
+          parallel forward pass, `None` / `"xla"` or `"cudnn"` (see
+          [`lineax_seq.MultiHeadAttention`][]); decoding steps always use XLA.
         - `key`: PRNG key.
         """
         window = check_window(window)
+        check_implementation(attention_implementation, "attention_implementation")
         dim = check_int("dim", dim)
         num_heads = check_int("num_heads", num_heads)
         if context not in CONTEXTS:
@@ -377,7 +397,12 @@ class BlockStateTransformerLayer(eqx.Module):
         ka, ks, kc, kq, ko, km = jr.split(key, 6)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(
-            dim, num_heads, window, output_projection=False, key=ka
+            dim,
+            num_heads,
+            window,
+            output_projection=False,
+            implementation=attention_implementation,
+            key=ka,
         )
         if ssm_features is None:
             ssm_features = dim // 8 if context == "mf" else dim // 4
@@ -442,7 +467,9 @@ class BlockStateTransformerLayer(eqx.Module):
             _dense(self.cross_query, h), "(n w) (h d) -> n w h d", w=self.window, h=self.num_heads
         )
         mask = self.context.mask(self.window)
-        cross = block_attention(q, k, v, None if mask is None else masked_bias(mask))
+        cross = block_attention(
+            q, k, v, mask=mask, implementation=self.self_attention.attention.implementation
+        )
         cross = rearrange(cross, "n w h d -> (n w) (h d)")
         x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
         return x + self.mlp(_norm(self.mlp_norm, x))
@@ -523,6 +550,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         *,
         num_states: int | None = None,
         mlp_dim: int | None = None,
+        attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -533,14 +561,24 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         - `num_states`: number of recurrent states `S` (default `window`, as in the
           paper).
         - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
+        - `attention_implementation`: the kernel of every attention of the parallel
+          forward pass (the states' update in the scan included), `None` / `"xla"` or
+          `"cudnn"` (see [`lineax_seq.MultiHeadAttention`][]); decoding steps always use
+          XLA.
         - `key`: PRNG key.
         """
         window = check_window(window)
+        check_implementation(attention_implementation, "attention_implementation")
         num_states = window if num_states is None else check_int("num_states", num_states)
         keys = jr.split(key, 10)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(
-            dim, num_heads, window, output_projection=False, key=keys[0]
+            dim,
+            num_heads,
+            window,
+            output_projection=False,
+            implementation=attention_implementation,
+            key=keys[0],
         )
         self.cross_query = eqx.nn.Linear(dim, dim, key=keys[1])
         self.output = eqx.nn.Linear(2 * dim, dim, key=keys[2])
@@ -548,7 +586,11 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=keys[3])
         self.state_norm = eqx.nn.LayerNorm(dim)
         self.state_attention = MultiHeadAttention(
-            dim, num_heads, output_projection=False, key=keys[4]
+            dim,
+            num_heads,
+            output_projection=False,
+            implementation=attention_implementation,
+            key=keys[4],
         )
         self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
         self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
@@ -564,10 +606,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         s = _norm(self.state_norm, states) + self.state_ids
         return s, self.state_attention.keys_values(s)
 
-    def _update_states(self, states, s, ks, vs, k_tokens, v_tokens):
-        s_self = attend(self.state_attention.queries(s), ks, vs)
+    def _update_states(self, states, s, ks, vs, k_tokens, v_tokens, implementation=None):
+        s_self = attend(self.state_attention.queries(s), ks, vs, implementation=implementation)
         q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
-        s_cross = attend(q_cross, k_tokens, v_tokens)
+        s_cross = attend(q_cross, k_tokens, v_tokens, implementation=implementation)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
         z = jnp.tanh(_dense(self.state_gate_input, _dense(self.state_output, mixed)))
         return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
@@ -603,16 +645,19 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         k, v = mha.keys_values(h)
         self_heads = self.self_attention.attend(mha.queries(h), k, v)
 
+        implementation = mha.implementation
+
         def update(states, kv_b):
             s, (ks, vs) = self._state_kv(states)
-            return self._update_states(states, s, ks, vs, *kv_b), (ks, vs)
+            return self._update_states(states, s, ks, vs, *kv_b, implementation), (ks, vs)
 
         blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=w)
         # (ks, vs)[b]: the keys/values of the states that block b's tokens read, i.e. the
         # states before block b's update.
         _, (ks, vs) = jax.lax.scan(update, self.initial_state, (blocks(k), blocks(v)))
         q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
-        cross = rearrange(block_attention(q, ks, vs), "n w h d -> (n w) h d")
+        cross = block_attention(q, ks, vs, implementation=implementation)
+        cross = rearrange(cross, "n w h d -> (n w) h d")
         return self._mix(x, self_heads, cross)
 
     def _mix(self, x, self_heads, cross):

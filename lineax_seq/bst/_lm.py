@@ -12,6 +12,7 @@ from beartype import beartype
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
 from .._checks import RealScalar, check_bool, check_ids, check_int, check_real
+from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
 from ._layers import (
     CONTEXTS,
@@ -138,6 +139,7 @@ class BlockStateTransformerLM(eqx.Module):
         num_states: int | None = None,
         max_length: int | None = None,
         tie_embeddings: bool = True,
+        attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -158,6 +160,10 @@ class BlockStateTransformerLM(eqx.Module):
         - `max_length`: training length; required for `ssm="unstruct"`.
         - `tie_embeddings`: use the embedding matrix as the LM head (the embedding is
           initialised with standard deviation 0.02, as in GPT-2).
+        - `attention_implementation`: the attention kernel of the parallel forward pass,
+          `None` / `"xla"` or `"cudnn"` (cuDNN flash attention: NVIDIA GPUs, float16 /
+          bfloat16 weights; see [`lineax_seq.MultiHeadAttention`][]); `generate`'s
+          decoding steps always use XLA.
         - `key`: PRNG key.
         """
         vocab_size = check_int("vocab_size", vocab_size)
@@ -166,6 +172,7 @@ class BlockStateTransformerLM(eqx.Module):
         num_heads = check_int("num_heads", num_heads)
         window = check_window(window)
         check_bool("tie_embeddings", tie_embeddings)
+        check_implementation(attention_implementation, "attention_implementation")
         if dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
         if context not in CONTEXTS:
@@ -201,14 +208,28 @@ class BlockStateTransformerLM(eqx.Module):
                     num_filters=num_filters,
                     mlp_dim=mlp_dim,
                     max_length=max_length,
+                    attention_implementation=attention_implementation,
                     key=kl[i],
                 )
             elif i in rec:
                 layer = BlockRecurrentTransformerLayer(
-                    dim, num_heads, window, num_states=num_states, mlp_dim=mlp_dim, key=kl[i]
+                    dim,
+                    num_heads,
+                    window,
+                    num_states=num_states,
+                    mlp_dim=mlp_dim,
+                    attention_implementation=attention_implementation,
+                    key=kl[i],
                 )
             else:
-                layer = SlidingWindowLayer(dim, num_heads, window, mlp_dim=mlp_dim, key=kl[i])
+                layer = SlidingWindowLayer(
+                    dim,
+                    num_heads,
+                    window,
+                    mlp_dim=mlp_dim,
+                    attention_implementation=attention_implementation,
+                    key=kl[i],
+                )
             layers.append(layer)
         self.layers = tuple(layers)
         self.final_norm = eqx.nn.LayerNorm(dim)
