@@ -11,15 +11,18 @@ by ratio; peak memory is what XLA plans for one call.
     python benchmarks/bst.py                    # L = 1k, 4k, 16k, 64k, float32
     python benchmarks/bst.py --quick            # L = 1k, 4k, fewer repeats
     python benchmarks/bst.py --dtype bfloat16   # weights and activations in bfloat16
+    python benchmarks/bst.py --dtype bfloat16 --attention cudnn   # NVIDIA GPUs
 
 Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU, `bst_quick.json` with
-`--quick`, `bst_bf16*.json` in bfloat16) and a PNG beside it. In bfloat16 (the meliad
-reference's dtype) the layers keep their float32 islands: attention logits and softmax,
-the S4D kernel and the FFT convolution.
+`--quick`, `bst_bf16*.json` in bfloat16, `*_cudnn*` with `--attention cudnn`) and a PNG
+beside it. In bfloat16 (the meliad reference's dtype) the layers keep their float32
+islands: attention logits and softmax, the S4D kernel and the FFT convolution.
+`--attention cudnn` builds every layer with `attention_implementation="cudnn"` (cuDNN's
+fused flash attention; NVIDIA GPUs, bfloat16).
 Runs unchanged on GPU, where the blocks of BST run in parallel while BRECT's scan over
-blocks cannot fill the device (on an H200 BRECT is 4.0-4.9x slower than BST:SH at
-16k-64k, against the paper's 6-11x); on a 2-core CPU the parallelism has little room
-to pay off.
+blocks cannot fill the device (on an H200 in bfloat16, BRECT is 4.0-4.9x slower than
+BST:SH at 16k-64k with XLA's attention and 8.0-9.0x with cuDNN's, against the paper's
+6-11x); on a 2-core CPU the parallelism has little room to pay off.
 """
 
 import argparse
@@ -94,19 +97,18 @@ RATIOS = {
 }
 
 
-def build_layer(variant: str, *, key: jax.Array) -> eqx.Module:
-    """One layer of `variant` at the Fig. 2.5 shape."""
+def build_layer(variant: str, *, key: jax.Array, attention: str | None = None) -> eqx.Module:
+    """One layer of `variant` at the Fig. 2.5 shape, its attention kernel `attention`."""
+    kw = dict(attention_implementation=attention, key=key)
     if variant.startswith("BST:"):
         context = variant.split(":")[1].lower()
         return ls.BlockStateTransformerLayer(
-            DIM, HEADS, WINDOW, context=context, ssm="s4", state_size=STATE_SIZE, key=key
+            DIM, HEADS, WINDOW, context=context, ssm="s4", state_size=STATE_SIZE, **kw
         )
     if variant == "SLIDE":
-        return ls.SlidingWindowLayer(DIM, HEADS, WINDOW, key=key)
+        return ls.SlidingWindowLayer(DIM, HEADS, WINDOW, **kw)
     if variant == "BRECT":
-        return ls.BlockRecurrentTransformerLayer(
-            DIM, HEADS, WINDOW, num_states=BRECT_STATES, key=key
-        )
+        return ls.BlockRecurrentTransformerLayer(DIM, HEADS, WINDOW, num_states=BRECT_STATES, **kw)
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -136,16 +138,25 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="(float32)"
     )
     parser.add_argument(
+        "--attention",
+        choices=("xla", "cudnn"),
+        default="xla",
+        help="attention kernel (xla); cudnn needs an NVIDIA GPU and --dtype bfloat16",
+    )
+    parser.add_argument(
         "--no-flops", action="store_true", help="skip XLA's FLOP counts (CPU compiles)"
     )
     args = parser.parse_args(argv)
+    if args.attention == "cudnn" and args.dtype != "bfloat16":
+        parser.error("--attention cudnn needs --dtype bfloat16 (cuDNN's flash attention)")
     dtype = jnp.dtype(args.dtype)
     lengths = args.lengths or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536])
     repeats = args.repeats or (3 if args.quick else 5)
 
     keys = jr.split(jr.key(0), len(args.variants) + 1)
     layers = {
-        v: cast(build_layer(v, key=k), dtype) for v, k in zip(args.variants, keys[1:], strict=True)
+        v: cast(build_layer(v, key=k, attention=args.attention), dtype)
+        for v, k in zip(args.variants, keys[1:], strict=True)
     }
     params = {}
     for variant, layer in layers.items():
@@ -212,13 +223,14 @@ def main(argv: list[str] | None = None) -> int:
             done,
             quick=args.quick,
             dtype=dtype,
+            attention=args.attention,
         )
 
     return 0
 
 
 def _report(
-    times, best, memory, flops, number, params, repeats, gemm, done, *, quick: bool, dtype
+    times, best, memory, flops, number, params, repeats, gemm, done, *, quick, dtype, attention
 ) -> pathlib.Path:
     """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
     length, so an interrupted long run keeps what it measured)."""
@@ -247,6 +259,7 @@ def _report(
             "brect_states": BRECT_STATES,
             "batch": 1,
             "dtype": str(dtype),
+            "attention": attention,
             "pass": "forward, jitted, one layer",
             "repeats": repeats,
             "timing": "median over rounds; each round times every variant once, over "
@@ -271,8 +284,9 @@ def _report(
         },
     }
     stem = "bst" if dtype == jnp.float32 else "bst_bf16"
+    stem += "_cudnn" if attention == "cudnn" else ""
     path = save(f"{stem}_quick" if quick else stem, payload)  # quick runs keep the full
-    _plot(times, memory, done, path.with_suffix(".png"), dtype)
+    _plot(times, memory, done, path.with_suffix(".png"), f"{dtype}, {attention} attention")
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path
 
@@ -338,7 +352,7 @@ def _targets(times, ratios, lengths) -> dict[str, str]:
     return out
 
 
-def _plot(times, memory, lengths, path: pathlib.Path, dtype) -> None:
+def _plot(times, memory, lengths, path: pathlib.Path, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -360,7 +374,7 @@ def _plot(times, memory, lengths, path: pathlib.Path, dtype) -> None:
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
     device = jax.devices()[0].device_kind
-    ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW}, {dtype} ({device})")
+    ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW}, {label} ({device})")
     ax_m.set_title("XLA-planned peak memory of one call")
     if jax.default_backend() == "cpu":
         ax_t.annotate("x: meliad reference (SLIDE, BRECT)", (0.02, 0.95), xycoords="axes fraction")
