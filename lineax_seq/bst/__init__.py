@@ -7,7 +7,7 @@ Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multip
   num_heads=8, window=128, mlp_dim=None, bst_layers=None, context="sh"|"mh"|"mf",
   ssm="s4"|"unstruct", state_size=16, dt_min=1e-3, dt_max=1e-1, ssm_features=None,
   num_filters=32, recurrent_layers=(), num_states=None, max_length=None,
-  tie_embeddings=True, key)`;
+  tie_embeddings=True, attention_implementation=None, key)`;
   `lm(tokens: Int[Array, "length"]) -> Float[Array, "length vocab"]`;
   `lm.init_cache(max_length)`, `lm.step(cache, token) -> (cache, logits)`.
   `bst_layers=None` is the paper's (1, 7, 9) of 12 rescaled to `num_layers`;
@@ -19,11 +19,14 @@ Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multip
 * Single layers (one-layer speed benchmark):
   [`lineax_seq.BlockStateTransformerLayer`][]`(dim, num_heads, window, *, context="sh",
   ssm="s4", state_size=16, dt_min=1e-3, dt_max=1e-1, ssm_features=None, num_filters=32,
-  mlp_dim=None, max_length=None, key)`,
-  [`lineax_seq.SlidingWindowLayer`][]`(dim, num_heads, window, *, mlp_dim=None, key)`,
+  mlp_dim=None, max_length=None, attention_implementation=None, key)`,
+  [`lineax_seq.SlidingWindowLayer`][]`(dim, num_heads, window, *, mlp_dim=None,
+  attention_implementation=None, key)`,
   [`lineax_seq.BlockRecurrentTransformerLayer`][]`(dim, num_heads, window, *,
-  num_states=None, mlp_dim=None, key)`. Each has `__call__(x)`, `init_cache(max_length)`
-  and `step(cache, x_t, t) -> (cache, y_t)`.
+  num_states=None, mlp_dim=None, attention_implementation=None, key)`. Each has
+  `__call__(x)`, `init_cache(max_length)` and `step(cache, x_t, t) -> (cache, y_t)`.
+  `attention_implementation="cudnn"` runs the forward pass's attention on cuDNN's fused
+  kernel (NVIDIA GPUs, float16 / bfloat16); the default is XLA.
 * [`lineax_seq.ContextSSM`][]`(dim, features, streams, *, ssm="s4", state_size=16,
   dt_min=1e-3, dt_max=1e-1, max_length=None, key)`: the SSM sublayer,
   `(length, dim) -> (length, streams, features)`.
