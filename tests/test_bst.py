@@ -391,6 +391,60 @@ def test_cudnn_layers_match_xla(variant, getkey):
     np.testing.assert_allclose(f32(got[1]), f32(want[1]), atol=5e-2 * scale)
 
 
+def test_cudnn_lm_traces_under_vmap_and_grad(monkeypatch, key):
+    # JAX's cuDNN rule under `jax.vmap` takes only leading vmapped axes (the scan's
+    # stacked outputs have theirs second). Tracing, without compiling, needs no GPU once
+    # JAX's cuDNN version and device checks are answered for it.
+    fa = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(fa, "check_compute_capability", lambda capability: True)
+    monkeypatch.setattr(fa, "is_cuda_compute_capability_equal", lambda capability: False)
+    lm = ls.BlockStateTransformerLM(
+        VOCAB, 32, 3, num_heads=HEADS, window=W, bst_layers=(0,), recurrent_layers=(2,),
+        attention_implementation="cudnn", key=key,
+    )  # fmt: skip
+    lm = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, lm)
+    tokens = jnp.zeros((2, L), jnp.int32)
+    loss = lambda lm, t: jnp.mean(lm(t).astype(jnp.float32))
+    batch_loss = lambda lm, t: jnp.mean(jax.vmap(loss, in_axes=(None, 0))(lm, t))
+    with jax.numpy_dtype_promotion("standard"):
+        jaxpr = eqx.filter_make_jaxpr(eqx.filter_grad(batch_loss))(lm, tokens)[0]
+        per_example = lambda lm, t: jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0))(lm, t)
+        eqx.filter_make_jaxpr(per_example)(lm, tokens)
+    assert "dot_product_attention_fwd" in str(jaxpr)  # the cuDNN primitive
+
+
+@needs_cuda
+def test_cudnn_lm_batch_is_as_accurate_as_xla(getkey):
+    # A vmapped batch and the parameters' gradient (a training step's) of a model with
+    # every layer kind: in bfloat16, cuDNN's attention is as close to the float32 model
+    # as XLA's is.
+    kw = dict(num_heads=HEADS, window=8, bst_layers=(0,), recurrent_layers=(2,), key=getkey())
+    half = lambda tree: jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree
+    )
+    tokens = jr.randint(getkey(), (3, 25), 0, VOCAB)
+
+    @eqx.filter_jit
+    @eqx.filter_value_and_grad
+    def loss(lm, tokens):  # next-token cross-entropy over 24 positions
+        logits = jax.vmap(lm)(tokens[:, :-1]).astype(jnp.float32)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], axis=-1)
+        return -jnp.mean(logp)
+
+    def flat(value_and_grad):
+        leaves = [jnp.ravel(g).astype(jnp.float32) for g in jax.tree.leaves(value_and_grad[1])]
+        return float(value_and_grad[0]), np.asarray(jnp.concatenate(leaves))
+
+    lm = ls.BlockStateTransformerLM(VOCAB, 32, 3, **kw)
+    cudnn = ls.BlockStateTransformerLM(VOCAB, 32, 3, attention_implementation="cudnn", **kw)
+    with jax.numpy_dtype_promotion("standard"):
+        exact, xla, fused = (flat(loss(m, tokens)) for m in (lm, half(lm), half(cudnn)))
+    error = lambda run: np.linalg.norm(run[1] - exact[1]) / np.linalg.norm(exact[1])
+    assert abs(fused[0] - exact[0]) <= 2 * abs(xla[0] - exact[0]) + 1e-2 * abs(exact[0])
+    assert error(fused) <= 1.5 * error(xla) + 1e-2, (error(fused), error(xla))
+
+
 def test_bad_input(sh_lm, key):
     lm = sh_lm
     with pytest.raises(ValueError, match="multiple of `window`=4"):

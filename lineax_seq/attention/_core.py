@@ -40,13 +40,18 @@ def fused_attention(
     leading batch axis; `bias` is cast to the inputs' dtype (cuDNN's requirement).
 
     `"cudnn"` takes float16 / bfloat16 inputs only: others raise a `TypeError` here,
-    before JAX's own lowering error.
+    before JAX's own lowering error. Under `jax.vmap`, JAX's cuDNN rule takes only
+    leading vmapped axes, so `q`, `k`, `v` are first laid out with theirs leading (a
+    flatten and reshape: free without `vmap`); it also needs `q`, `k` and `v` all
+    vmapped, and `bias` / `mask` not.
     """
     if implementation == "cudnn" and q.dtype not in (jnp.float16, jnp.bfloat16):
         raise TypeError(
             'implementation="cudnn" (cuDNN flash attention) needs float16 or bfloat16 '
             f'inputs, got q.dtype={q.dtype}; use implementation="xla" (or None) for it.'
         )
+    if implementation == "cudnn":
+        q, k, v = (jnp.ravel(a).reshape(a.shape) for a in (q, k, v))
     bias = None if bias is None else bias.astype(q.dtype)
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, implementation=implementation

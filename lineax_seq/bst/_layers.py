@@ -561,10 +561,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         - `num_states`: number of recurrent states `S` (default `window`, as in the
           paper).
         - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
-        - `attention_implementation`: the kernel of every attention of the parallel
-          forward pass (the states' update in the scan included), `None` / `"xla"` or
-          `"cudnn"` (see [`lineax_seq.MultiHeadAttention`][]); decoding steps always use
-          XLA.
+        - `attention_implementation`: the kernel of the tokens' attention in the
+          parallel forward pass (sliding window and cross-attention to the states),
+          `None` / `"xla"` or `"cudnn"` (see [`lineax_seq.MultiHeadAttention`][]); the
+          states' update in the scan over blocks and decoding steps always use XLA.
         - `key`: PRNG key.
         """
         window = check_window(window)
@@ -606,10 +606,14 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         s = _norm(self.state_norm, states) + self.state_ids
         return s, self.state_attention.keys_values(s)
 
-    def _update_states(self, states, s, ks, vs, k_tokens, v_tokens, implementation=None):
-        s_self = attend(self.state_attention.queries(s), ks, vs, implementation=implementation)
+    def _update_states(self, states, s, ks, vs, k_tokens, v_tokens):
+        # XLA's attention even with `attention_implementation="cudnn"`: one block's
+        # (states x window) products gain little from the fused kernel, and JAX's cuDNN
+        # rule under `jax.vmap` fails on the scan's first tracing pass, whose carry is
+        # not yet batched while the block's keys are.
+        s_self = attend(self.state_attention.queries(s), ks, vs)
         q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
-        s_cross = attend(q_cross, k_tokens, v_tokens, implementation=implementation)
+        s_cross = attend(q_cross, k_tokens, v_tokens)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
         z = jnp.tanh(_dense(self.state_gate_input, _dense(self.state_output, mixed)))
         return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
@@ -645,18 +649,16 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         k, v = mha.keys_values(h)
         self_heads = self.self_attention.attend(mha.queries(h), k, v)
 
-        implementation = mha.implementation
-
         def update(states, kv_b):
             s, (ks, vs) = self._state_kv(states)
-            return self._update_states(states, s, ks, vs, *kv_b, implementation), (ks, vs)
+            return self._update_states(states, s, ks, vs, *kv_b), (ks, vs)
 
         blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=w)
         # (ks, vs)[b]: the keys/values of the states that block b's tokens read, i.e. the
         # states before block b's update.
         _, (ks, vs) = jax.lax.scan(update, self.initial_state, (blocks(k), blocks(v)))
         q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
-        cross = block_attention(q, ks, vs, implementation=implementation)
+        cross = block_attention(q, ks, vs, implementation=mha.implementation)
         cross = rearrange(cross, "n w h d -> (n w) h d")
         return self._mix(x, self_heads, cross)
 
