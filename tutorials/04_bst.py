@@ -97,6 +97,9 @@ print("max change in the first half:", float(change.max()))
 # For that, every SSM mode should settle within a training sequence: the slowest S4D
 # mode's time constant is about `2 / dt_min` steps, so `dt_min = 4 / L` puts it at half
 # the training length `L` (the ratio of S4's usual `1e-3` to the paper's 4k sequences).
+# On an NVIDIA GPU with bfloat16 weights, `attention_implementation="cudnn"` runs the
+# attention on cuDNN's fused kernel (about twice as fast for a BST layer at 64k tokens);
+# the default, XLA's, runs anywhere.
 
 # %%
 tokenizer = ls.ByteTokenizer()

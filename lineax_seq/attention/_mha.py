@@ -64,9 +64,8 @@ class MultiHeadAttention(eqx.Module):
           and dtype), or `"cudnn"` (cuDNN flash attention: NVIDIA GPUs, float16 /
           bfloat16 inputs, `dim // num_heads` a multiple of 8; under `jax.vmap`, JAX's
           cuDNN rule needs `x` and `context` both vmapped and `mask` / `bias` shared by
-          the batch). A static choice: to run
-          a trained model with another kernel, build one with it and load the weights
-          (`eqx.tree_deserialise_leaves`).
+          the batch). A static choice: to run a trained model with another kernel,
+          build one with it and load the weights (`eqx.tree_deserialise_leaves`).
         - `key`: PRNG key for the initialisation.
         """
         dim = check_int("dim", dim)

@@ -585,12 +585,8 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         self.mlp_norm = eqx.nn.LayerNorm(dim)
         self.mlp = _MLP(dim, _mlp_dim(dim, mlp_dim), key=keys[3])
         self.state_norm = eqx.nn.LayerNorm(dim)
-        self.state_attention = MultiHeadAttention(
-            dim,
-            num_heads,
-            output_projection=False,
-            implementation=attention_implementation,
-            key=keys[4],
+        self.state_attention = MultiHeadAttention(  # attends in the scan: XLA's kernel
+            dim, num_heads, output_projection=False, key=keys[4]
         )
         self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
         self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
