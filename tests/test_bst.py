@@ -14,6 +14,7 @@ import jax.random as jr
 import numpy as np
 import pytest
 from _devices import needs_cuda
+from jax.flatten_util import ravel_pytree
 
 import lineax_seq as ls
 
@@ -255,7 +256,7 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
         variant, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(0,), max_length=L,
         key=getkey(),
     )  # fmt: skip
-    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, lm)
+    half = _bfloat16(lm)
     # jax.nn.dot_product_attention itself promotes bfloat16 to float32 implicitly.
     with jax.numpy_dtype_promotion("standard"):
         steps = _decode(half, tokens)
@@ -356,6 +357,11 @@ def test_attention_implementation(tmp_path, key):
         np.testing.assert_array_equal(a, b)
 
 
+def _bfloat16(tree):
+    """`tree` with its floating-point arrays in bfloat16 (cuDNN's attention dtype)."""
+    return jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree)
+
+
 def _layer_for_cudnn(variant, implementation, key, dim=32, window=8, length=32):
     kw = dict(mlp_dim=2 * dim, attention_implementation=implementation, key=key)
     if variant == "slide":
@@ -373,17 +379,14 @@ def _layer_for_cudnn(variant, implementation, key, dim=32, window=8, length=32):
 def test_cudnn_layers_match_xla(variant, getkey):
     # Each layer kind in bfloat16 (head size 16), forward and input gradient, cuDNN's
     # kernel against XLA's with the same weights.
-    half = lambda tree: jax.tree.map(
-        lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree
-    )
-    x = half(jr.normal(getkey(), (32, 32)))
+    x = _bfloat16(jr.normal(getkey(), (32, 32)))
     k = getkey()
     loss = lambda x, m: jnp.sum(m(x).astype(jnp.float32) ** 2)
     run = eqx.filter_jit(eqx.filter_value_and_grad(loss))
     # (`jax.nn.dot_product_attention` promotes bfloat16 with float32 itself.)
     with jax.numpy_dtype_promotion("standard"):
-        want = run(x, half(_layer_for_cudnn(variant, None, k)))
-        got = run(x, half(_layer_for_cudnn(variant, "cudnn", k)))
+        want = run(x, _bfloat16(_layer_for_cudnn(variant, None, k)))
+        got = run(x, _bfloat16(_layer_for_cudnn(variant, "cudnn", k)))
     f32 = lambda a: np.asarray(a, np.float32)
     np.testing.assert_allclose(f32(got[0]), f32(want[0]), rtol=3e-2)
     scale = np.abs(f32(want[1])).max()
@@ -402,7 +405,7 @@ def test_cudnn_lm_traces_under_vmap_and_grad(monkeypatch, key):
         VOCAB, 32, 3, num_heads=HEADS, window=W, bst_layers=(0,), recurrent_layers=(2,),
         attention_implementation="cudnn", key=key,
     )  # fmt: skip
-    lm = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, lm)
+    lm = _bfloat16(lm)
     tokens = jnp.zeros((2, L), jnp.int32)
     loss = lambda lm, t: jnp.mean(lm(t).astype(jnp.float32))
     batch_loss = lambda lm, t: jnp.mean(jax.vmap(loss, in_axes=(None, 0))(lm, t))
@@ -419,9 +422,6 @@ def test_cudnn_lm_batch_is_as_accurate_as_xla(getkey):
     # every layer kind: in bfloat16, cuDNN's attention is as close to the float32 model
     # as XLA's is.
     kw = dict(num_heads=HEADS, window=8, bst_layers=(0,), recurrent_layers=(2,), key=getkey())
-    half = lambda tree: jax.tree.map(
-        lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, tree
-    )
     tokens = jr.randint(getkey(), (3, 25), 0, VOCAB)
 
     @eqx.filter_jit
@@ -431,14 +431,15 @@ def test_cudnn_lm_batch_is_as_accurate_as_xla(getkey):
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], axis=-1)
         return -jnp.mean(logp)
 
-    def flat(value_and_grad):
-        leaves = [jnp.ravel(g).astype(jnp.float32) for g in jax.tree.leaves(value_and_grad[1])]
-        return float(value_and_grad[0]), np.asarray(jnp.concatenate(leaves))
+    flat = lambda value_and_grad: (
+        float(value_and_grad[0]),
+        np.asarray(ravel_pytree(value_and_grad[1])[0], np.float32),
+    )
 
     lm = ls.BlockStateTransformerLM(VOCAB, 32, 3, **kw)
     cudnn = ls.BlockStateTransformerLM(VOCAB, 32, 3, attention_implementation="cudnn", **kw)
     with jax.numpy_dtype_promotion("standard"):
-        exact, xla, fused = (flat(loss(m, tokens)) for m in (lm, half(lm), half(cudnn)))
+        exact, xla, fused = (flat(loss(m, tokens)) for m in (lm, _bfloat16(lm), _bfloat16(cudnn)))
     error = lambda run: np.linalg.norm(run[1] - exact[1]) / np.linalg.norm(exact[1])
     assert abs(fused[0] - exact[0]) <= 2 * abs(xla[0] - exact[0]) + 1e-2 * abs(exact[0])
     assert error(fused) <= 1.5 * error(xla) + 1e-2, (error(fused), error(xla))
