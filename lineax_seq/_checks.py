@@ -74,6 +74,25 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
+def check_trailing_mask(mask: Array | None) -> Array | None:
+    """`mask` (a boolean `(length,)` array or `None`), checked to be trailing padding:
+    `True` at the real tokens, then `False` to the end. At once, naming the first real
+    token after a pad, if `mask` is concrete; else at run time (`eqx.error_if`, so the
+    returned array must be the one used)."""
+    if mask is None:
+        return None
+    expected = "mask must be trailing padding (True at real tokens, then False to the end)"
+    if not _on_host(mask):
+        real = mask.astype(bool)
+        return eqx.error_if(mask, jnp.any(real[1:] & ~real[:-1]), expected)
+    host = np.asarray(mask).astype(bool)
+    first = _first("mask", host[1:] & ~host[:-1])
+    if first is not None:
+        (i,), _ = first
+        raise ValueError(f"{expected}, got mask[{i}]=False before mask[{i + 1}]=True")
+    return mask
+
+
 def check_finite(name: str, a: Array) -> Array:
     """`a`, checked to hold no NaN or inf: at once if it is concrete, else at run time
     (`eqx.error_if`, so the returned array must be the one used)."""

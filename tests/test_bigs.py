@@ -524,6 +524,10 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
         ls.GatedLayer(8, dropout=None, key=jr.key(0))
     with pytest.raises(ValueError, match=r"mask must have shape \(3,\) like x"):
         ls.masked_mean(jnp.ones((3, 2)), jnp.ones(1, bool))
+    with pytest.raises(
+        ValueError, match=r"x must have shape \(length >= 1, dim\), got x.shape=\(0, 8\)"
+    ):
+        ls.SequenceClassificationHead(8, 3, key=jr.key(0))(jnp.ones((0, 8)), inference=True)
     # Options of the other routing are checked too (a config must rebuild either way).
     for option, pattern in [
         (dict(ssm_init="xx"), "ssm_init must be one of"),
@@ -655,6 +659,35 @@ def test_bad_inputs(mods):
         mods["span"](jnp.ones((7, 9)))
     with pytest.raises(ValueError, match=r"got x.shape=\(3, 7, 15\)"):
         mods["mc"](jnp.ones((3, 7, 15)), inference=True)
+
+
+def test_masks_must_be_trailing_padding(mods):
+    """A mask with a hole or leading padding is an error (eagerly, naming the position,
+    and under `jit`) for the encoder, its layers and the SSMs: padding-exactness is
+    defined for trailing padding only. A trailing mask and an all-True one pass."""
+    model, tokens = mods["gated/ssm"], jnp.arange(6)
+    layer, x = model.layer(0), jnp.ones((6, DIM))
+    hole = jnp.array([True, True, False, True, False, False])
+    leading = jnp.array([False, True, True, True, True, True])
+    message = r"mask must be trailing padding \(True at real tokens, then False to the end\)"
+    for call in (
+        lambda m: model(tokens, m, inference=True),
+        lambda m: layer(x, m, inference=True),
+        lambda m: layer.forward_routing(x, m),
+        lambda m: mods["bwd"](jnp.ones((6, 5)), m),
+    ):
+        with pytest.raises(ValueError, match=message + ", got mask\\[2\\]=False before mask"):
+            call(hole)
+        with pytest.raises(ValueError, match=message + ", got mask\\[0\\]=False before mask"):
+            call(leading)
+        for m in (hole, leading):
+            with pytest.raises(Exception, match=message):
+                jax.block_until_ready(eqx.filter_jit(call)(m))
+        for m in (jnp.arange(6) < 4, jnp.ones(6, bool), jnp.zeros(6, bool)):
+            assert bool(jnp.all(jnp.isfinite(eqx.filter_jit(call)(m))))
+    for variant in VARIANTS:  # every routing, under jit (the encoder's check)
+        with pytest.raises(Exception, match=message):
+            jax.block_until_ready(encode(mods[variant], tokens, hole))
 
 
 def test_directional_ssm_zero_at_padding_and_low_precision(getkey):

@@ -342,6 +342,8 @@ def test_max_predictions_covers_masking():
 def test_optimizer_groups_ssm_parameters(tiny_mlm):
     groups = _bigs_train.ssm_groups(tiny_mlm, lr=0.1, ssm_lr=0.01)
     assert groups["ssm"].learning_rate == 0.01 and groups["ssm"].weight_decay == 0.0
+    for ssm_lr, used in ((0.5, 0.1), (0.0, 0.1), (0.01, 0.01)):  # capped at lr; 0 means lr
+        assert _bigs_train.ssm_groups(tiny_mlm, lr=0.1, ssm_lr=ssm_lr)["ssm"].learning_rate == used
     labels = jax.tree_util.tree_flatten_with_path(ls.param_labels(tiny_mlm, groups))[0]
     ssm = [jax.tree_util.keystr(p) for p, label in labels if label == "ssm"]
     # Exactly the arrays of the S4D kernels (A, B, C, dt of each direction) are grouped.
@@ -530,6 +532,8 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     assert 0.0 <= metrics["accuracy"] <= 1.0
     result = json.loads((tmp_path / "ft" / "result.json").read_text())
     assert result["label_names"] == [f"c{i}" for i in range(10)]
+    # The SSM group's rate as used: --ssm-lr (1e-3) capped at the fine-tuning --lr.
+    assert (result["ssm_lr"], result["ssm_lr_used"]) == (1e-3, result["lr"]) != (1e-3, 1e-3)
     ids = _bigs_ablation.write_rows([(t, int(y[1])) for t, y in rows], tmp_path / "ids.csv")
     with pytest.raises(ValueError, match="has class names .* but --train .* has class ids"):
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(ids),

@@ -105,6 +105,10 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(p, num_classes=2)
     with pytest.raises(ValueError, match="label 'pos' is not an integer"):
         ls.read_classification(_write_csv(tmp_path / "s.csv", [("x", "pos")]), num_classes=2)
+    with pytest.raises(ValueError, match="label True is a boolean, not an integer class index"):
+        p = tmp_path / "b.jsonl"
+        p.write_text(json.dumps({"text": "x", "label": True}) + "\n")
+        ls.read_classification(p, num_classes=2)
     with pytest.raises(ValueError, match="label 'nan' is not a finite number"):
         ls.read_classification(_write_csv(tmp_path / "f.csv", [("x", "nan")]), num_classes=None)
     with pytest.raises(ValueError, match="missing field 'label'; its fields are 'text', 'y'"):

@@ -10,7 +10,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_ids, check_int
+from .._checks import as_arrays, check_bool, check_ids, check_int, check_trailing_mask
 from ..ssm._kernel import check_kernel_options
 from ._layers import (
     ARCHITECTURES,
@@ -358,7 +358,8 @@ class BiGS(eqx.Module):
         - `tokens`: token ids in `[0, vocab_size)`, shape `(length,)`, `length >= 1`.
             Out-of-range ids raise an error (at once, or through `eqx.error_if` under
             `jit`) instead of being clamped; at padded positions any id is accepted.
-        - `mask`: optional, `True` at real tokens, `False` at (trailing) padding.
+        - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
+          other mask is an error).
         - `token_types`: optional segment ids in `[0, num_token_types)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
@@ -387,6 +388,7 @@ class BiGS(eqx.Module):
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)
+        mask = check_trailing_mask(mask)
         if mask is not None:
             tokens = jnp.where(mask, tokens, 0)
         h = self.token_embedding.weight[tokens]
@@ -413,7 +415,7 @@ class BiGS(eqx.Module):
         def step(h, xs):
             layer_params, layer_key = xs
             layer = eqx.combine(layer_params, static)
-            return layer(h, mask, key=layer_key, inference=inference), None
+            return layer._masked_apply(h, mask, layer_key, inference), None
 
         h, _ = jax.lax.scan(step, h, (params, layer_keys))
         if self.final_norm is not None:

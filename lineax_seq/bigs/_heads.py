@@ -27,15 +27,15 @@ def masked_mean(
 
     **Arguments:**
 
-    - `x`: shape `(length, dim)`.
+    - `x`: shape `(length, dim)`, `length >= 1`.
     - `mask`: optional, `True` at real tokens.
 
     **Returns:**
 
     Shape `(dim,)` (zero if no position is real).
     """
-    if x.ndim != 2:
-        raise ValueError(f"x must have shape (length, dim), got x.shape={x.shape}")
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"x must have shape (length >= 1, dim), got x.shape={x.shape}")
     if mask is None:
         return jnp.mean(x, axis=0)
     if mask.shape != x.shape[:1]:

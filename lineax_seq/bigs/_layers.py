@@ -13,7 +13,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_int
+from .._checks import as_arrays, check_int, check_trailing_mask
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -267,7 +267,8 @@ class _Layer(eqx.Module):
         **Arguments:**
 
         - `x`: input `X_i`, shape `(length, dim)`.
-        - `mask`: optional, `True` at real tokens (padding is trailing).
+        - `mask`: optional, `True` at real tokens, then `False` at trailing padding
+          (any other mask is an error).
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.
@@ -278,6 +279,10 @@ class _Layer(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
+        return self._masked_apply(x, check_trailing_mask(mask), key, inference)
+
+    def _masked_apply(self, x, mask, key, inference):
+        """`_apply` with padded positions of the output zeroed; inputs already checked."""
         out = self._apply(x, mask, key, inference)
         return out if mask is None else jnp.where(mask[:, None], out, 0)
 

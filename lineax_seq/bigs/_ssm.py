@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_int
+from .._checks import as_arrays, check_bool, check_int, check_trailing_mask
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -214,7 +214,8 @@ class DirectionalSSM(eqx.Module):
         **Arguments:**
 
         - `u`: input, shape `(length, dim)`, `length >= 1`.
-        - `mask`: optional, `True` at real tokens; padded positions are zeroed first.
+        - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
+            other mask is an error); padded positions are zeroed first.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
@@ -224,6 +225,7 @@ class DirectionalSSM(eqx.Module):
         """
         u, mask = as_arrays(u, mask)
         check_sequence("u", u, mask, self.dim)
+        mask = check_trailing_mask(mask)
         if mask is None:
             return ssm_conv(u[None], (self,))[0]
         y = ssm_conv(jnp.where(mask[:, None], u, 0)[None], (self,))[0]

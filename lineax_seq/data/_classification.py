@@ -139,10 +139,12 @@ def _check_label(
                 f"(|label| <= {_FLOAT32_MAX:.4g})"
             )
         return target
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: label {value!r} is a boolean, not an integer class index")
     label = value if isinstance(value, int) else _whole_number(value)
     if label is None:
         raise ValueError(f"{where}: label {value!r} is not an integer")
-    if isinstance(value, bool) or not 0 <= label < num_classes:
+    if not 0 <= label < num_classes:
         raise ValueError(
             f"{where}: label {value!r} is outside the class range [0, {num_classes}) "
             f"(num_classes={num_classes})"

@@ -61,6 +61,7 @@ from ._bigs_train import (
     save_tokenizer,
     scaled_init_std,
     split_records,
+    ssm_learning_rate,
 )
 from ._cli import (
     UsageError,
@@ -457,6 +458,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         "eval": None if args.eval is None else str(args.eval),
         "truncation": args.truncation,
         **_optim_options(args),
+        "ssm_lr_used": ssm_learning_rate(lr=args.lr, ssm_lr=args.ssm_lr),
         "train_examples": len(train_records),
         "eval_examples": len(eval_records),
         **metrics,
@@ -569,7 +571,8 @@ def _optim_arguments(
         "--ssm-lr",
         type=non_negative_float,
         default=1e-3,
-        help="peak learning rate of the SSM parameter group, no weight decay (default 1e-3)",
+        help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
+        "capped at --lr; 0 means --lr (default 1e-3)",
     )
     g.add_argument("--weight-decay", type=non_negative_float, default=0.01)
     g.add_argument(

@@ -204,8 +204,13 @@ def ssm_groups(model: PyTree, *, lr: float, ssm_lr: float) -> dict[str, ls.Param
     is_kernel = lambda x: isinstance(x, ls.S4DKernel)
     if not any(is_kernel(x) for x in jax.tree.leaves(model, is_leaf=is_kernel)):
         return {}
-    rate = min(ssm_lr, lr) if ssm_lr > 0 else lr
+    rate = ssm_learning_rate(lr=lr, ssm_lr=ssm_lr)
     return {"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=rate, weight_decay=0.0)}
+
+
+def ssm_learning_rate(*, lr: float, ssm_lr: float) -> float:
+    """The SSM group's peak learning rate: `ssm_lr` capped at `lr`; `lr` if `ssm_lr <= 0`."""
+    return min(ssm_lr, lr) if ssm_lr > 0 else lr
 
 
 def make_optimizer(
