@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 from jaxtyping import Array, Real
 
 RealLike = float | int
@@ -57,7 +58,15 @@ def as_arrays(*arrays: Array | np.ndarray | None) -> tuple[Array | None, ...]:
     return tuple(None if a is None else jnp.asarray(a) for a in arrays)
 
 
-def _on_host(*arrays: Array | None) -> bool:
+def host_arrays(*arrays: ArrayLike | None) -> tuple[Array | np.ndarray | None, ...]:
+    """Each argument as an array without converting it to JAX: NumPy inputs (and Python
+    scalars or lists) become NumPy arrays, JAX arrays and `None` are kept. Integer ids are
+    range-checked in this form: `jnp.asarray` would wrap int64 ids into int32 silently
+    when JAX runs in 32 bits (its default)."""
+    return tuple(a if a is None or isinstance(a, jax.Array) else np.asarray(a) for a in arrays)
+
+
+def _on_host(*arrays: Array | np.ndarray | None) -> bool:
     """Whether `arrays` can be read here: none traced, all on this process's devices."""
     return all(
         not isinstance(a, jax.core.Tracer) and getattr(a, "is_fully_addressable", True)
@@ -74,7 +83,7 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
-def check_trailing_mask(mask: Array | None) -> Array | None:
+def check_trailing_mask(mask: Array | np.ndarray | None) -> Array | np.ndarray | None:
     """`mask` (a boolean `(length,)` array or `None`), checked to be trailing padding:
     `True` at the real tokens, then `False` to the end. At once, naming the first real
     token after a pad, if `mask` is concrete; else at run time (`eqx.error_if`, so the
@@ -175,8 +184,12 @@ def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None
 
 
 def check_ids(
-    name: str, ids: Array, upper: int, upper_name: str, where: Array | None = None
-) -> Array:
+    name: str,
+    ids: Array | np.ndarray,
+    upper: int,
+    upper_name: str,
+    where: Array | np.ndarray | None = None,
+) -> Array | np.ndarray:
     """`ids` (an integer array), checked to lie in `[0, upper)` (at the positions where
     `where` is True, if given): at once with the first offending id and its position if
     `ids` is concrete, else at run time (`eqx.error_if`, so the returned array must be

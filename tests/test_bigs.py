@@ -577,6 +577,13 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         np.testing.assert_array_equal(encode(model, padded, mask), want)
     with pytest.raises(Exception, match=r"ids must be in"):  # a real token, under jit
         encode(model, tokens.at[2].set(-100), mask)
+    # NumPy int64 ids are checked before JAX's 32-bit conversion (2**32 + 1 would wrap to 1).
+    wide = np.asarray(tokens, np.int64)
+    with pytest.raises(ValueError, match=r"got id 4294967297 at tokens\[1\]"):
+        eager(wide + np.eye(9, dtype=np.int64)[1] * 2**32)
+    with pytest.raises(ValueError, match=r"got id 4294967297 at token_types\[0\]"):
+        typed = ls.BiGS(VOCAB, DIM, 1, num_token_types=2, dropout=0.0, key=jr.key(0))
+        typed(wide, token_types=np.array([2**32 + 1] + [0] * 8, np.int64), inference=True)
     # The shared check itself: masks of another shape or dtype, unsigned and 0-d ids.
     from lineax_seq._checks import check_ids
 

@@ -232,7 +232,7 @@ def test_generate_narrow_prompt_dtypes(getkey):
     out = ls.generate(lm, jnp.array([3, 250], jnp.uint8), 4, key=getkey(), temperature=0.0)
     assert out.dtype == jnp.int32
     np.testing.assert_array_equal(out, [3, 250, 299, 299, 299, 299])
-    with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=300\)"):
+    with pytest.raises(Exception, match=r"prompt: ids must be in \[0, vocab_size=300\)"):
         ls.generate(lm, jnp.array([3, 300]), 4, key=getkey(), temperature=0.0)
 
 
@@ -597,6 +597,17 @@ def test_narrow_token_dtypes(getkey):
     np.testing.assert_allclose(logits, lm.step(lm.init_cache(W), jnp.int32(200))[1], atol=1e-6)
     with pytest.raises(Exception, match=r"tokens: ids must be in \[0, vocab_size=300\)"):
         lm(jnp.array([1, 300, 2, 3], jnp.int16))
+    # NumPy int64 ids are checked before JAX's 32-bit conversion, which would wrap
+    # 2**32 + 1 to the valid id 1.
+    wrapped = np.array([2**32 + 1, 2, 3, 4], np.int64)
+    with pytest.raises(ValueError, match=r"tokens: ids must be in .* got id 4294967297"):
+        lm(wrapped)
+    with pytest.raises(ValueError, match=r"token: ids must be in .* got id 4294967297"):
+        lm.step(lm.init_cache(W), wrapped[0])
+    for steps in (0, 2):
+        with pytest.raises(ValueError, match=r"prompt: ids must be in .* got id 4294967297"):
+            ls.generate(lm, wrapped[:1], steps, key=getkey())
+    np.testing.assert_array_equal(lm(wrapped % 2**32), lm(jnp.array([1, 2, 3, 4])))
 
 
 def test_generate_top_k_keeps_exactly_k_tokens_under_ties(getkey):

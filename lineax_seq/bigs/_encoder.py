@@ -10,7 +10,14 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_ids, check_int, check_trailing_mask
+from .._checks import (
+    as_arrays,
+    check_bool,
+    check_ids,
+    check_int,
+    check_trailing_mask,
+    host_arrays,
+)
 from ..ssm._kernel import check_kernel_options
 from ._layers import (
     ARCHITECTURES,
@@ -369,7 +376,7 @@ class BiGS(eqx.Module):
 
         Hidden states, shape `(length, dim)`; zero at padded positions.
         """
-        tokens, mask, token_types = as_arrays(tokens, mask, token_types)
+        tokens, mask, token_types = host_arrays(tokens, mask, token_types)
         length = tokens.shape[0]
         if length == 0:
             raise ValueError("tokens must contain at least one token, got length 0")
@@ -388,7 +395,7 @@ class BiGS(eqx.Module):
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)
-        mask = check_trailing_mask(mask)
+        tokens, mask = as_arrays(tokens, check_trailing_mask(mask))
         if mask is not None:
             tokens = jnp.where(mask, tokens, 0)
         h = self.token_embedding.weight[tokens]
@@ -400,6 +407,7 @@ class BiGS(eqx.Module):
             token_types = check_ids(
                 "token_types", token_types, self.num_token_types, "num_token_types", mask
             )
+            (token_types,) = as_arrays(token_types)
             if mask is not None:
                 token_types = jnp.where(mask, token_types, 0)
             h = h + self.token_type_embedding.weight[token_types]

@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import RealScalar, check_bool, check_ids, check_int, check_real
+from .._checks import RealScalar, check_bool, check_ids, check_int, check_real, host_arrays
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
 from ._layers import (
@@ -267,11 +267,13 @@ class BlockStateTransformerLM(eqx.Module):
         return cls(vocab_size, dim, num_layers, key=key, **config)
 
     def _check_tokens(
-        self, tokens: Integer[Array, "*length"], name: str = "tokens"
+        self, tokens: Integer[Array | np.ndarray, "*length"], name: str = "tokens"
     ) -> Integer[Array, "*length"]:
+        """`tokens` as a JAX array, checked to be ids in `[0, vocab_size)` before the
+        conversion (in their own type: `jnp.asarray` wraps int64 ids in 32-bit JAX)."""
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise TypeError(f"`{name}` must hold integer tokens, got dtype {tokens.dtype}.")
-        return check_ids(name, tokens, self.vocab_size, "vocab_size")
+        return jnp.asarray(check_ids(name, tokens, self.vocab_size, "vocab_size"))
 
     def _logits(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch vocab"]:
         x = _norm(self.final_norm, x)
@@ -297,7 +299,7 @@ class BlockStateTransformerLM(eqx.Module):
 
         Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
         """
-        tokens = jnp.asarray(tokens)
+        (tokens,) = host_arrays(tokens)
         check_blocks(tokens.shape[0], self.window, "tokens")
         x = self.embedding.weight[self._check_tokens(tokens)]
         for layer in self.layers:
@@ -316,7 +318,9 @@ class BlockStateTransformerLM(eqx.Module):
             "layers": tuple(layer.init_cache(max_length) for layer in self.layers),
         }
 
-    def step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
+    def step(
+        self, cache: dict, token: Integer[Array | np.ndarray, ""] | np.integer | int
+    ) -> tuple[dict, Float[Array, " vocab"]]:
         """Feed one token; return the next-token logits (incremental decoding).
 
         Feeding `tokens[0], tokens[1], ...` from `init_cache(max_length)` gives the rows
@@ -334,7 +338,7 @@ class BlockStateTransformerLM(eqx.Module):
 
         `(cache, logits)` with logits of shape `(vocab_size,)`.
         """
-        token = jnp.asarray(token)
+        (token,) = host_arrays(token)
         if token.shape != () or token.dtype == jnp.bool_:
             raise ValueError(
                 f"`token` must be a scalar integer token, got shape {token.shape}, "
@@ -358,7 +362,6 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
     # The prompt is checked once; sampled tokens are in range by construction, so the
     # per-token check of `step` is left out of the loop. `temperature` is traced (one
     # compilation serves every value); only greedy-or-not and `top_k` are static.
-    prompt = lm._check_tokens(prompt)
     cache = lm.init_cache(prompt.shape[0] + steps)
     cache, logits = jax.lax.scan(lambda c, token: lm._step(c, token), cache, prompt)
     logits = logits[-1]
@@ -385,7 +388,7 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
 
 def generate(
     lm: BlockStateTransformerLM,
-    prompt: Integer[Array, " prompt"],
+    prompt: Integer[Array | np.ndarray, " prompt"],
     steps: int | np.integer,
     *,
     key: PRNGKeyArray,
@@ -418,16 +421,17 @@ def generate(
     `prompt` followed by the `steps` sampled tokens, shape `(prompt + steps,)`, int32
     (int64 for an int64 prompt).
     """
-    prompt = jnp.asarray(prompt)
+    (prompt,) = host_arrays(prompt)
     if not jnp.issubdtype(prompt.dtype, jnp.integer):
         raise TypeError(f"`prompt` must hold integer tokens, got dtype {prompt.dtype}.")
     if prompt.ndim != 1 or prompt.shape[0] < 1:
         raise ValueError(f"`prompt` must be a non-empty 1-d token array, got shape {prompt.shape}.")
+    prompt = lm._check_tokens(prompt, "prompt")
     if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
         prompt = prompt.astype(jnp.int32)
     steps = check_int("steps", steps, minimum=0)
     if steps == 0:
-        return lm._check_tokens(prompt)
+        return prompt
     temperature = check_real("temperature", temperature, "nonnegative")
     if top_k is not None:
         top_k = check_int("top_k", top_k)
