@@ -351,6 +351,13 @@ def test_unroll_continuous_exact_keeps_close_times_apart(model):
     traced = jax.jit(lambda t: ls.unroll_continuous(fast, x0, t, exact=True))(ts)
     np.testing.assert_allclose(concrete, traced, rtol=1e-4, atol=1e-5)
     assert np.all(np.abs(np.diff(concrete, axis=0)).max(axis=1) > 1e-3)
+    # At small time scales too: times 1e-8 apart (with a generator ~1e8 times faster)
+    # give the flow at 1-spaced times of the original model, not merged outputs.
+    tiny = eqx.tree_at(lambda m: m.dynamics.K, fast, 1e8 * fast.dynamics.K)
+    small = ls.unroll_continuous(tiny, x0, jnp.float32(1e-8) * jnp.arange(6.0), exact=True)
+    np.testing.assert_allclose(
+        small, ls.unroll_continuous(fast, x0, jnp.arange(6.0), exact=True), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_unroll_continuous_backsolve_adjoint_and_fixed_steps(model):
@@ -425,6 +432,21 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         model.dynamics(jnp.zeros(6), jnp.zeros(1))
     with pytest.raises(ValueError, match="v must have shape \\(3,\\).*v=None"):
         controlled.dynamics(jnp.zeros(6))
+
+
+def test_loss_options_are_checked(model, controlled):
+    """Concrete weights must be finite and non-negative; an action weight needs an action
+    head; an MLP decoder's depth needs an MLP decoder."""
+    xs = jr.normal(jr.key(10), (5, 2))
+    for name, bad in (("sparsity", -1.0), ("alignment", float("nan")), ("prediction", np.inf)):
+        with pytest.raises(ValueError, match=f"{name} must be a finite, non-negative"):
+            ls.koopman_loss(model, xs, **{name: bad})
+    with pytest.raises(ValueError, match="action=0.5 weighs the action head's loss, but the"):
+        ls.koopman_loss(controlled, xs, jnp.zeros((4, 1)), action=0.5)
+    with pytest.raises(ValueError, match="decoder_layers=7 is the MLP decoder's depth"):
+        ls.KoopmanAutoencoder(2, 4, decoder_layers=7, key=jr.key(0))
+    deep = ls.KoopmanAutoencoder(2, 4, decoder="mlp", decoder_layers=3, width=8, key=jr.key(0))
+    assert len(deep.decoder.layers) == 3
 
 
 def test_loss_weights_may_be_traced(model):

@@ -258,3 +258,13 @@ def test_batched_system_parameters(no_jaxtyping):
     np.testing.assert_allclose(fields[:, 1], -gs * jnp.sin(1.0), rtol=1e-6)
     with pytest.raises(ValueError, match="Pendulum.g must be a positive, finite real number"):
         ls.Pendulum(g=jnp.array([2.0, 0.0]))
+    # Array-valued fields sample too (traced under sample_trajectories' jit, or batched).
+    for offset in (np.float32(5.0), jnp.asarray(5.0)):
+        xs, _ = ls.sample_trajectories(ls.Pendulum(max_offset_deg=offset), jr.key(0), 64, 2)
+        assert np.all(np.abs(xs[:, 0, 0] - np.pi) <= np.deg2rad(5.0) + 1e-6)
+    offsets = jnp.array([10.0, 1.0])
+    starts = eqx.filter_vmap(lambda s: s.sample_initial(jr.key(0), 64))(
+        ls.Pendulum(max_offset_deg=offsets)
+    )
+    spread = np.abs(starts[..., 0] - np.pi).max(axis=1)
+    assert np.all(spread <= np.deg2rad(offsets) + 1e-6) and spread[0] > np.deg2rad(1.0)

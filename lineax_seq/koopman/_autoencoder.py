@@ -84,7 +84,7 @@ class KoopmanAutoencoder(eqx.Module):
         dynamics: str = "koopman",
         width: IntLike = 256,
         encoder_layers: IntLike = 4,
-        decoder_layers: IntLike = 4,
+        decoder_layers: IntLike | None = None,
         dynamics_width: IntLike | None = None,
         action_head: bool = False,
         dt: RealScalar = 0.01,
@@ -101,7 +101,9 @@ class KoopmanAutoencoder(eqx.Module):
         - `decoder`: `"linear"` (unit-norm columns) or `"mlp"`.
         - `dynamics`: `"koopman"` (linear generator) or `"mlp"` (3-layer MLP).
         - `width`: hidden width of the encoder / decoder / action MLPs.
-        - `encoder_layers`, `decoder_layers`: number of linear layers (paper: 4).
+        - `encoder_layers`: number of linear layers of the encoder (paper: 4).
+        - `decoder_layers`: number of linear layers of an MLP decoder (default 4;
+            `decoder="linear"` has one, so leave it `None` there).
         - `dynamics_width`: hidden width of the MLP dynamics (default `width`).
         - `action_head`: add an MLP decoding actions from the latent.
         - `dt`: the data's sampling interval; initialises the trainable step `delta`.
@@ -113,11 +115,19 @@ class KoopmanAutoencoder(eqx.Module):
         latent_dim = check_int("latent_dim", latent_dim)
         width = check_int("width", width)
         encoder_layers = check_int("encoder_layers", encoder_layers)
-        decoder_layers = check_int("decoder_layers", decoder_layers)
         action_dim = check_int("action_dim", action_dim, minimum=0)
         dt = check_real("dt", dt)
         if decoder not in _DECODERS:
             raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
+        if decoder_layers is None:
+            decoder_layers = 4
+        else:
+            decoder_layers = check_int("decoder_layers", decoder_layers)
+            if decoder != "mlp":
+                raise ValueError(
+                    f"decoder_layers={decoder_layers} is the MLP decoder's depth; "
+                    f"decoder={decoder!r} has none: pass decoder='mlp' or leave it None"
+                )
         if dynamics not in _DYNAMICS:
             raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
         if discretization not in _DISCRETIZATIONS:

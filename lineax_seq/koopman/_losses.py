@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import IntLike, RealLike, check_finite
+from .._checks import IntLike, RealLike, check_finite, check_real
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
 from ._unroll import check_model, promote, unroll, unroll_latents
 
@@ -22,7 +22,8 @@ def _norms(a: Array) -> Array:
 def _weight(name: str, value: object):
     """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
     one) or a scalar float array; not a bool (an array of weights would make the loss an
-    array)."""
+    array). A concrete weight must be finite and non-negative (a traced one is taken as
+    it is)."""
     real = isinstance(value, numbers.Real) or (
         hasattr(value, "dtype")
         and jnp.issubdtype(value.dtype, jnp.floating)
@@ -32,6 +33,8 @@ def _weight(name: str, value: object):
         raise ValueError(
             f"{name} must be a real number or a scalar float array, got {name}={value!r}"
         )
+    if not isinstance(value, jax.core.Tracer):
+        check_real(name, value, "nonnegative")
     return float(value) if isinstance(value, np.generic) else value
 
 
@@ -61,7 +64,7 @@ def koopman_loss(
     reconstruction: _Weight = 1.0,
     prediction: _Weight = 0.0,
     sparsity: _Weight = 1e-3,
-    action: _Weight = 1.0,
+    action: _Weight | None = None,
     reencode_every: IntLike | None = None,
     method: str = "parallel",
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
@@ -86,7 +89,8 @@ def koopman_loss(
     - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
         (Python or NumPy numbers, not bools, or scalar float arrays, e.g. traced under
-        `jit`).
+        `jit`), finite and non-negative. `action` (default 1.0) needs a model with an
+        action head.
     - `reencode_every`: reencoding period inside the training unroll, or `None`.
     - `method`: how the training unroll is computed (see [`unroll`][lineax_seq.unroll];
         for short windows on CPU `"sequential"` is often cheaper).
@@ -97,6 +101,13 @@ def koopman_loss(
     (every term, whatever its weight; `"action"` only with an action head and actions).
     """
     check_model(model, KoopmanAutoencoder)
+    if action is None:
+        action = 1.0
+    elif model.action_head is None:
+        raise ValueError(
+            f"action={action!r} weighs the action head's loss, but the model has no action "
+            "head (action_head=False): leave it None"
+        )
     xs, actions, steps = _check_window(model, xs, actions)
     zs = jax.vmap(model.encode)(xs)
     zhat = unroll_latents(

@@ -563,8 +563,8 @@ def unroll_continuous(
             # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
             # Offsets closer than half a unit in the last place of max |ts| (in ts's
             # dtype) share one: below the resolution of the largest times.
-            scale = max(float(np.max(np.abs(ts_host))), 1.0)
-            resolution = scale * float(np.finfo(ts_host.dtype).eps) / 2
+            finfo = np.finfo(ts_host.dtype)
+            resolution = max(float(np.max(np.abs(ts_host))) * float(finfo.eps) / 2, finfo.tiny)
             host_offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)
             offsets = jnp.asarray(host_offsets, ts.dtype)
             steps, jump_index = _distinct(np.diff(host_taus), resolution)

@@ -152,7 +152,7 @@ class Pendulum(DynamicalSystem):
 
     def sample_initial(self, key, num):
         num = check_int("num", num, minimum=0)
-        offset = math.radians(self.max_offset_deg)
+        offset = jnp.deg2rad(self.max_offset_deg)  # an array field is traced under jit
         theta = math.pi + jr.uniform(key, (num,), minval=-offset, maxval=offset)
         return jnp.stack([theta, jnp.zeros_like(theta)], axis=-1)
 
