@@ -116,6 +116,21 @@ def test_multi_head_attention_float64_is_float64(getkey):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
+def test_multi_head_attention_half_precision_under_jit(getkey):
+    """float16 and bfloat16 models run under `jit` (XLA's CPU backend cannot compile the
+    float16 product that `jax.nn.dot_product_attention` asks for) and match float32."""
+    mha = ls.MultiHeadAttention(16, 2, key=getkey())
+    x, mask = jr.normal(getkey(), (6, 16)), jnp.tril(jnp.ones((6, 6), bool))
+    want = mha(x, mask=mask)
+    for dtype in (jnp.float16, jnp.bfloat16):
+        cast = lambda tree, dtype=dtype: jax.tree.map(
+            lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
+        )
+        got = eqx.filter_jit(lambda m, x: m(x, mask=mask))(cast(mha), cast(x))
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_multi_head_attention_fully_masked_row(getkey, dtype):
     """A query that sees no key gets the plain mean of the values, and (float64 added

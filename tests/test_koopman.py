@@ -449,6 +449,31 @@ def test_loss_options_are_checked(model, controlled):
     assert len(deep.decoder.layers) == 3
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_models(model, controlled, dtype):
+    """Half-precision models (no half-precision solve or matrix exponential in JAX)
+    discretise in float32 and integrate in float32; results come back in their dtype."""
+    half = lambda tree: jax.tree.map(
+        lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
+    )
+    x0, us = jnp.array([0.3, -0.2]), jnp.full((5, 1), 0.1)
+    exact = ls.KoopmanAutoencoder(
+        2, 6, action_dim=1, width=8, discretization="exact", key=jr.key(1)
+    )
+    for m in (controlled, exact):
+        got = ls.unroll(half(m), half(x0), half(us), steps=5, reencode_every=2)
+        assert got.dtype == dtype
+        want = ls.unroll(m, x0, us, steps=5, reencode_every=2)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2)
+    assert ls.koopman_loss(half(model), half(jr.normal(jr.key(1), (4, 2))))[0].dtype == dtype
+    ts = jnp.linspace(0.0, 1.0, 5)
+    for exact in (False, True):
+        got = ls.unroll_continuous(half(model), half(x0), half(ts), reencode_dt=0.5, exact=exact)
+        assert got.dtype == dtype
+        want = ls.unroll_continuous(model, x0, ts, reencode_dt=0.5, exact=exact)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2)
+
+
 def test_loss_weights_may_be_traced(model):
     """Weights are data (e.g. a schedule under `jit`); every term is reported."""
     xs = jr.normal(jr.key(10), (5, 2))

@@ -110,13 +110,15 @@ def attend(
     mask: Bool[Array, "..."] | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "*batch q heads d"]:
-    """`jax.nn.dot_product_attention` (float32 logits), except that float64 inputs are
-    computed in float64 throughout (by `head_major_attention`). `bias` and `mask`
-    broadcast to `(*batch, heads, q, k)`, as there; `implementation` as in
+    """`jax.nn.dot_product_attention` for float32 inputs. Other dtypes go to
+    `head_major_attention`: float64 is computed in float64 throughout; float16 there
+    asks for a product XLA's CPU backend cannot compile, and bfloat16 one that mixes
+    dtypes (an error under strict dtype promotion). `bias` and `mask` broadcast to
+    `(*batch, heads, q, k)`, as there; `implementation` as in
     [`lineax_seq.MultiHeadAttention`][]."""
     if implementation == "cudnn":
         return fused_attention(q, k, v, bias, mask, implementation="cudnn")
-    if q.dtype != jnp.float64:
+    if q.dtype == jnp.float32:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
     hm = lambda a: rearrange(a, "... t h d -> ... h t d")
     out = head_major_attention(hm(q), hm(k), hm(v), bias, mask)

@@ -172,28 +172,32 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
     def discretize(
         self,
     ) -> tuple[Float[Array, "latent latent"], Float[Array, "latent action_latent"] | None]:
-        """`(Kbar, Lbar)` of one step: `(latent, latent)`, `(latent, action_latent)` or `None`."""
+        """`(Kbar, Lbar)` of one step: `(latent, latent)`, `(latent, action_latent)` or
+        `None`, in `K`'s dtype (computed in float32 at least: half precision has no
+        linear solve or matrix exponential)."""
+        dtype = self.K.dtype
+        work = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+        K, delta = self.K.astype(work), self.delta.astype(work)
+        L = None if self.L is None else self.L.astype(work)
         n = self.latent_dim
-        eye = jnp.eye(n, dtype=self.K.dtype)
-        delta = self.delta
         if self.discretization == "exact":
-            if self.L is None:
-                return jsl.expm(delta * self.K), None
+            if L is None:
+                return jsl.expm(delta * K).astype(dtype), None
             m = self.action_latent_dim
             # exp([[K, L], [0, 0]] delta) = [[exp(K delta), int_0^delta exp(K s) ds L], [0, I]].
-            block = jnp.zeros((n + m, n + m), self.K.dtype)
-            block = block.at[:n, :n].set(self.K).at[:n, n:].set(self.L)
-            big = jsl.expm(delta * block)
+            block = jnp.zeros((n + m, n + m), work).at[:n, :n].set(K).at[:n, n:].set(L)
+            big = jsl.expm(delta * block).astype(dtype)
             return big[:n, :n], big[:n, n:]
-        rhs = eye + 0.5 * delta * self.K
-        if self.L is not None:
-            rhs = jnp.concatenate([rhs, delta * self.L], axis=1)
+        eye = jnp.eye(n, dtype=work)
+        rhs = eye + 0.5 * delta * K
+        if L is not None:
+            rhs = jnp.concatenate([rhs, delta * L], axis=1)
         # One LU factorisation for all columns. Not `lineax.linear_solve`: its failure
         # check (`eqx.error_if`, a host callback, also in the tangent and transposed
         # solves) is pinned to one device, so on a mesh XLA broadcast its results from
         # there ("involuntary full rematerialization") in every step.
-        out = jnp.linalg.solve(eye - 0.5 * delta * self.K, rhs)
-        return (out[:, :n], out[:, n:]) if self.L is not None else (out, None)
+        out = jnp.linalg.solve(eye - 0.5 * delta * K, rhs).astype(dtype)
+        return (out[:, :n], out[:, n:]) if L is not None else (out, None)
 
     def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None

@@ -511,7 +511,9 @@ def unroll_continuous(
 
     **Returns:**
 
-    The decoded states at `ts`, shape `(times, state_dim)`.
+    The decoded states at `ts`, shape `(times, state_dim)`, in the dtype of the model and
+    inputs together. A float16 / bfloat16 model with half-precision times is integrated in
+    float32.
     """
     check_model(model, KoopmanAutoencoder)
     if model.action_dim != 0:
@@ -538,6 +540,23 @@ def unroll_continuous(
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
     x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
+    if jnp.finfo(ts.dtype).bits < 32:
+        # Half precision resolves neither the times nor an ODE tolerance: the model
+        # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
+        single = lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a
+        solve_options = dict(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0)
+        return unroll_continuous(
+            jax.tree.map(single, model),
+            single(x0),
+            single(ts),
+            reencode_dt=reencode_dt,
+            num_segments=num_segments,
+            exact=exact,
+            max_steps=max_steps,
+            adjoint=adjoint,
+            progress_meter=progress_meter,
+            **solve_options,
+        ).astype(ts.dtype)
     ts_host = None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host)
     tolerance = None
@@ -553,7 +572,7 @@ def unroll_continuous(
         taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
 
     if exact:
-        generator = model.dynamics.generator()
+        generator = model.dynamics.generator().astype(ts.dtype)  # a half model's: float32
         expm = jax.vmap(lambda s: jsl.expm(s * generator))
         if ts_host is None:
             # One exponential per output time and per segment.
