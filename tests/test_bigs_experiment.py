@@ -710,11 +710,15 @@ def test_pretrain_run_that_never_started(pretrained, tmp_path, capsys):
     (unstarted / "config.json").write_text(json.dumps(record))
     err = _cli_error(into(unstarted), capsys)
     assert "stopped before its first checkpoint: pass --resume" in err, err
-    assert _bigs.pretrain(_parse(into(unstarted, "--resume"))) == pytest.approx(metrics)
+    # A bare --resume takes the recorded data and optimiser options (steps, length,
+    # corpus files, batch size, seed, ...), not the parser's defaults.
+    bare = ["pretrain", "--resume", "--out", str(unstarted)]
+    assert _bigs.pretrain(_parse(bare)) == pytest.approx(metrics)
     config = json.loads((unstarted / "config.json").read_text())
     assert config["pretrain"]["out"] == str(out)  # the original record is kept
     assert [r["resume"] for r in config["resumed"]] == [True]
     assert "dim" not in config["resumed"][0]  # the checkpoint's model, not parser defaults
+    assert config["resumed"][0]["steps"] == config["pretrain"]["steps"] == 3
     # Another command's files are never overwritten by a new run (a fine-tuning run's
     # final/ was replaced), nor is a pretraining run by `finetune --out`.
     other = tmp_path / "other"

@@ -194,6 +194,7 @@ def test_main_imports_only_the_chosen_command(monkeypatch, capsys):
         (["--system", "pendulum", "--system-param", "g=-1"], "g=-1: Pendulum.g must be a pos"),
         (["--out", "{tmp}/file"], "--out .*file: exists and is not a directory"),
         (["--out", "{tmp}/file/x"], "--out .*x: .*file is a file, not a directory"),
+        (["--system", "pendulum", "--all"], "argument --all: not allowed with argument --system"),
     ],
 )
 def test_usage_errors_before_training(argv, message, tmp_path, capsys):

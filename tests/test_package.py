@@ -46,6 +46,17 @@ def test_demo_runs_twice_into_the_same_directory(tmp_path):
     assert not (tmp_path / "bigs" / "stale.txt").exists()
 
 
+def test_demo_out_must_be_a_directory(tmp_path, capsys):
+    (tmp_path / "file").touch()
+    for out, message in (("file", "exists and is not a directory"), ("file/x", "is a file")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["demo", "--small", "--out", str(tmp_path / out)])
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert exit_info.value.code == 2 and err.startswith("python -m lineax_seq demo: error: ")
+        assert message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def _entry_points() -> dict:
     """Every run-time checked layer, head and model with NumPy arguments."""
     import jax.random as jr

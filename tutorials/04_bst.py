@@ -49,9 +49,9 @@ STEPS, BATCH = (25, 2) if SMALL else (400, 4)
 #
 # A [`lineax_seq.BlockStateTransformerLayer`][] maps `(length, dim) -> (length, dim)`
 # for any `length` that is a multiple of `W`. Inside, a [`lineax_seq.ContextSSM`][]
-# projects the input down (to `dim / 4`) and convolves it with S4D kernels over the
-# whole sequence. How its output becomes the keys/values of the cross-attention is the
-# `context` option:
+# projects the input down (to `dim / 4`; `dim / 8` for `"mf"`) and convolves it with
+# S4D kernels over the whole sequence. How its output becomes the keys/values of the
+# cross-attention is the `context` option:
 #
 # - `"sh"` (single head): the SSM outputs at the block's own positions, shared by all
 #   heads, under a causal mask;

@@ -316,6 +316,49 @@ def _recorded_config(out: pathlib.Path) -> dict[str, Any]:
     return config
 
 
+# The options of a pretraining run's data and optimiser: a `--resume` takes the recorded
+# ones (its run's latest) wherever the command line leaves them at their defaults.
+_RUN_OPTIONS = (
+    "corpus",
+    "max_files",
+    "steps",
+    "batch_size",
+    "length",
+    "lr",
+    "ssm_lr",
+    "weight_decay",
+    "warmup",
+    "schedule",
+    "seed",
+    "eval_every",
+    "mask_rate",
+)
+
+
+def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the run's recorded data and optimiser options (those of its latest
+    start or resume) in place of parser defaults, so that a bare `--resume --out DIR`
+    continues the run as it was started. Options given with other values override the
+    record; a note names them."""
+    config = _recorded_config(args.out)
+    recorded = (config.get("resumed") or [config.get("pretrain") or {}])[-1]
+    parser = _SUBPARSERS["pretrain"]
+    merged, changed = vars(args).copy(), []
+    for name in _RUN_OPTIONS:
+        if name not in recorded:
+            continue
+        value = recorded[name]
+        if name == "corpus" and value is not None:
+            value = pathlib.Path(value)
+        if merged[name] == parser.get_default(name):
+            merged[name] = value
+        elif merged[name] != value:
+            changed.append(f"--{name.replace('_', '-')} {merged[name]} (recorded: {value})")
+    if changed:
+        print(f"note: --resume with changed options: {', '.join(changed)}", flush=True)
+    return argparse.Namespace(**merged)
+
+
 def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
     """The options a run used, for its config: without the model's (and tokenizer's)
     when it continues a checkpoint, whose own are in the config."""
@@ -338,6 +381,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """
     out: pathlib.Path = args.out
     _check(args)  # before anything is read or written
+    if args.resume:
+        args = _resume_options(args)
+        _check(args)
     config, model, tok, ((train_texts, eval_texts), batches) = _pretrain_inputs(args)
     out.mkdir(parents=True, exist_ok=True)
     config["tokenizer"] = save_tokenizer(tok, out)
@@ -652,8 +698,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its checkpoint, with its model and tokenizer "
-        "(a run with no checkpoint yet starts again, from its own --init-from if it had one)",
+        help="continue the run in --out from its checkpoint, with its model, tokenizer and "
+        "recorded data and optimiser options (options given here override those; a run with "
+        "no checkpoint yet starts again, from its own --init-from if it had one)",
     )
     _path(init, "--init-from", "start from this run's weights, e.g. at a longer --length")
 

@@ -10,6 +10,8 @@ import pathlib
 import shutil
 import time
 
+from ._cli import UsageError, output_problem
+
 # (name, module): run in this order.
 SECTIONS = (
     ("s4d", "lineax_seq.experiments._s4d"),
@@ -40,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     chosen = args.only or [name for name, _ in SECTIONS]
+    if problem := output_problem("--out", args.out):
+        raise UsageError(problem)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, module_name in SECTIONS:
         if name not in chosen:

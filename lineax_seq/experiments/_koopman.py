@@ -641,8 +641,11 @@ def _sized(help_text: str, dest: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `koopman` command's options (defaults: the committed Table 1.1 run)."""
-    parser.add_argument("--system", choices=SYSTEM_NAMES, default="duffing")
-    parser.add_argument("--all", action="store_true", help="run all five systems")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--system", choices=SYSTEM_NAMES, default="duffing", help="the system (default duffing)"
+    )
+    which.add_argument("--all", action="store_true", help="run all five systems")
     parser.add_argument(
         "--system-param",
         type=_system_param,
