@@ -21,9 +21,11 @@ class MultiHeadAttention(eqx.Module):
 
     Queries come from `x` (`dim` features); keys and values from `context` (`kv_dim`
     features, default `dim`), or from `x` itself for self-attention. The attention
-    itself is `jax.nn.dot_product_attention` (float32 logits) with XLA's fusions, or
-    cuDNN's fused flash-attention kernel with `implementation="cudnn"` (NVIDIA GPUs,
-    float16 / bfloat16 inputs); float64 inputs are computed in float64 throughout.
+    itself is XLA's softmax attention with float32 logits (`jax.nn.dot_product_attention`
+    for float32 inputs; for float16 / bfloat16 the same computation written out, which
+    compiles on every backend), or cuDNN's fused flash-attention kernel with
+    `implementation="cudnn"` (NVIDIA GPUs, float16 / bfloat16 inputs); float64 inputs are
+    computed in float64 throughout.
 
     The projections are also available one by one (`queries`, `keys_values`,
     `merge_heads`) for layers that arrange heads themselves (sliding-window blocks, the
