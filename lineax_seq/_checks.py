@@ -83,30 +83,36 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
-def check_trailing_mask(mask: Array | np.ndarray | None) -> Array | np.ndarray | None:
-    """`mask` (a boolean `(length,)` array or `None`), checked to be trailing padding:
-    `True` at the real tokens, then `False` to the end. At once, naming the first real
-    token after a pad, if `mask` is concrete; else at run time (`eqx.error_if`, so the
-    returned array must be the one used)."""
-    if mask is None:
-        return None
-    expected = "mask must be trailing padding (True at real tokens, then False to the end)"
-    if not _on_host(mask):
-        real = mask.astype(bool)
-        return eqx.error_if(mask, jnp.any(real[1:] & ~real[:-1]), expected)
+def check_trailing_mask(mask: Array | np.ndarray | None) -> None:
+    """A `ValueError` unless `mask` (a boolean `(length,)` array or `None`) is trailing
+    padding: `True` at the real tokens, then `False` to the end; it names the first real
+    token after a pad. Checked when `mask` is concrete only: a run-time check
+    (`eqx.error_if`'s host callback) deadlocked a BiGS train step sharded over 8 CPU
+    devices."""
+    if mask is None or not _on_host(mask):
+        return
     host = np.asarray(mask).astype(bool)
     first = _first("mask", host[1:] & ~host[:-1])
     if first is not None:
         (i,), _ = first
-        raise ValueError(f"{expected}, got mask[{i}]=False before mask[{i + 1}]=True")
-    return mask
+        raise ValueError(
+            "mask must be trailing padding (True at real tokens, then False to the end), "
+            f"got mask[{i}]=False before mask[{i + 1}]=True"
+        )
 
 
 def check_finite(name: str, a: Array) -> Array:
     """`a`, checked to hold no NaN or inf: at once if it is concrete, else at run time
     (`eqx.error_if`, so the returned array must be the one used)."""
     if not _on_host(a):
-        return eqx.error_if(a, ~jnp.all(jnp.isfinite(a)), f"{name} contains NaN or inf values")
+        # The check's host callback runs on one device: it passes a scalar, -0.0 (adding it
+        # changes no value), not `a`, which a mesh would otherwise gather onto that device.
+        zero = eqx.error_if(
+            jnp.asarray(-0.0, a.dtype),
+            ~jnp.all(jnp.isfinite(a)),
+            f"{name} contains NaN or inf values",
+        )
+        return a + zero
     host = np.asarray(a)
     bad = ~np.isfinite(host)
     first = _first(name, bad)

@@ -669,12 +669,13 @@ def test_bad_inputs(mods):
 
 
 def test_masks_must_be_trailing_padding(mods):
-    """A mask with a hole or leading padding is an error (eagerly, naming the position,
-    and under `jit`) for the encoder, its layers and the SSMs: padding-exactness is
-    defined for trailing padding only. A trailing mask and an all-True one pass."""
+    """A concrete mask with a hole or leading padding is an error naming the position,
+    for the encoder, its layers and the SSMs: padding-exactness is defined for trailing
+    padding only. A trailing mask and an all-True one pass. (Under `jit` masks are not
+    checked: see `test_bigs_train_step_with_padding_on_mesh`.)"""
     model, tokens = mods["gated/ssm"], jnp.arange(6)
     layer, x = model.layer(0), jnp.ones((6, DIM))
-    hole = jnp.array([True, True, False, True, False, False])
+    hole = np.array([True, True, False, True, False, False])
     leading = jnp.array([False, True, True, True, True, True])
     message = r"mask must be trailing padding \(True at real tokens, then False to the end\)"
     for call in (
@@ -687,14 +688,11 @@ def test_masks_must_be_trailing_padding(mods):
             call(hole)
         with pytest.raises(ValueError, match=message + ", got mask\\[0\\]=False before mask"):
             call(leading)
-        for m in (hole, leading):
-            with pytest.raises(Exception, match=message):
-                jax.block_until_ready(eqx.filter_jit(call)(m))
         for m in (jnp.arange(6) < 4, jnp.ones(6, bool), jnp.zeros(6, bool)):
-            assert bool(jnp.all(jnp.isfinite(eqx.filter_jit(call)(m))))
-    for variant in VARIANTS:  # every routing, under jit (the encoder's check)
-        with pytest.raises(Exception, match=message):
-            jax.block_until_ready(encode(mods[variant], tokens, hole))
+            assert bool(jnp.all(jnp.isfinite(call(m))))
+    for variant in VARIANTS:  # every routing
+        with pytest.raises(ValueError, match=message):
+            mods[variant](tokens, hole, inference=True)
 
 
 def test_directional_ssm_zero_at_padding_and_low_precision(getkey):

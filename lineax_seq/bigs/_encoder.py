@@ -366,7 +366,7 @@ class BiGS(eqx.Module):
             Out-of-range ids raise an error (at once, or through `eqx.error_if` under
             `jit`) instead of being clamped; at padded positions any id is accepted.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-          other mask is an error).
+          other concrete mask is an error; under `jit` it is not checked).
         - `token_types`: optional segment ids in `[0, num_token_types)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
@@ -395,7 +395,8 @@ class BiGS(eqx.Module):
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)
-        tokens, mask = as_arrays(tokens, check_trailing_mask(mask))
+        check_trailing_mask(mask)
+        tokens, mask = as_arrays(tokens, mask)
         if mask is not None:
             tokens = jnp.where(mask, tokens, 0)
         h = self.token_embedding.weight[tokens]

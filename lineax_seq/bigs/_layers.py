@@ -268,7 +268,7 @@ class _Layer(eqx.Module):
 
         - `x`: input `X_i`, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding
-          (any other mask is an error).
+          (any other concrete mask is an error; under `jit` it is not checked).
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.
@@ -279,7 +279,8 @@ class _Layer(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
-        return self._masked_apply(x, check_trailing_mask(mask), key, inference)
+        check_trailing_mask(mask)
+        return self._masked_apply(x, mask, key, inference)
 
     def _masked_apply(self, x, mask, key, inference):
         """`_apply` with padded positions of the output zeroed; inputs already checked."""

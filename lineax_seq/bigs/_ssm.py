@@ -215,7 +215,8 @@ class DirectionalSSM(eqx.Module):
 
         - `u`: input, shape `(length, dim)`, `length >= 1`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-            other mask is an error); padded positions are zeroed first.
+            other concrete mask is an error; under `jit` it is not checked); padded
+            positions are zeroed first.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
@@ -225,7 +226,7 @@ class DirectionalSSM(eqx.Module):
         """
         u, mask = as_arrays(u, mask)
         check_sequence("u", u, mask, self.dim)
-        mask = check_trailing_mask(mask)
+        check_trailing_mask(mask)
         if mask is None:
             return ssm_conv(u[None], (self,))[0]
         y = ssm_conv(jnp.where(mask[:, None], u, 0)[None], (self,))[0]
