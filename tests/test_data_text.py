@@ -241,6 +241,13 @@ def test_bpe_train_save_load(tmp_path):
     assert tok.decode(tok.encode(literal)) == literal
     assert loaded.decode(loaded.encode(literal)) == literal
     assert tok.encode(literal).min() >= 7
+    # Wrapping a `tokenizers.Tokenizer` leaves the caller's object as it was.
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(path))
+    before = raw.encode("<mask>").ids
+    assert ls.BPETokenizer(raw).encode("<mask>").min() >= 7
+    assert raw.encode("<mask>").ids == before == [ls.MASK_ID]
     # So are copies' (grain's worker processes pickle the pipeline; `tokenizers` drops
     # the literal-encoding flag when pickled).
     for copied in (pickle.loads(pickle.dumps(tok)), copy.deepcopy(tok)):

@@ -4,6 +4,7 @@ checkpoints (round trip, pruning, truncated / mismatched files, interrupted save
 import inspect
 import json
 import pathlib
+import re
 import shutil
 import types
 
@@ -375,6 +376,11 @@ def test_save_checkpoint_bad_input(tmp_path):
         save(tmp_path, 1, model=model, key=3)
     with pytest.raises(ValueError, match="extra must be JSON-compatible"):
         ls.save_checkpoint(tmp_path, 1, model=model, extra={"f": object()})
+    for bad in (3, [1, 2], "cfg", 0):  # a save that no load could read back
+        with pytest.raises(
+            TypeError, match=f"extra must be a dict .*, got extra={re.escape(repr(bad))}"
+        ):
+            save(tmp_path, 1, model=model, extra=bad)
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

@@ -212,7 +212,10 @@ class BPETokenizer(_SpecialIds):
                     f"tokenizer must have special token {tok!r} at id {i}, "
                     f"got id {tokenizer.token_to_id(tok)}"
                 )
-        tokenizer.encode_special_tokens = True  # special ids come from the pipelines only
+        # A copy: special ids come from the pipelines only, and the caller's tokenizer
+        # keeps its own `encode_special_tokens`.
+        tokenizer = _HFTokenizer.from_str(tokenizer.to_str())
+        tokenizer.encode_special_tokens = True
         self._tok = tokenizer
 
     def __getstate__(self) -> dict[str, str]:

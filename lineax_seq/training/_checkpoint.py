@@ -263,6 +263,11 @@ def save_checkpoint(
     if key is not None and not isinstance(key, jax.Array | np.ndarray):
         raise ValueError(f"key={key!r} must be a jax.random.key (or raw uint32 key) or None.")
     # The metadata is checked before anything is written.
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(
+            f"extra must be a dict (JSON-compatible) or None, got extra={extra!r} "
+            f"({type(extra).__name__})"
+        )
     _check_json("data_state", _to_json(data_state))
     _check_json("extra", extra or {})
     directory = pathlib.Path(directory)
