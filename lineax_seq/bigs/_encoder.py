@@ -34,7 +34,8 @@ from ._layers import (
 BIGS_CONFIGS: dict[str, dict[str, Any]] = {
     # Paper, Table 7 / section 5: 23 GATED layers, d 1024, inner 3072 (~350M parameters).
     "bigs-large": dict(dim=1024, num_layers=23, inner_dim=3072, architecture="gated", dropout=0.1),
-    # Appendix A.1: the 12-layer BiGS used at 4,096 tokens (~119M parameters).
+    # Appendix A.1: the 12-layer BiGS used at 4,096 tokens (paper: 119M parameters, no
+    # width given; d 768 here gives ~116M).
     "bigs-12": dict(dim=768, num_layers=12, inner_dim=2304, architecture="gated", dropout=0.1),
     # Table 7: 24 STACK layers, d 1024, inner 4096, attention; learned positions to 512.
     "bert-large": dict(

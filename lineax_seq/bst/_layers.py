@@ -517,7 +517,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
       `h = Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)])`, `z = tanh(W_z h + b_z)` and the
       fixed (input independent, learned) gates of Hutchins et al. (2022),
       `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z` (`f` starts at `+1`, `i`
-      at `-1`); no MLP in this direction ("skip").
+      at `-1`); no MLP in this direction ("skip"). (Meliad's `"bias"` gate, the
+      reference code's, is the special case `i = -f`, `sigmoid(i) = 1 - sigmoid(f)`,
+      without the `tanh(W_z .)` candidate; the two are equal at initialisation.)
 
     Keys/values are shared between directions: the tokens' keys/values serve both the
     sliding-window self-attention and the states' cross-attention; the states'

@@ -11,7 +11,8 @@ under `--out` (default `./benchmarks/results`, relative to the current directory
 table is merged with the rows of other systems already there: each row records the
 config and command that produced it, and the `.md` footnotes rows whose configs differ.
 
-The models see standardised states (per-dimension mean / std of the training data);
+The models see standardised states (per-dimension mean / std of the training data;
+`--no-normalize` for raw states, as the paper, which found normalising harmful);
 predictions are mapped back and every error is measured in the system's own units.
 
 The defaults are a CPU-budget recipe (800 AdamW steps per model, about 6 minutes per
