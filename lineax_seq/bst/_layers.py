@@ -519,7 +519,8 @@ class BlockRecurrentTransformerLayer(eqx.Module):
       `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z` (`f` starts at `+1`, `i`
       at `-1`); no MLP in this direction ("skip"). (Meliad's `"bias"` gate, the
       reference code's, is the special case `i = -f`, `sigmoid(i) = 1 - sigmoid(f)`,
-      without the `tanh(W_z .)` candidate; the two are equal at initialisation.)
+      without the `tanh(W_z .)` candidate; here the two gates sum to one at
+      initialisation only.)
 
     Keys/values are shared between directions: the tokens' keys/values serve both the
     sliding-window self-attention and the states' cross-attention; the states'
