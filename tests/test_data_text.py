@@ -607,6 +607,10 @@ def test_a_single_str_is_not_a_corpus():
 
 
 def test_bpe_bad_arguments_and_files(tmp_path):
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a directory, expected a file name"):
+        ls.BPETokenizer.train(DOCS, vocab_size=270).save(tmp_path / "dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]  # no .tmp left behind
     with pytest.raises(
         ValueError, match="min_frequency must be an integer >= 0, got min_frequency=-1"
     ):

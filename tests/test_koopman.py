@@ -402,6 +402,8 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         ls.unroll_latents(ls.MLPBaseline(2, width=4, key=jr.key(0)), x0, steps=2)
     with pytest.raises(ValueError, match=r"x must have shape \(2,\), got x.shape=\(4,\)"):
         model.encode(jnp.ones(4))
+    with pytest.raises(ValueError, match=r"z must have shape \(6,\), got z.shape=\(4,\)"):
+        model.decoder(jnp.ones(4))
     with pytest.raises(ValueError, match=r"xs must have shape \(window, state_dim=2\)"):
         ls.koopman_loss(model, jnp.ones((5, 3)))
     with pytest.raises(ValueError, match=r"xs must have shape \(window, state_dim=2\)"):

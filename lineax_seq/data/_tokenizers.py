@@ -295,6 +295,8 @@ class BPETokenizer(_SpecialIds):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer to `path` as JSON (atomically: temporary file + rename)."""
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"path {str(path)!r} is a directory, expected a file name")
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self._tok.to_str())

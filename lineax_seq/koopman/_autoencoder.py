@@ -51,6 +51,9 @@ class UnitNormLinear(eqx.Module):
     ) -> Float[Array, " out_dim"]:
         """**Arguments:** `z` of shape `(in_dim,)`; `key` is ignored (as by
         `eqx.nn.Linear`). **Returns:** `(out_dim,)`."""
+        z = jnp.asarray(z)
+        if z.shape != self.weight.shape[1:]:
+            raise ValueError(f"z must have shape ({self.weight.shape[1]},), got z.shape={z.shape}")
         return self.normalized_weight() @ z + self.bias
 
 
