@@ -459,10 +459,8 @@ def test_half_precision_models(model, controlled, dtype):
         lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
     )
     x0, us = jnp.array([0.3, -0.2]), jnp.full((5, 1), 0.1)
-    exact = ls.KoopmanAutoencoder(
-        2, 6, action_dim=1, width=8, discretization="exact", key=jr.key(1)
-    )
-    for m in (controlled, exact):
+    zoh = ls.KoopmanAutoencoder(2, 6, action_dim=1, width=8, discretization="exact", key=jr.key(1))
+    for m in (controlled, zoh):
         got = ls.unroll(half(m), half(x0), half(us), steps=5, reencode_every=2)
         assert got.dtype == dtype
         want = ls.unroll(m, x0, us, steps=5, reencode_every=2)

@@ -544,7 +544,6 @@ def unroll_continuous(
         # Half precision resolves neither the times nor an ODE tolerance: the model
         # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
         single = lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a
-        solve_options = dict(solver=solver, stepsize_controller=stepsize_controller, dt0=dt0)
         return unroll_continuous(
             jax.tree.map(single, model),
             single(x0),
@@ -552,10 +551,12 @@ def unroll_continuous(
             reencode_dt=reencode_dt,
             num_segments=num_segments,
             exact=exact,
+            solver=solver,
+            stepsize_controller=stepsize_controller,
+            dt0=dt0,
             max_steps=max_steps,
             adjoint=adjoint,
             progress_meter=progress_meter,
-            **solve_options,
         ).astype(ts.dtype)
     ts_host = None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host)
