@@ -58,6 +58,43 @@ def as_arrays(*arrays: Array | np.ndarray | None) -> tuple[Array | None, ...]:
     return tuple(None if a is None else jnp.asarray(a) for a in arrays)
 
 
+def short_repr(value: object, width: int = 40) -> str:
+    """`repr(value)`, cut to `width` characters."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def as_array(name: str, a: object, *, optional: bool = False) -> Array | None:
+    """`jnp.asarray(a)` for a JAX or NumPy array (and `None` kept, if `optional`), else a
+    `TypeError` naming it: what the `Float[Array | np.ndarray, ...]` hints promise, also
+    where jaxtyping's checks are off (a list or `None` would fail deep inside, by an
+    attribute the error does not name)."""
+    if a is None and optional:
+        return None
+    if not isinstance(a, jax.Array | np.ndarray):
+        expected = "a JAX or NumPy array" + (" or None" if optional else "")
+        raise TypeError(f"{name} must be {expected}, got {name}={short_repr(a)}")
+    return jnp.asarray(a)
+
+
+def check_key(name: str, key: object) -> None:
+    """A `TypeError` naming `key` unless it is one PRNG key: a typed key of
+    `jax.random.key` (shape `()`) or a raw `uint32` key of `jax.random.PRNGKey`
+    (1-d)."""
+    if not isinstance(key, jax.Array | np.ndarray):
+        got = f"{name}={short_repr(key)}"
+    elif jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
+        return
+    elif key.dtype == np.uint32 and key.ndim == 1:
+        return
+    else:
+        got = f"an array of shape {key.shape} and dtype {key.dtype}"
+    raise TypeError(
+        f"{name} must be one JAX PRNG key, jax.random.key(seed) (or a raw uint32 key of "
+        f"jax.random.PRNGKey), got {got}"
+    )
+
+
 def host_arrays(*arrays: ArrayLike | None) -> tuple[Array | np.ndarray | None, ...]:
     """Each argument as an array without converting it to JAX: NumPy inputs (and Python
     scalars or lists) become NumPy arrays, JAX arrays and `None` are kept. Integer ids are

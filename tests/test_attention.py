@@ -305,6 +305,23 @@ def test_sliding_window_attention_checks_without_jaxtyping(no_jaxtyping):
         unchecked(q.astype(jnp.int32), q, q, window=4)
 
 
+@pytest.mark.parametrize("name", ["q", "k", "v", "bias"])
+def test_sliding_window_attention_takes_numpy_and_names_non_arrays(name, getkey):
+    """NumPy arrays are arrays, as the hints say (with the import hook and without);
+    `None` or a list is a `TypeError` naming the argument (it was an AttributeError)."""
+    args = {n: jr.normal(getkey(), (4, 1, 2)) for n in "qkv"}
+    args["bias"] = jr.normal(getkey(), (1, 2, 4))
+    expected = ls.sliding_window_attention(**args, window=2)
+    for attend in (ls.sliding_window_attention, ls.sliding_window_attention.__wrapped__):
+        numpy = attend(**{n: np.asarray(a) for n, a in args.items()}, window=2)
+        np.testing.assert_allclose(numpy, expected, atol=1e-6)
+        with pytest.raises(TypeError, match=name):
+            attend(**{**args, name: np.asarray(args[name]).tolist()}, window=2)
+        if name != "bias":
+            with pytest.raises(TypeError, match=name):
+                attend(**{**args, name: None}, window=2)
+
+
 def test_attention_arguments_checked(key, no_jaxtyping):
     """Sizes, flags and positions are checked where they enter (not by XLA later)."""
     for bad in (True, 2.0):

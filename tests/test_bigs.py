@@ -561,6 +561,19 @@ def test_narrow_token_dtypes_and_masked_mean_mask(mods):
             ls.masked_mean.__wrapped__(x, mask)  # as called without jaxtyping's hook
 
 
+def test_masked_mean_takes_numpy_and_names_non_arrays():
+    """NumPy arrays are arrays, as the hints say (with the import hook and without);
+    `None` or a list is a `TypeError` naming the argument (it was an AttributeError)."""
+    x, mask = np.arange(6.0, dtype=np.float32).reshape(3, 2), np.array([True, True, False])
+    for mean in (ls.masked_mean, ls.masked_mean.__wrapped__):
+        np.testing.assert_allclose(mean(x, mask), [1.0, 2.0])
+        for args, name in [((None,), "x"), ((x.tolist(),), "x"), ((x, mask.tolist()), "mask")]:
+            with pytest.raises(TypeError, match=name):
+                mean(*args)
+    with pytest.raises(TypeError, match=r"mask must be a JAX or NumPy array or None, got mask="):
+        ls.masked_mean.__wrapped__(x, [True, True, False])
+
+
 def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
     """Outside `jit` the first bad id and its position are named; ids at padded
     positions are not checked (pipelines pad with -100 or vocab_size) and do not change

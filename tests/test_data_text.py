@@ -606,6 +606,41 @@ def test_a_single_str_is_not_a_corpus():
             call()
 
 
+@pytest.fixture(scope="module")
+def tokenizers():
+    bpe = ls.BPETokenizer.train(DOCS, vocab_size=270, min_frequency=1)
+    return ls.ByteTokenizer(), bpe, ls.ListOpsTokenizer()
+
+
+@pytest.mark.parametrize(
+    "text, got",
+    [(b"abc", r"bytes text=b'abc' \(decode bytes first"), (3, "int text=3"),
+     (None, "NoneType text=None"), (["abc"], r"list text=\['abc'\]")],
+)  # fmt: skip
+def test_encode_names_a_text_that_is_not_a_str(tokenizers, text, got, no_jaxtyping):
+    """`encode` refuses anything but a `str` by name (it raised AttributeErrors, the Rust
+    library's own TypeError, or, for ListOps, encoded bytes); so does `encode_batch`,
+    naming the document, and a `texts` that is not a sequence at all."""
+    for tok in tokenizers:
+        with pytest.raises(TypeError, match=f"text must be a str, got {got}"):
+            tok.encode(text)
+        with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got"):
+            tok.encode_batch(["ok", text])
+        with pytest.raises(TypeError, match="texts must be a sequence of documents .*texts=3"):
+            tok.encode_batch(3)
+
+
+def test_decode_names_the_id_in_its_own_type(tokenizers):
+    """Unsigned ids are ids (`Integer`, not `Int`, in the hint); one out of range is
+    shown as given, not wrapped through int64 (2**64 - 1 showed as -1)."""
+    for tok in tokenizers:
+        top = tok.vocab_size - 1
+        assert tok.decode(np.array([top], np.uint64)) == tok.decode([top])
+        for bad in (2**64 - 1, 2**63 + 5):
+            with pytest.raises(ValueError, match=f"vocab_size={tok.vocab_size}\\), got id {bad}$"):
+                tok.decode(np.array([7, bad], np.uint64))
+
+
 def test_bpe_bad_arguments_and_files(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(IsADirectoryError, match="is a directory, expected a file name"):

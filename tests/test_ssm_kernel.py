@@ -359,6 +359,40 @@ def test_fft_conv_bad_inputs(getkey):
         unchecked(u, jnp.ones((3, 10)), jnp.ones((3, 10), bool))
 
 
+@pytest.mark.parametrize("name", ["u", "k", "k_backward"])
+@pytest.mark.parametrize("bad", [None, "list"])
+def test_fft_conv_takes_numpy_and_names_non_arrays(name, bad, getkey):
+    """NumPy arrays are arrays, as the hints say (with the import hook and without);
+    `None` or a list is a `TypeError` naming the argument (it was an AttributeError)."""
+    u, k, kb = jr.normal(getkey(), (6, 2)), jr.normal(getkey(), (2, 6)), jr.normal(getkey(), (2, 6))
+    expected = ls.fft_conv(u, k, kb)
+    for conv in (ls.fft_conv, ls.fft_conv.__wrapped__):
+        np.testing.assert_allclose(conv(*map(np.asarray, (u, k, kb))), expected, atol=1e-6)
+        args = {"u": u, "k": k, "k_backward": kb}
+        args[name] = None if bad is None else np.asarray(args[name]).tolist()
+        if name == "k_backward" and bad is None:
+            continue  # optional
+        with pytest.raises(TypeError, match=name):
+            conv(**args)
+
+
+@pytest.mark.parametrize("name", ["u", "abar", "cb", "skip"])
+def test_chunked_conv_takes_numpy_and_names_non_arrays(name, getkey):
+    """As for `fft_conv`: NumPy arrays in, a list a `TypeError` naming the argument."""
+    layer = ls.S4D(2, state_size=2, key=getkey())
+    abar, cb = layer.kernel.discretize()
+    args = {"u": jr.normal(getkey(), (6, 2)), "abar": abar, "cb": cb, "skip": layer.skip}
+    expected = ls.chunked_conv(**args)
+    for conv in (ls.chunked_conv, ls.chunked_conv.__wrapped__):
+        numpy = conv(**{n: np.asarray(a) for n, a in args.items()})
+        np.testing.assert_allclose(numpy, expected, atol=1e-6)
+        with pytest.raises(TypeError, match=name):
+            conv(**{**args, name: np.asarray(args[name]).tolist()})
+    if name != "skip":
+        with pytest.raises(TypeError, match=f"{name} must be a JAX or NumPy array, got {name}="):
+            ls.chunked_conv.__wrapped__(**{**args, name: None})
+
+
 def test_fft_conv_low_precision(getkey):
     """bfloat16 / float16 inputs are convolved in float32 and returned in their dtype."""
     u = jr.normal(getkey(), (12, 3))

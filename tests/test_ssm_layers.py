@@ -385,6 +385,20 @@ def test_linear_scan_bad_inputs():
         unchecked(jnp.ones((5, 3)), jnp.ones((5, 3)), initial=jnp.ones(3, jnp.complex64))
 
 
+def test_linear_scan_names_non_arrays():
+    """`None` (it was an AttributeError) or a list is a `TypeError` naming the argument,
+    with jaxtyping's import hook and without."""
+    a = b = jnp.ones((5, 3))
+    for scan in (ls.linear_scan, ls.linear_scan.__wrapped__):
+        for args, name in [((None, b), "a"), ((a, None), "b"), ((a, [[1.0] * 3] * 5), "b")]:
+            with pytest.raises(TypeError, match=name):
+                scan(*args)
+        with pytest.raises(TypeError, match="initial"):
+            scan(a, b, initial=[0.0, 0.0, 0.0])
+    with pytest.raises(TypeError, match="a must be a JAX or NumPy array, got a=None"):
+        ls.linear_scan.__wrapped__(None, b)
+
+
 # --------------------------------------------------------------------------- experiment
 
 

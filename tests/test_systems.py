@@ -181,6 +181,37 @@ def test_simulate_bad_inputs():
             ls.ControlledPendulum().vector_field(0.0, jnp.zeros(2), args)
 
 
+@pytest.mark.parametrize("name", sorted(ls.SYSTEMS))
+def test_vector_field_checks_the_state(name):
+    """A state of the wrong size is named (a shorter one was read with clamped indices,
+    a longer or batched one broadcast silently); so is a non-array state, and a control
+    given to an autonomous system. Static checks: they hold under `jit` and `vmap`."""
+    system = ls.get_system(name)
+    n, u = system.state_dim, jnp.zeros(system.action_dim) if system.action_dim else None
+    field = lambda x: system.vector_field(0.0, x, u)
+    for shape in ((n + 1,), (1,), (2, n), ()):
+        for f in (field, jax.jit(field)):
+            with pytest.raises(ValueError, match=rf"x must have shape \({n},\), got x.shape="):
+                f(jnp.zeros(shape))
+    with pytest.raises(TypeError, match="x must be a JAX or NumPy array, got x=None"):
+        field(None)
+    assert jax.vmap(field)(jnp.zeros((3, n))).shape == (3, n)
+    assert field(np.zeros(n, np.float32)).shape == (n,)
+    if not system.action_dim:
+        with pytest.raises(ValueError, match=r"is autonomous: pass args=None, got args.shape"):
+            system.vector_field(0.0, jnp.zeros(n), jnp.zeros(1))
+
+
+def test_sample_trajectories_names_its_key(no_jaxtyping):
+    """A missing key, an integer seed or a batch of keys is named before the jitted
+    simulation (it failed inside it, by `jr.split`)."""
+    bad = [(None, "key=None"), (0, "key=0"), (jr.split(jr.key(0)), r"an array of shape \(2,\)")]
+    for key, got in bad:
+        with pytest.raises(TypeError, match=f"key must be one JAX PRNG key, .*got {got}"):
+            ls.sample_trajectories(ls.Duffing(), key, 2, 2)
+    assert ls.sample_trajectories(ls.Duffing(), jr.PRNGKey(0), 2, 2)[0].shape == (2, 3, 2)
+
+
 def test_get_system_names_its_argument(no_jaxtyping):
     assert isinstance(ls.get_system("duffing"), ls.Duffing)
     with pytest.raises(TypeError, match=r"name must be a str, .*got name=\['duffing'\]"):

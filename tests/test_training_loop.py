@@ -274,6 +274,33 @@ def test_train_bad_arguments_named(data, no_jaxtyping):
         ls.param_sharding(model, mesh, min_size="x")
 
 
+def test_functions_and_mesh_named_at_construction(data, no_jaxtyping):
+    """A loss function, eval function or callback that is not callable, or a mesh that
+    is not a `Mesh`, is refused by name when the step (or run) is built; they were
+    accepted and failed later, inside the jitted step or after the first steps."""
+    model, opt, loss = common.make_model(), common.optimizer(), common.loss_fn
+    with pytest.raises(TypeError, match="loss_fn must be a function, got loss_fn=3"):
+        ls.make_train_step(3, opt)
+    with pytest.raises(TypeError, match="loss_fn must be a function, got loss_fn=None"):
+        ls.make_eval_step(None)
+    with pytest.raises(TypeError, match="optimizer must be an optax.GradientTransformation"):
+        ls.make_train_step(loss, "adam")
+    with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh .*mesh='data'"):
+        ls.make_train_step(loss, opt, mesh="data")
+    run = lambda **kw: ls.train(
+        **{"model": model, "optimizer": opt, "loss_fn": loss, "data": data, "steps": 1,
+           "key": jr.key(0), "progress": False, **kw}
+    )  # fmt: skip
+    for kw, message in [
+        ({"loss_fn": "mse"}, "loss_fn must be a function, got loss_fn='mse'"),
+        ({"eval_fn": 1}, "eval_fn must be a function or None, got eval_fn=1"),
+        ({"callback": True}, "callback must be a function or None, got callback=True"),
+        ({"mesh": "data"}, "mesh must be a jax.sharding.Mesh .*mesh='data'"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            run(**kw)
+
+
 def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
     with pytest.raises(ValueError, match=r"steps must be an integer >= 0, got steps=-1"):

@@ -63,6 +63,32 @@ def test_mesh_and_batch_argument_types():
         ls.shard_batch(batch, mesh)
 
 
+def test_devices_and_mesh_arguments_named(no_jaxtyping):
+    """A `devices` that is not a sequence of distinct devices, or a `mesh` that is not a
+    `Mesh`, is an error naming it (they failed by a missing attribute, or, for a device
+    given twice, not at all)."""
+    cpu = jax.devices()[0]
+    for devices, got in (("cpu", "devices='cpu'"), ([cpu, "cpu"], r"devices\[1\]='cpu'"),
+                         (3, "devices=3"), (cpu, "devices=CpuDevice")):  # fmt: skip
+        with pytest.raises(TypeError, match=f"devices must be a sequence of jax.Device.*{got}"):
+            ls.make_mesh(devices=devices)
+    with pytest.raises(ValueError, match=r"devices must hold at least one device"):
+        ls.make_mesh(devices=[])
+    with pytest.raises(ValueError, match=r"devices must be distinct, got CpuDevice\(id=0\) twice"):
+        ls.make_mesh(devices=[cpu, cpu])
+    assert dict(ls.make_mesh(devices=tuple(jax.devices()[:2])).shape) == {"data": 2, "model": 1}
+    model = eqx.nn.Linear(2, 2, key=jr.key(0))
+    calls = (
+        lambda mesh: ls.shard_batch({"x": np.zeros((8, 2))}, mesh),
+        lambda mesh: ls.param_sharding(model, mesh),
+        lambda mesh: ls.shard_params(model, mesh),
+    )
+    for call in calls:
+        for mesh in (None, "data"):
+            with pytest.raises(TypeError, match=f"mesh must be a jax.sharding.Mesh.*mesh={mesh!r}"):
+                call(mesh)
+
+
 def test_param_sharding_rule():
     mesh = ls.make_mesh(4, 2)
     tree = {"w": jnp.zeros((8, 6)), "odd": jnp.zeros((3, 5)), "b": jnp.zeros(8), "i": 3}

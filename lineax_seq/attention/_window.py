@@ -10,7 +10,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import as_array, check_int
 from ._bias import RelativePositionBias
 from ._core import (
     check_implementation,
@@ -56,12 +56,12 @@ def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
 
 
 def sliding_window_attention(
-    q: Float[Array, "length heads head_dim"],
-    k: Float[Array, "length heads head_dim"],
-    v: Float[Array, "length heads head_dim"],
+    q: Float[Array | np.ndarray, "length heads head_dim"],
+    k: Float[Array | np.ndarray, "length heads head_dim"],
+    v: Float[Array | np.ndarray, "length heads head_dim"],
     *,
     window: int,
-    bias: Float[Array, "heads w 2*w"] | None = None,
+    bias: Float[Array | np.ndarray, "heads w 2*w"] | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "length heads head_dim"]:
     """Causal sliding-window attention, batched over blocks of `window` tokens.
@@ -82,7 +82,8 @@ def sliding_window_attention(
 
     **Arguments:**
 
-    - `q`, `k`, `v`: per-head queries, keys and values, shape `(length, heads, head_dim)`.
+    - `q`, `k`, `v`: per-head queries, keys and values, shape `(length, heads, head_dim)`
+      (JAX or NumPy arrays, as is `bias`).
     - `window`: the block size `W`; `length` must be a multiple of it.
     - `bias`: additive bias for the `(window, 2 * window)` block frame (queries at frame
       positions `window .. 2*window - 1`), e.g.
@@ -94,6 +95,8 @@ def sliding_window_attention(
 
     Attention outputs, shape `(length, heads, head_dim)`.
     """
+    q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
+    bias = as_array("bias", bias, optional=True)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not jnp.issubdtype(a.dtype, jnp.floating):
             raise TypeError(f"`{name}` must have a floating dtype, got {name}.dtype={a.dtype}.")

@@ -8,7 +8,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_int
+from .._checks import as_array, as_arrays, check_bool, check_int
 from ._layers import (
     INIT_STD,
     apply_dense,
@@ -21,19 +21,21 @@ from ._layers import (
 
 
 def masked_mean(
-    x: Float[Array, "length dim"], mask: Bool[Array, " length"] | None = None
+    x: Float[Array | np.ndarray, "length dim"],
+    mask: Bool[Array | np.ndarray, " length"] | None = None,
 ) -> Float[Array, " dim"]:
     """Mean of `x` over the real positions (`mask == True`; all of them if `mask` is None).
 
     **Arguments:**
 
-    - `x`: shape `(length, dim)`, `length >= 1`.
-    - `mask`: optional, `True` at real tokens.
+    - `x`: shape `(length, dim)`, `length >= 1` (a JAX or NumPy array).
+    - `mask`: optional, `True` at real tokens (a JAX or NumPy array).
 
     **Returns:**
 
     Shape `(dim,)` (zero if no position is real).
     """
+    x, mask = as_array("x", x), as_array("mask", mask, optional=True)
     if x.ndim != 2 or x.shape[0] < 1:
         raise ValueError(f"x must have shape (length >= 1, dim), got x.shape={x.shape}")
     if mask is None:

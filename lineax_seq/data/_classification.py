@@ -24,7 +24,8 @@ from ._tokenizers import (
     Tokenizer,
     _SpecialIds,
     check_ids,
-    check_texts,
+    check_text,
+    check_texts_list,
 )
 
 # --------------------------------------------------------------------------------------
@@ -469,12 +470,12 @@ class ListOpsTokenizer(_SpecialIds):
 
     def encode(self, text: str) -> np.ndarray:
         """Split on whitespace and map each token to its id (`<unk>` if unknown)."""
-        return np.asarray([self._index.get(t, UNK_ID) for t in text.split()], dtype=np.int32)
+        tokens = check_text(text).split()
+        return np.asarray([self._index.get(t, UNK_ID) for t in tokens], dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
-        check_texts(texts)
-        return [self.encode(t) for t in texts]
+        return [self.encode(t) for t in check_texts_list(texts)]
 
     def decode(self, ids: TokenIds) -> str:
         """Space-joined tokens, special tokens dropped (ids outside `[0, 22)` raise)."""

@@ -22,15 +22,15 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from jaxtyping import Array, Int
+from jaxtyping import Array, Int, Integer
 
-from .._checks import IntLike, check_int
+from .._checks import IntLike, check_int, short_repr
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(7)
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 
-TokenIds = Int[np.ndarray, " n"] | Int[Array, " n"] | Sequence[int]
+TokenIds = Integer[np.ndarray, " n"] | Integer[Array, " n"] | Sequence[int]
 
 
 def check_ids(ids: TokenIds, vocab_size: int, name: str = "ids") -> np.ndarray:
@@ -40,21 +40,44 @@ def check_ids(ids: TokenIds, vocab_size: int, name: str = "ids") -> np.ndarray:
         raise ValueError(f"{name} must be 1-d, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
+    # Compared in their own dtype: int64 would wrap uint64 ids >= 2**63 to negatives.
     bad = arr[(arr < 0) | (arr >= vocab_size)]
     if bad.size:
         raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got id {int(bad[0])}")
-    return arr
+    return arr.astype(np.int64)
+
+
+def check_text(text: object, name: str = "text") -> str:
+    """`text`, or a `TypeError` naming it unless it is a `str` (bytes are not text: a
+    tokenizer would encode their repr, or fail inside)."""
+    if not isinstance(text, str):
+        hint = " (decode bytes first, e.g. text.decode('utf-8'))" if isinstance(text, bytes) else ""
+        raise TypeError(
+            f"{name} must be a str, got {type(text).__name__} {name}={short_repr(text)}{hint}"
+        )
+    return text
 
 
 def check_texts(texts: object) -> None:
-    """A `TypeError` for a single `str` given as `texts`: a string is a sequence of strings
-    too, and each of its characters would become a document."""
+    """A `TypeError` for `texts` not an iterable of documents, or a single `str`: a
+    string is a sequence of strings too, and each of its characters would become a
+    document."""
+    if not isinstance(texts, Iterable):
+        raise TypeError(
+            f"texts must be a sequence of documents (str), got texts={short_repr(texts)}"
+        )
     if isinstance(texts, str):
         raise TypeError(
             f"texts must be a sequence of documents, got a single str {texts[:30]!r}; "
             "pass [text] for one document"
         )
+
+
+def check_texts_list(texts: object) -> list[str]:
+    """`texts` as a list of `str`, checked as by `check_texts` and `check_text`, each
+    document named by its index (`texts[i]`)."""
+    check_texts(texts)
+    return [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
 
 
 @runtime_checkable
@@ -162,12 +185,12 @@ class ByteTokenizer(_SpecialIds):
 
         An int32 array of shape `(n,)`, `n` the number of UTF-8 bytes of `text`.
         """
+        text = check_text(text)
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + self.offset
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
-        check_texts(texts)
-        return [self.encode(t) for t in texts]
+        return [self.encode(t) for t in check_texts_list(texts)]
 
     def decode(self, ids: TokenIds) -> str:
         """Decode token ids to text, dropping special tokens.
@@ -343,13 +366,13 @@ class BPETokenizer(_SpecialIds):
 
         An int32 array of shape `(n,)`.
         """
+        text = check_text(text)
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Encode many texts at once (parallel in the Rust library; a single `str` is a
         `TypeError`)."""
-        check_texts(texts)
-        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        encs = self._tok.encode_batch(check_texts_list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
     def decode(self, ids: TokenIds) -> str:

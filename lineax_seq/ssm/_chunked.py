@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Complex, Float
 
-from .._checks import check_int
+from .._checks import as_array, check_int
 from ._fft_conv import _work_dtype
 from ._scan import linear_scan
 
@@ -58,10 +58,10 @@ def _select(reverse: bool | Array, anti_causal: Array, causal: Array) -> Array:
 
 
 def chunked_conv(
-    u: Float[Array, "length channels"],
-    abar: Complex[Array, "kc modes"],
-    cb: Complex[Array, "kc modes"],
-    skip: Float[Array, " kc"] | None = None,
+    u: Float[Array | np.ndarray, "length channels"],
+    abar: Complex[Array | np.ndarray, "kc modes"],
+    cb: Complex[Array | np.ndarray, "kc modes"],
+    skip: Float[Array | np.ndarray, " kc"] | None = None,
     *,
     reverse: bool | Bool[Array, ""] = False,
     chunk: int | None = None,
@@ -95,7 +95,8 @@ def chunked_conv(
     **Arguments:**
 
     - `u`: input of shape `(length, channels)`, any float dtype (computed in at least
-        float32; returned in `u`'s dtype).
+        float32; returned in `u`'s dtype). `u`, `abar`, `cb` and `skip` are JAX or NumPy
+        arrays.
     - `abar`, `cb`: the discrete systems, complex, of shape `(kc, modes)`, `kc` either
         `channels` (one SSM per channel) or `1` (one SSM shared by all channels).
     - `skip`: optional `D` of shape `(kc,)`, added at lag 0.
@@ -110,6 +111,8 @@ def chunked_conv(
 
     The output, of shape `(length, channels)`, in `u`'s dtype.
     """
+    u, abar, cb = as_array("u", u), as_array("abar", abar), as_array("cb", cb)
+    skip = as_array("skip", skip, optional=True)
     if u.ndim != 2:
         raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
     if not jnp.issubdtype(u.dtype, jnp.floating):

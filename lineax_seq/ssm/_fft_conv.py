@@ -1,9 +1,10 @@
 """Long convolutions via the real FFT."""
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_bool
+from .._checks import as_array, check_bool
 
 
 def _work_dtype(dtype) -> type:
@@ -29,9 +30,9 @@ def _fft_size(minimum: int) -> int:
 
 
 def fft_conv(
-    u: Float[Array, "length channels"],
-    k: Float[Array, "kc length"],
-    k_backward: Float[Array, "kc length"] | None = None,
+    u: Float[Array | np.ndarray, "length channels"],
+    k: Float[Array | np.ndarray, "kc length"],
+    k_backward: Float[Array | np.ndarray, "kc length"] | None = None,
     *,
     bidirectional: bool = False,
 ) -> Float[Array, "length channels"]:
@@ -58,7 +59,7 @@ def fft_conv(
     **Arguments:**
 
     - `u`: input of shape `(length, channels)`, any float dtype (bfloat16 and float16
-        are computed in float32).
+        are computed in float32). `u` and the kernels are JAX or NumPy arrays.
     - `k`: forward kernel of shape `(kc, length)`, as long as `u`, `kc` either
         `channels` (one kernel per channel) or `1` (one kernel shared by all channels).
     - `k_backward`: optional backward kernel of the same shape as `k`; giving it makes
@@ -71,6 +72,8 @@ def fft_conv(
 
     The output, of shape `(length, channels)`, in `u`'s dtype.
     """
+    u, k = as_array("u", u), as_array("k", k)
+    k_backward = as_array("k_backward", k_backward, optional=True)
     if u.ndim != 2:
         raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
     if not jnp.issubdtype(u.dtype, jnp.floating):

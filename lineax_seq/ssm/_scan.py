@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Inexact
 
-from .._checks import as_arrays, check_bool
+from .._checks import as_array, check_bool
 
 
 def _matvec(a: Array, x: Array) -> Array:
@@ -48,7 +48,8 @@ def linear_scan(
     Real and complex dtypes both work; `a`, `b` (and `initial`) must share one dtype.
     NumPy arrays are accepted.
     """
-    a, b, initial = as_arrays(a, b, initial)
+    a, b = as_array("a", a), as_array("b", b)
+    initial = as_array("initial", initial, optional=True)
     if b.ndim != 2 or b.shape[0] < 1:
         raise ValueError(f"b must have shape (length, n) with length >= 1, got b.shape={b.shape}")
     if a.ndim not in (2, 3):

@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, check_finite, check_int, check_real
+from .._checks import IntLike, RealScalar, check_finite, check_int, check_key, check_real
 from ._systems import DynamicalSystem
 
 
@@ -183,7 +183,8 @@ def sample_trajectories(
 
     - `system`: the dynamical system; its `sample_initial` (and, for controlled systems,
         `sample_actions`) provide the randomness.
-    - `key`: PRNG key.
+    - `key`: one PRNG key, `jax.random.key(seed)` (or a raw `uint32` key of
+        `jax.random.PRNGKey`).
     - `num`: number of trajectories, a positive int.
     - `steps`: number of sampling intervals per trajectory, a positive int.
     - `dt`: sampling interval (default `system.dt`).
@@ -193,6 +194,7 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
+    check_key("key", key)
     num = check_int("num", num)
     steps, dt = _check_steps(steps, dt)
     # Static Python numbers (NumPy scalars would be traced as jit arguments).

@@ -12,7 +12,14 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, Scalar
 
-from .._checks import IntLike, RealScalar, check_int, check_real
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_array,
+    check_int,
+    check_real,
+    check_state_control,
+)
 
 
 class DynamicalSystem(eqx.Module):
@@ -20,7 +27,9 @@ class DynamicalSystem(eqx.Module):
 
     Subclasses define `state_dim`, `action_dim` (0 for autonomous systems), the default
     sampling interval `dt`, `vector_field` and `sample_initial`. `args` of the vector
-    field is the control input `u` (`Float[Array, "action_dim"]`) or `None`.
+    field is the control input `u` (`Float[Array, "action_dim"]`) or `None` (always
+    `None` for an autonomous system). The systems here check `x` and `args` with
+    `self._check(x, args)`; a subclass's `vector_field` can call it too.
 
     The parameters named in the class variable `constraints` (`{name: sign}`, `sign`
     one of `"positive"`, `"nonnegative"`, `"finite"`; by default `{"dt": "positive"}`)
@@ -48,6 +57,17 @@ class DynamicalSystem(eqx.Module):
     ) -> Float[Array, " state_dim"]:
         """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
+    def _check(self, x: object, args: object) -> tuple[Array, Array | None]:
+        """`x` and `args` as arrays, `x` of shape `(state_dim,)` and `args` `None` for an
+        autonomous system, else `None` (no control) or of shape `(action_dim,)`. Static
+        shape checks only: they hold under `jit`, `vmap` and inside diffrax."""
+        x, args = as_array("x", x), as_array("args", args, optional=True)
+        control_dim = 0 if args is None else self.action_dim
+        check_state_control(
+            ("x", x, self.state_dim), ("args", args, control_dim), type(self).__name__
+        )
+        return x, args
+
     @abc.abstractmethod
     def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` initial conditions `(num, state_dim)` drawn from the paper's distribution
@@ -68,6 +88,7 @@ class ParabolicAttractor(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        x, _ = self._check(x, args)
         return jnp.stack([self.mu * x[0], self.lam * (x[1] - x[0] ** 2)])
 
     def sample_initial(self, key, num):
@@ -86,6 +107,7 @@ class Duffing(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        x, _ = self._check(x, args)
         return jnp.stack([x[1], x[0] - x[0] ** 3])
 
     def sample_initial(self, key, num):
@@ -112,6 +134,7 @@ class LotkaVolterra(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        x, _ = self._check(x, args)
         x1, x2 = x[0], x[1]
         return jnp.stack(
             [self.alpha * x1 - self.beta * x1 * x2, self.delta * x1 * x2 - self.gamma * x2]
@@ -148,6 +171,7 @@ class Pendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        x, _ = self._check(x, args)
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0])])
 
     def sample_initial(self, key, num):
@@ -184,15 +208,13 @@ class ControlledPendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
-        if args is None:
-            u = 0.0
-        elif jnp.shape(args) != (self.action_dim,):
+        if args is not None and jnp.shape(args) != (self.action_dim,):
             raise ValueError(
                 f"args is the torque u, shape ({self.action_dim},) (or None: no torque), "
                 f"got args.shape={jnp.shape(args)}"
             )
-        else:
-            u = args[0]
+        x, args = self._check(x, args)
+        u = 0.0 if args is None else args[0]
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
 
     def sample_initial(self, key, num):
@@ -225,6 +247,7 @@ class Lorenz63(DynamicalSystem):
     dt: RealScalar = 0.02
 
     def vector_field(self, t, x, args):
+        x, _ = self._check(x, args)
         return jnp.stack(
             [
                 self.sigma * (x[1] - x[0]),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import equinox as eqx
 import jax
@@ -11,7 +11,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import PyTree
 
-from .._checks import IntLike, check_int
+from .._checks import IntLike, check_int, short_repr
 
 DATA = "data"
 MODEL = "model"
@@ -34,13 +34,13 @@ def make_mesh(
     - `data`: size of the data-parallel axis; `None` uses all devices left over by
         `model`.
     - `model`: size of the tensor-parallel axis.
-    - `devices`: the devices to use (default: `jax.devices()`).
+    - `devices`: the devices to use, distinct `jax.Device`s (default: `jax.devices()`).
 
     **Returns:**
 
     A `jax.sharding.Mesh` with `Auto` axis types (the compiler propagates shardings).
     """
-    devices = list(jax.devices() if devices is None else devices)
+    devices = list(jax.devices()) if devices is None else _check_devices(devices)
     model = check_int("model", model)
     if len(devices) % model != 0:
         raise ValueError(
@@ -60,7 +60,40 @@ def make_mesh(
     )
 
 
+def _check_devices(devices: object) -> list[jax.Device]:
+    """`devices` as a list, or an error naming it unless it is a non-empty sequence of
+    distinct `jax.Device`s."""
+    if isinstance(devices, str) or not isinstance(devices, Iterable):
+        raise TypeError(
+            "devices must be a sequence of jax.Device (e.g. jax.devices('cpu')), "
+            f"got devices={short_repr(devices)}"
+        )
+    devices = list(devices)
+    for i, device in enumerate(devices):
+        if not isinstance(device, jax.Device):
+            raise TypeError(
+                "devices must be a sequence of jax.Device (e.g. jax.devices('cpu')), got "
+                f"devices[{i}]={short_repr(device)}"
+            )
+    if not devices:
+        raise ValueError("devices must hold at least one device, got devices=[]")
+    if len(set(devices)) != len(devices):
+        twice = next(d for i, d in enumerate(devices) if d in devices[:i])
+        raise ValueError(f"devices must be distinct, got {twice!r} twice")
+    return devices
+
+
+def check_mesh(mesh: object, name: str = "mesh") -> None:
+    """A `TypeError` naming `mesh` unless it is a `jax.sharding.Mesh`."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{name} must be a jax.sharding.Mesh (e.g. from lineax_seq.make_mesh), "
+            f"got {name}={short_repr(mesh)}"
+        )
+
+
 def _check_axis(mesh: Mesh, axis: str, name: str) -> None:
+    check_mesh(mesh)
     if axis not in mesh.shape:
         raise ValueError(f"{name}={axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
 

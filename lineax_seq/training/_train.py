@@ -24,9 +24,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 
-from .._checks import IntLike, check_bool, check_int, check_optional_int
+from .._checks import (
+    IntLike,
+    check_bool,
+    check_int,
+    check_key,
+    check_optional_int,
+    short_repr,
+)
 from ._checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-from ._sharding import shard_batch, shard_params
+from ._sharding import check_mesh, shard_batch, shard_params
 
 LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array] | None]]
 """`loss_fn(model, batch, key) -> (loss, aux)`: scalar loss and a dict of scalar metrics."""
@@ -81,6 +88,14 @@ def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, An
 def _iterable(x: object) -> bool:
     """Whether `iter(x)` can work, without calling it (a grain dataset may start workers)."""
     return hasattr(type(x), "__iter__") or hasattr(type(x), "__getitem__")
+
+
+def _check_callable(name: str, fn: object, *, optional: bool = False) -> None:
+    """A `TypeError` naming `fn` unless it is callable (or `None`, if `optional`): it
+    would fail only when first called, inside the jitted step."""
+    if not (callable(fn) or (optional and fn is None)):
+        expected = "a function" + (" or None" if optional else "")
+        raise TypeError(f"{name} must be {expected}, got {name}={short_repr(fn)}")
 
 
 def _check_optimizer(optimizer: object) -> None:
@@ -162,7 +177,10 @@ def make_train_step(
     all as scalar arrays.
     """
 
+    _check_callable("loss_fn", loss_fn)
     _check_optimizer(optimizer)
+    if mesh is not None:
+        check_mesh(mesh)
     jitted = _train_step if check_bool("donate", donate) else _train_step_no_donation
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
 
@@ -188,7 +206,7 @@ def make_eval_step(
 
     `eval_step(model, batch, key) -> metrics`, a dict of scalar arrays with `"loss"`.
     """
-
+    _check_callable("loss_fn", loss_fn)
     return ft.partial(_eval_step, loss_fn)
 
 
@@ -428,18 +446,23 @@ def train(
     for name, flag in (("resume", resume), ("progress", progress), ("plot", plot)):
         check_bool(name, flag)
     _check_optimizer(optimizer)
+    _check_callable("loss_fn", loss_fn)
+    _check_callable("eval_fn", eval_fn, optional=True)
+    _check_callable("callback", callback, optional=True)
     for name, batches in (("data", data), ("eval_data", eval_data)):
         if batches is not None and not _iterable(batches):
             raise TypeError(
                 f"{name} must be an iterable of batches (a list, a grain dataset, ...), "
                 f"got {name}={batches!r}"
             )
-    _check_key(key)
-    if mesh is not None and not {"data", "model"} <= set(mesh.axis_names):
-        raise ValueError(
-            f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; build "
-            "it with lineax_seq.make_mesh (model=1 replicates the weights)."
-        )
+    check_key("key", key)
+    if mesh is not None:
+        check_mesh(mesh)
+        if not {"data", "model"} <= set(mesh.axis_names):
+            raise ValueError(
+                f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; "
+                "build it with lineax_seq.make_mesh (model=1 replicates the weights)."
+            )
     if isinstance(eval_data, Iterator):
         raise ValueError(
             "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
@@ -672,22 +695,6 @@ def _place_eval_batch(batch: Any, mesh: jax.sharding.Mesh) -> Any:
     if jax.process_count() == 1 and _count(batch, "samples") % mesh.shape["data"]:
         return jax.device_put(batch, NamedSharding(mesh, P()))
     return shard_batch(batch, mesh)
-
-
-def _check_key(key: Any) -> None:
-    """A `TypeError` unless `key` is one typed PRNG key or one raw `uint32` key."""
-    if not isinstance(key, jax.Array | np.ndarray):
-        got = f"key={key!r}"
-    elif jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
-        return
-    elif key.dtype == np.uint32 and key.ndim == 1:
-        return
-    else:
-        got = f"an array of shape {key.shape} and dtype {key.dtype}"
-    raise TypeError(
-        "key must be one JAX PRNG key, jax.random.key(seed) (or a raw uint32 key of "
-        f"jax.random.PRNGKey), got {got}"
-    )
 
 
 def plot_metrics(
