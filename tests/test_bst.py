@@ -458,7 +458,9 @@ def test_bad_input(sh_lm, key):
             layer(jnp.zeros((16, 5)))
         with pytest.raises(ValueError, match=r"`x_t` must have shape \(dim,\)=\(8,\).*\(5,\)"):
             layer.step(layer.init_cache(W), jnp.zeros(5), jnp.asarray(0))
-    with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(16, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"`x` must have shape \(length, dim\) with dim=8, got shape \(16, 5\)"
+    ):
         lm.layers[0].ssm(jnp.zeros((16, 5)))
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
@@ -570,13 +572,12 @@ def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping)
         build(ls.BlockStateTransformerLayer, 2, 1, W)
     with pytest.raises(ValueError, match="ssm_features must be a positive integer.*=0"):
         build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm_features=0)
-    with pytest.raises(ValueError, match=r"`x` must have dim=8 features, got shape \(8,\)"):
+    with pytest.raises(ValueError, match=r"`x` must have shape \(length, dim\).*shape \(8,\)"):
         zoo["sh:s4"].ssm(jnp.zeros(DIM))
     for bad in (0, -1, 2.5, None):
-        with pytest.raises(ValueError, match=f"max_length={bad}"):
-            sh_lm.init_cache(bad)
-        with pytest.raises(ValueError, match=f"max_length={bad}"):
-            zoo["mf:unstruct"].init_cache(bad)
+        for model in (sh_lm, zoo["slide"], zoo["brect"], zoo["sh:s4"], zoo["mf:unstruct"]):
+            with pytest.raises(ValueError, match=f"max_length={bad}"):
+                model.init_cache(bad)
     cache = sh_lm.init_cache(W)
     for bad in (jnp.array([3]), jnp.array(True)):
         with pytest.raises(ValueError, match="`token` must be a scalar integer token"):
@@ -640,14 +641,129 @@ def test_decoding_under_x64_is_float64_accurate():
         np.testing.assert_allclose(_decode(lm, tokens), lm(tokens), rtol=0, atol=1e-12)
 
 
-def test_unstruct_decoding_stops_at_the_cache_length(zoo):
+def test_unstruct_decoding_stops_at_the_cache_length(zoo, stack):
     """UNSTRUCT layers store the inputs of `init_cache(max_length)`: decoding past it is
-    an error (it used to give NaN logits)."""
+    an error (it used to give NaN logits), at once for a concrete position, at run time
+    for a traced one."""
     layer = zoo["sh:unstruct"]
     cache = layer.init_cache(W)
     cache, _ = layer.step(cache, jnp.zeros(DIM), jnp.asarray(W - 1))
-    with pytest.raises(Exception, match="decoding state holds 4 positions"):
+    with pytest.raises(ValueError, match="`t`=4 is past the end: the decoding state holds 4"):
         layer.step(cache, jnp.zeros(DIM), jnp.asarray(W))
+    with pytest.raises(Exception, match="decoding state holds 4 positions"):
+        eqx.filter_jit(layer.step)(cache, jnp.zeros(DIM), jnp.asarray(W))
+    cache = stack.init_cache(2)
+    with pytest.raises(ValueError, match=r"`cache\['t'\]`=2 is past the end.*holds 2 positions"):
+        stack.step({**cache, "t": jnp.asarray(2, jnp.int32)}, 0)
+
+
+def test_step_position_and_cache_named(zoo, sh_lm, key, no_jaxtyping):
+    """`step` refuses a position that is not a scalar integer >= 0 and a cache that is
+    not its own (another layer kind's, width's, window's or number of states'), by name,
+    when traced too; it used to fail in XLA, raise a bare KeyError, or decode on
+    (t=-1, another layer's cache)."""
+    x = jnp.zeros(DIM)
+    layers = [zoo[v] for v in ("slide", "brect", "sh:s4", "mf:unstruct")]
+    caches = [layer.init_cache(L) for layer in layers]
+    for layer, cache in zip(layers, caches, strict=True):
+        name = type(layer).__name__
+        for bad in (2.5, jnp.asarray(2.5), jnp.array([1, 2]), True, None):
+            with pytest.raises(ValueError, match="`t` must be a scalar integer position, got t="):
+                layer.step(cache, x, bad)
+        for bad in (-1, jnp.asarray(-1), np.int64(2**31)):
+            with pytest.raises(ValueError, match=r"`t` must be a position in \[0, 2\*\*31\)"):
+                layer.step(cache, x, bad)
+        for other in ({}, None, *(c for c in caches if c is not cache)):
+            with pytest.raises(ValueError, match=f"`cache` must be a decoding state from {name}"):
+                layer.step(other, x, 0)
+        # Checked when traced: the cache's shapes and the position's type are static.
+        eqx.filter_eval_shape(layer.step, cache, x, jnp.asarray(1))
+        with pytest.raises(ValueError, match="`t` must be a scalar integer position"):
+            eqx.filter_eval_shape(layer.step, cache, x, jnp.asarray(1.0))
+    wide = eqx.filter_eval_shape(ls.SlidingWindowLayer, 2 * DIM, HEADS, W, key=key)
+    long = eqx.filter_eval_shape(ls.SlidingWindowLayer, DIM, HEADS, 2 * W, key=key)
+    more = eqx.filter_eval_shape(ls.BlockRecurrentTransformerLayer, DIM, HEADS, W, key=key)
+    for layer, other, message in [
+        (zoo["slide"], wide, r"`cache\['frame'\]\['k'\]` must have shape \(8, 2, 4\).*\(8, 2, 8\)"),
+        (
+            zoo["slide"],
+            long,
+            r"`cache\['frame'\]\['k'\]` must have shape \(8, 2, 4\).*\(16, 2, 4\)",
+        ),
+        (zoo["brect"], more, r"`cache\['states'\]` must have shape \(3, 8\).*shape \(4, 8\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            eqx.filter_eval_shape(layer.step, other.init_cache(L), x, jnp.asarray(0))
+    # The LM: its cache and the position it holds.
+    cache = sh_lm.init_cache(L)
+    for bad, message in [
+        ({}, "`cache` must be a decoding state from BlockStateTransformerLM.init_cache"),
+        (zoo["slide"].init_cache(L), "`cache` must be a decoding state"),
+        ({**cache, "t": jnp.asarray(1.5)}, r"`cache\['t'\]` must have shape \(\) and dtype int32"),
+        ({**cache, "t": jnp.asarray(-1, jnp.int32)}, r"`cache\['t'\]` must be a position"),
+        ({**cache, "layers": cache["layers"][:1]}, r"lacks cache\['layers'\]\[1\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            sh_lm.step(bad, 0)
+
+
+def test_step_takes_python_and_numpy_positions(zoo):
+    """A Python or NumPy integer position steps as a JAX one does (the annotations admit
+    them; they refused it), and the SSM sublayer takes NumPy inputs as its layer does."""
+    layer, x = zoo["sh:s4"], jnp.ones(DIM)
+    cache = layer.init_cache(L)
+    want = layer.step(cache, x, jnp.asarray(5))[1]
+    for t in (5, np.int64(5), np.asarray(5, np.int32)):
+        np.testing.assert_allclose(layer.step(cache, x, t)[1], want, rtol=1e-6)
+    ssm, xs = layer.ssm, jr.normal(jr.key(5), (L, DIM))
+    np.testing.assert_allclose(ssm(np.asarray(xs)), ssm(xs), rtol=1e-6)
+    np.testing.assert_allclose(ssm.block_ends(np.asarray(xs), W), ssm.block_ends(xs, W), rtol=1e-6)
+    state = ssm.init_state(L)
+    np.testing.assert_allclose(
+        ssm.step(state, np.asarray(xs[0]), 0)[1], ssm.step(state, xs[0], 0)[1]
+    )
+    with pytest.raises(
+        ValueError, match="`state` must be a decoding state from ContextSSM.init_state"
+    ):
+        ssm.step({}, xs[0], 0)
+
+
+def test_context_ssm_inputs_named(zoo, no_jaxtyping):
+    """The SSM sublayer takes JAX and NumPy arrays (see above); `None` or a list is
+    refused by name (they failed on a missing `.ndim`)."""
+    ssm = zoo["sh:s4"].ssm
+    for bad in (None, [[0.0] * DIM] * W):
+        with pytest.raises(TypeError, match=r"x must be a JAX or NumPy array, got x="):
+            ssm(bad)
+        with pytest.raises(TypeError, match=r"x must be a JAX or NumPy array, got x="):
+            ssm.block_ends(bad, W)
+    with pytest.raises(TypeError, match=r"x_t must be a JAX or NumPy array, got x_t=None"):
+        ssm.step(ssm.init_state(L), None, 0)
+
+
+def test_sizes_checked_whatever_the_variant(key):
+    """Every size (and S4 option) given to the LM is checked when it is built, also where
+    no layer uses it: they used to pass silently (a SLIDE model's `num_states=0`)."""
+    build = lambda cls, *args, **kw: eqx.filter_eval_shape(cls, *args, key=key, **kw)
+    slide = dict(num_heads=HEADS, window=W, bst_layers=())
+    for kw, message in [
+        (dict(slide, num_states=0), "num_states must be a positive integer, got num_states=0"),
+        (dict(slide, num_filters=-1), "num_filters must be a positive integer, got num_filters=-1"),
+        (dict(slide, max_length=0), "max_length must be a positive integer, got max_length=0"),
+        (dict(slide, ssm_features=0), "ssm_features must be a positive integer"),
+        (dict(slide, state_size=0), "state_size must be a positive even integer"),
+        (dict(slide, dt_min=-1.0), "dt_min must be a positive, finite real number"),
+        (dict(num_heads=HEADS, window=W, num_filters=-1), "num_filters=-1"),  # SH
+        (dict(num_heads=HEADS, window=W, max_length=0), "max_length=0"),  # S4
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build(ls.BlockStateTransformerLM, VOCAB, DIM, 2, **kw)
+    with pytest.raises(ValueError, match="num_filters must be a positive integer"):
+        build(ls.BlockStateTransformerLayer, DIM, HEADS, W, num_filters=-1)
+    with pytest.raises(ValueError, match="max_length must be None or a positive integer"):
+        build(ls.BlockStateTransformerLayer, DIM, HEADS, W, max_length=0)
+    with pytest.raises(ValueError, match="max_length must be None or a positive integer"):
+        build(ls.ContextSSM, DIM, 2, 1, max_length=-4)
 
 
 def test_s4_decoding_state_dtype_under_x64():

@@ -8,7 +8,9 @@ the tokens to a set of context states; its output is concatenated with the
 self-attention heads and projected back to `dim` by one linear map.
 
 Every layer also has a decoding mode: `init_cache(max_length)` and
-`step(cache, x_t, t) -> (cache, y_t)` reproduce `__call__` one token at a time.
+`step(cache, x_t, t) -> (cache, y_t)` reproduce `__call__` one token at a time. `step`
+checks its arguments when traced too: the cache's entries, shapes and dtypes against
+`init_cache`'s, and `t`, a scalar integer (its value, `>= 0`, if not traced).
 """
 
 import math
@@ -22,11 +24,11 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import check_int
+from .._checks import IntLike, check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
-from ._ssm import ContextSSM
+from ._ssm import ContextSSM, Position, check_cache, check_position, held_positions
 
 CONTEXTS = ("sh", "mh", "mf")
 Cache = dict
@@ -74,6 +76,14 @@ def _check_input(x: Array, window: int, dim: int) -> None:
 def _check_token(x_t: Array, dim: int) -> None:
     if x_t.shape != (dim,):
         raise ValueError(f"`x_t` must have shape (dim,)=({dim},), got shape {x_t.shape}.")
+
+
+def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
+    """`t` as an int32 scalar, once `cache` and `t` are checked as `step` takes them
+    (see the module docstring)."""
+    held = held_positions(cache)
+    check_cache("cache", cache, layer.init_cache, held)
+    return check_position("t", t, held)
 
 
 def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
@@ -185,18 +195,24 @@ class SlidingWindowLayer(eqx.Module):
         x = x + self.attention(_norm(self.attention_norm, x))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
-    def init_cache(self, max_length: int) -> Cache:
+    def init_cache(self, max_length: IntLike) -> Cache:
         """Empty decoding cache (the attention frame; `O(window)` memory)."""
+        check_int("max_length", max_length)
         return {"frame": _init_frame(self.attention)}
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; see the module docstring.
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         _check_token(x_t, self.attention.attention.dim)
+        return self._step(cache, x_t, _check_step(self, cache, t))
+
+    def _step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
         frame, heads = _self_attention_step(
             self.attention, cache["frame"], _norm(self.attention_norm, x_t), t
         )
@@ -379,7 +395,8 @@ class BlockStateTransformerLayer(eqx.Module):
           [`lineax_seq.ContextSSM`][]).
         - `ssm_features`: width of the SSM after the down projection (default `dim // 4`,
           and `dim // 8` for `"mf"`).
-        - `num_filters`: `S`, the number of MF context states (paper: 32).
+        - `num_filters`: `S`, the number of MF context states (paper: 32); checked, but
+          unused, for `"sh"` and `"mh"`.
         - `mlp_dim`: ReLU MLP hidden size (default `4 * dim`).
         - `max_length`: training length (required for `ssm="unstruct"`; Hyena positions
           are normalised by it).
@@ -412,8 +429,7 @@ class BlockStateTransformerLayer(eqx.Module):
                     f"{8 if context == 'mf' else 4}); pass `ssm_features`."
                 )
         ssm_features = check_int("ssm_features", ssm_features)
-        if context == "mf":
-            num_filters = check_int("num_filters", num_filters)
+        num_filters = check_int("num_filters", num_filters)
         streams = {"sh": 1, "mh": num_heads, "mf": num_filters}[context]
         self.ssm = ContextSSM(
             dim,
@@ -474,8 +490,9 @@ class BlockStateTransformerLayer(eqx.Module):
         x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
-    def init_cache(self, max_length: int) -> Cache:
+    def init_cache(self, max_length: IntLike) -> Cache:
         """Empty decoding cache: attention frame, SSM state and current-block context."""
+        max_length = check_int("max_length", max_length)
         return {
             "frame": _init_frame(self.self_attention),
             "ssm": self.ssm.init_state(max_length),
@@ -483,16 +500,22 @@ class BlockStateTransformerLayer(eqx.Module):
         }
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`.
 
-        `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
+        `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`. For
+        `ssm="unstruct"`, `t` must be below `init_cache`'s `max_length`.
         """
         _check_token(x_t, self.self_attention.attention.dim)
+        return self._step(cache, x_t, _check_step(self, cache, t))
+
+    def _step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
-        ssm_state, y_t = self.ssm.step(cache["ssm"], h, t)
+        ssm_state, y_t = self.ssm._step(cache["ssm"], h, t)
         context, mask = self.context.step(cache["context"], y_t, t, self.window)
         q = _heads(_dense(self.cross_query, h), self.num_heads)[None]
         cross = attend(q, context["k"], context["v"], mask=None if mask is None else mask[None])[0]
@@ -666,18 +689,24 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         x = x + _dense(self.output, mixed)
         return x + self.mlp(_norm(self.mlp_norm, x))
 
-    def init_cache(self, max_length: int) -> Cache:
+    def init_cache(self, max_length: IntLike) -> Cache:
         """Empty decoding cache: attention frame and the recurrent states."""
+        check_int("max_length", max_length)
         return {"frame": _init_frame(self.self_attention), "states": self.initial_state}
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; the states update after a block's last token.
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         _check_token(x_t, self.self_attention.attention.dim)
+        return self._step(cache, x_t, _check_step(self, cache, t))
+
+    def _step(
+        self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[Cache, Float[Array, " dim"]]:
         w = self.window
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)

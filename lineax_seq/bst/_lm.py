@@ -11,9 +11,18 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
 
-from .._checks import RealScalar, check_bool, check_ids, check_int, check_real, host_arrays
+from .._checks import (
+    IntLike,
+    RealScalar,
+    check_bool,
+    check_ids,
+    check_int,
+    check_real,
+    host_arrays,
+)
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
+from ..ssm._kernel import check_kernel_options
 from ._layers import (
     CONTEXTS,
     BlockRecurrentTransformerLayer,
@@ -22,7 +31,7 @@ from ._layers import (
     _dense,
     _norm,
 )
-from ._ssm import SSMS
+from ._ssm import SSMS, check_cache, check_position, held_positions
 
 PAPER_BST_LAYERS = (1, 7, 9)
 VARIANTS = (
@@ -154,10 +163,13 @@ class BlockStateTransformerLM(eqx.Module):
         - `bst_layers`: indices of the BST layers; `None` means the paper's `(1, 7, 9)`
           of 12 rescaled to `num_layers`; `()` gives SLIDE.
         - `context`, `ssm`, `state_size`, `dt_min`, `dt_max`, `ssm_features`,
-          `num_filters`: of the BST layers (see [`lineax_seq.BlockStateTransformerLayer`][]).
+          `num_filters`: of the BST layers (see [`lineax_seq.BlockStateTransformerLayer`][]);
+          checked also where the model has none.
         - `recurrent_layers`: indices of BRECT:FIXED:SKIP layers.
-        - `num_states`: recurrent states of BRECT layers (default `window`).
-        - `max_length`: training length; required for `ssm="unstruct"`.
+        - `num_states`: recurrent states of BRECT layers (default `window`); checked also
+          where the model has none.
+        - `max_length`: training length; required for `ssm="unstruct"`, and otherwise
+          `None` or a positive integer.
         - `tie_embeddings`: use the embedding matrix as the LM head (the embedding is
           initialised with standard deviation 0.02, as in GPT-2).
         - `attention_implementation`: the attention kernel of the parallel forward pass,
@@ -181,6 +193,16 @@ class BlockStateTransformerLM(eqx.Module):
             raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
         if ssm == "unstruct" and max_length is None and (bst_layers is None or len(bst_layers)):
             raise ValueError('`max_length` (the training length) is required for ssm="unstruct".')
+        check_kernel_options(state_size, "lin", "zoh", dt_min, dt_max)
+        check_int("num_filters", num_filters)
+        for name, size in [
+            ("mlp_dim", mlp_dim),
+            ("ssm_features", ssm_features),
+            ("num_states", num_states),
+            ("max_length", max_length),
+        ]:
+            if size is not None:
+                check_int(name, size)
         bst = (
             _scaled_paper_layers(num_layers)
             if bst_layers is None
@@ -306,7 +328,7 @@ class BlockStateTransformerLM(eqx.Module):
             x = layer(x)
         return self._logits(x)
 
-    def init_cache(self, max_length: int) -> dict:
+    def init_cache(self, max_length: IntLike) -> dict:
         """Empty decoding cache for up to `max_length` tokens (see `step`).
 
         SLIDE, BRECT and `ssm="s4"` layers keep a fixed-size state and may decode
@@ -331,7 +353,9 @@ class BlockStateTransformerLM(eqx.Module):
 
         **Arguments:**
 
-        - `cache`: from `init_cache` or the previous `step`.
+        - `cache`: from `init_cache` or the previous `step` (its entries, shapes and
+          dtypes are checked, and its position if not traced: below `max_length` with
+          `ssm="unstruct"` layers).
         - `token`: scalar integer token in `[0, vocab_size)` (others raise an error).
 
         **Returns:**
@@ -344,6 +368,9 @@ class BlockStateTransformerLM(eqx.Module):
                 f"`token` must be a scalar integer token, got shape {token.shape}, "
                 f"dtype {token.dtype}."
             )
+        held = held_positions(cache)
+        check_cache("cache", cache, self.init_cache, held)
+        check_position("cache['t']", cache["t"], held)
         return self._step(cache, self._check_tokens(token, "token"))
 
     def _step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
@@ -352,7 +379,7 @@ class BlockStateTransformerLM(eqx.Module):
         x = self.embedding.weight[token]
         new = []
         for layer, layer_cache in zip(self.layers, cache["layers"], strict=True):
-            layer_cache, x = layer.step(layer_cache, x, t)
+            layer_cache, x = layer._step(layer_cache, x, t)
             new.append(layer_cache)
         return {"t": t + 1, "layers": tuple(new)}, self._logits(x)
 

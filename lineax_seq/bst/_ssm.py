@@ -1,19 +1,90 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import check_int
+from .._checks import IntLike, as_array, check_int, check_optional_int, host_arrays
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
-from ..ssm._kernel import complex_
+from ..ssm._kernel import check_kernel_options, complex_
 
 SSMS = ("s4", "unstruct")
+Position = Int[Array | np.ndarray, ""] | IntLike
+
+
+def held_positions(cache: object) -> int | None:
+    """The positions that a decoding cache (or state) holds: the length of its
+    `"inputs"` (stored by `ssm="unstruct"`), or `None` if it has none (a fixed size)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+        if path[-1:] == (jax.tree_util.DictKey("inputs"),) and len(getattr(leaf, "shape", ())) == 2:
+            return leaf.shape[0]
+    return None
+
+
+def check_cache(name: str, cache: object, init: Callable[[int], object], held: int | None) -> None:
+    """A `ValueError` naming `name`, or its first wrong entry, unless `cache` has the
+    entries, shapes and dtypes of `init(held)` (a bound `init_cache` / `init_state`; any
+    length if `held` is `None`). Evaluated abstractly: nothing is computed, and traced
+    caches are checked too."""
+    flat = lambda tree: {
+        f"{name}{jax.tree_util.keystr(path)}": leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+    want, got = flat(eqx.filter_eval_shape(init, held or 1)), flat(cache)
+    source = f"{type(init.__self__).__name__}.{init.__func__.__name__}"
+    if want.keys() != got.keys():
+        listed = lambda keys: ", ".join(keys[:3]) + (f" ({len(keys)} in all)" if keys[3:] else "")
+        wrong = [
+            f"{what} {listed(keys)}"
+            for what, keys in [
+                ("lacks", [k for k in want if k not in got]),
+                ("has unexpected", [k for k in got if k not in want]),
+            ]
+            if keys
+        ]
+        raise ValueError(
+            f"`{name}` must be a decoding state from {source} (or step), got one that "
+            f"{' and '.join(wrong)}"
+        )
+    for key, spec in want.items():
+        leaf = got[key]
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape != spec.shape or dtype != spec.dtype:
+            value = f"{leaf!r}" if shape is None else f"shape {shape} and dtype {dtype}"
+            raise ValueError(
+                f"`{key}` must have shape {spec.shape} and dtype {spec.dtype}, as from "
+                f"{source}, got {value} (a state of another model?)"
+            )
+
+
+def check_position(name: str, t: Position | None, held: int | None = None) -> Int[Array, ""]:
+    """`t` as an int32 scalar, or a `ValueError` naming it unless it is a scalar integer
+    (Python, NumPy or JAX; not a bool) and, if concrete, a position in `[0, 2**31)`
+    below `held` (the positions of an `ssm="unstruct"` decoding state, if not `None`).
+    A traced `t`'s value is not checked here."""
+    (array,) = host_arrays(t)
+    if array is None or array.shape != () or not jnp.issubdtype(array.dtype, jnp.integer):
+        got = "None" if array is None else f"{t!r} (shape {array.shape}, dtype {array.dtype})"
+        raise ValueError(f"`{name}` must be a scalar integer position, got {name}={got}")
+    if not isinstance(array, jax.core.Tracer) and getattr(array, "is_fully_addressable", True):
+        value = int(array)
+        if not 0 <= value < 2**31:
+            raise ValueError(f"`{name}` must be a position in [0, 2**31), got {name}={value}")
+        if held is not None and value >= held:
+            raise ValueError(
+                f"`{name}`={value} is past the end: the decoding state holds {held} positions "
+                '(the max_length it was made for, as ssm="unstruct" layers store their '
+                "inputs); decode no further, or start from a larger max_length"
+            )
+    return jnp.asarray(array, jnp.int32)
 
 
 class ContextSSM(eqx.Module):
@@ -64,14 +135,14 @@ class ContextSSM(eqx.Module):
         - `features`: size after the down projection.
         - `streams`: number of output streams (SH 1, MH heads, MF filters).
         - `ssm`: `"s4"` or `"unstruct"`.
-        - `state_size`: S4D state size `N` (`"s4"` only).
+        - `state_size`: S4D state size `N`, even (used by `"s4"` only, checked for both).
         - `dt_min`, `dt_max`: range of the S4D kernels' log-uniform initial step size
-          (`"s4"` only). The slowest mode's time constant is about `2 / dt_min` steps;
-          for a model that must run longer than it was trained, keep it within the
-          training length (e.g. `dt_min = 4 / train_length`), so that every mode
-          settles during training.
+          (used by `"s4"` only, checked for both). The slowest mode's time constant is
+          about `2 / dt_min` steps; for a model that must run longer than it was
+          trained, keep it within the training length (e.g. `dt_min = 4 /
+          train_length`), so that every mode settles during training.
         - `max_length`: the training length that Hyena positions are normalised by
-          (required for `"unstruct"`).
+          (required for `"unstruct"`; `None` or a positive integer for `"s4"`, unused).
         - `key`: PRNG key.
         """
         if ssm not in SSMS:
@@ -79,6 +150,8 @@ class ContextSSM(eqx.Module):
         dim = check_int("dim", dim)
         features = check_int("features", features)
         streams = check_int("streams", streams)
+        check_kernel_options(state_size, "lin", "zoh", dt_min, dt_max)
+        max_length = check_optional_int("max_length", max_length)
         kd, kk = jr.split(key)
         channels = streams * features
         self.down = eqx.nn.Linear(dim, features, key=kd)
@@ -94,17 +167,20 @@ class ContextSSM(eqx.Module):
         self.features = features
         self.ssm = ssm
 
-    def _check_dim(self, x: Array, name: str, ndim: int = 2) -> None:
-        if x.ndim != ndim or x.shape[-1:] != (self.down.in_features,):
-            raise ValueError(
-                f"`{name}` must have dim={self.down.in_features} features, got shape {x.shape}."
-            )
+    def _input(self, x: object, name: str, ndim: int = 2) -> Array:
+        """`x` as a JAX array (see `as_array`), or a `ValueError` unless it has `ndim`
+        axes, the last of `dim` features."""
+        x, dim = as_array(name, x), self.down.in_features
+        if x.ndim != ndim or x.shape[-1] != dim:
+            expected = f"shape {'(length, dim)' if ndim == 2 else '(dim,)'} with dim={dim}"
+            raise ValueError(f"`{name}` must have {expected}, got shape {x.shape}.")
+        return x
 
     def _skip(self) -> Float[Array, " channels"]:
         return self.kernel.bias if self.skip is None else self.skip
 
     def __call__(
-        self, x: Float[Array, "length dim"], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "length streams features"]:
         """**Arguments:**
 
@@ -117,7 +193,7 @@ class ContextSSM(eqx.Module):
         The SSM outputs, shape `(length, streams, features)`; position `t` depends on
         `x[: t + 1]` only.
         """
-        self._check_dim(x, "x")
+        x = self._input(x, "x")
         length = x.shape[0]
         u = x @ self.down.weight.T + self.down.bias
         if self.ssm == "s4" and self.streams == 1:
@@ -136,7 +212,7 @@ class ContextSSM(eqx.Module):
         return y + skip * u[:, None, :]
 
     def block_ends(
-        self, x: Float[Array, "length dim"], window: int
+        self, x: Float[Array | np.ndarray, "length dim"], window: IntLike
     ) -> Float[Array, "blocks streams features"]:
         """The outputs at the last position of every block of `window` positions only,
         equal to `self(x)[window - 1 :: window]`.
@@ -159,7 +235,7 @@ class ContextSSM(eqx.Module):
 
         Shape `(length // window, streams, features)`.
         """
-        self._check_dim(x, "x")
+        x = self._input(x, "x")
         length = x.shape[0]
         window = check_int("window", window)
         if length % window:
@@ -191,7 +267,7 @@ class ContextSSM(eqx.Module):
         y = y + skip * u[window - 1 :: window, :, None]
         return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
 
-    def init_state(self, max_length: int) -> dict[str, Array]:
+    def init_state(self, max_length: IntLike) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens.
 
         `"s4"`: `{"s4": (streams * features, N / 2)}` complex modes; `"unstruct"`:
@@ -209,22 +285,32 @@ class ContextSSM(eqx.Module):
         }
 
     def step(
-        self, state: dict[str, Array], x_t: Float[Array, " dim"], t: Int[Array, ""]
+        self, state: dict[str, Array], x_t: Float[Array | np.ndarray, " dim"], t: Position
     ) -> tuple[dict[str, Array], Float[Array, "streams features"]]:
         """One token of the same computation: `O(N)` for `"s4"`, `O(max_length)` for
         `"unstruct"`.
 
         **Arguments:**
 
-        - `state`: from `init_state` or the previous `step`.
+        - `state`: from `init_state` or the previous `step` (its entries, shapes and
+          dtypes are checked).
         - `x_t`: the input at position `t`, shape `(dim,)`.
-        - `t`: the position (scalar integer array).
+        - `t`: the position, a scalar integer `>= 0` (below `init_state`'s `max_length`
+          for `"unstruct"`; checked if not traced).
 
         **Returns:**
 
         `(state, y_t)` with `y_t` of shape `(streams, features)`.
         """
-        self._check_dim(x_t, "x_t", ndim=1)
+        x_t = self._input(x_t, "x_t", ndim=1)
+        held = held_positions(state)
+        check_cache("state", state, self.init_state, held)
+        return self._step(state, x_t, check_position("t", t, held))
+
+    def _step(
+        self, state: dict[str, Array], x_t: Float[Array, " dim"], t: Int[Array, ""]
+    ) -> tuple[dict[str, Array], Float[Array, "streams features"]]:
+        """`step` for arguments known to be valid."""
         u = self.down(x_t)
         u_all = repeat(u, "f -> (s f)", s=self.streams)
         if self.ssm == "s4":
@@ -234,12 +320,13 @@ class ContextSSM(eqx.Module):
             state = {"s4": s}
         else:
             filt = state["filter"]
-            t = eqx.error_if(
-                t,
-                t >= filt.shape[1],
-                f"t: the decoding state holds {filt.shape[1]} positions (init_state's "
-                "max_length); decode no further, or start from a larger max_length",
-            )
+            if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)
+                t = eqx.error_if(
+                    t,
+                    t >= filt.shape[1],
+                    f"t: the decoding state holds {filt.shape[1]} positions (init_state's "
+                    "max_length); decode no further, or start from a larger max_length",
+                )
             inputs = state["inputs"].at[t].set(u)
             lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
             taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
