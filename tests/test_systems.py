@@ -45,6 +45,9 @@ def test_samplers_follow_the_paper(key):
     x = ls.Pendulum().sample_initial(key, 500)
     assert jnp.all(jnp.abs(x[:, 0] - math.pi) <= math.radians(10.0) + 1e-6)
     assert jnp.all(x[:, 1] == 0)
+    x = ls.Pendulum(release_deg=0.0, max_offset_deg=5.0).sample_initial(key, 500)
+    assert jnp.all(jnp.abs(x[:, 0]) <= math.radians(5.0) + 1e-6)
+    assert jnp.max(jnp.abs(x[:, 0])) > math.radians(4.5)
     x = ls.Lorenz63().sample_initial(key, 2000)
     assert jnp.allclose(jnp.mean(x, axis=0), jnp.array([0.0, 1.0, 1.05]), atol=0.1)
     assert ls.Lorenz63().dt == 0.02 and ls.Duffing().dt == 0.01
@@ -241,6 +244,7 @@ def test_system_parameters_are_checked(key):
         (lambda: ls.ParabolicAttractor(mu=float("inf")), "ParabolicAttractor.mu must be a finite"),
         (lambda: ls.Lorenz63(sigma=True), "got Lorenz63.sigma=True"),
         (lambda: ls.Duffing(dt=0), "got Duffing.dt=0"),
+        (lambda: ls.Pendulum(release_deg=float("inf")), "Pendulum.release_deg must be a finite"),
     ]
     for make, message in bad:
         with pytest.raises(ValueError, match=message):

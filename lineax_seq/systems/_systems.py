@@ -159,15 +159,22 @@ class Pendulum(DynamicalSystem):
     """Frictionless pendulum `theta'' = -(g / length) sin(theta)`; state `(theta, omega)`.
 
     `theta = 0` hangs down; the pole is released at rest within `max_offset_deg`
-    (default 10 degrees) of the inverted position `theta = pi` (section 1.4.1).
-    `energy` is conserved.
+    (default 10 degrees) of `release_deg`, by default the inverted position
+    `theta = pi` (180 degrees; section 1.4.1). `release_deg=0` releases it near the
+    bottom instead, where it swings as an almost linear oscillator. `energy` is
+    conserved.
     """
 
     state_dim: ClassVar[int] = 2
-    constraints: ClassVar[dict[str, str]] = {**_PENDULUM, "max_offset_deg": "nonnegative"}
+    constraints: ClassVar[dict[str, str]] = {
+        **_PENDULUM,
+        "max_offset_deg": "nonnegative",
+        "release_deg": "finite",
+    }
     g: RealScalar = 9.81
     length: RealScalar = 1.0
     max_offset_deg: RealScalar = 10.0
+    release_deg: RealScalar = 180.0
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
@@ -176,8 +183,9 @@ class Pendulum(DynamicalSystem):
 
     def sample_initial(self, key, num):
         num = check_int("num", num, minimum=0)
-        offset = jnp.deg2rad(self.max_offset_deg)  # an array field is traced under jit
-        theta = math.pi + jr.uniform(key, (num,), minval=-offset, maxval=offset)
+        # Array fields are traced under jit.
+        offset, centre = jnp.deg2rad(self.max_offset_deg), jnp.deg2rad(self.release_deg)
+        theta = centre + jr.uniform(key, (num,), minval=-offset, maxval=offset)
         return jnp.stack([theta, jnp.zeros_like(theta)], axis=-1)
 
     def energy(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
