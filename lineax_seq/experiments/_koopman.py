@@ -653,8 +653,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a parameter of the system(s), e.g. 'g=1.0' for the pendulum "
-        "(repeatable, once per NAME; default: the paper's parameters)",
+        help="override a parameter of the system(s), e.g. 'g=1.0' or 'release_deg=0' "
+        "(released near the bottom) for the pendulum (repeatable, once per NAME; "
+        "default: the paper's parameters)",
     )
     parser.add_argument(
         "--variants",
