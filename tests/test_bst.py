@@ -298,7 +298,8 @@ def test_s4_model_runs_at_four_times_the_length(sh_lm, getkey):
 
 def test_variants_and_layer_placement(key):
     assert ls.bst_variant_config("BST:SH:S4")["bst_layers"] == (1, 7, 9)
-    assert ls.bst_variant_config("brect:fixed:skip")["recurrent_layers"] == (10,)
+    assert ls.bst_variant_config("brect:fixed:skip")["recurrent_layers"] == (9,)  # meliad's -3
+    assert ls.bst_variant_config("BRECT", 2)["recurrent_layers"] == (0,)
     kinds = {
         "SLIDE": {ls.SlidingWindowLayer},
         "BRECT:FIXED:SKIP": {ls.SlidingWindowLayer, ls.BlockRecurrentTransformerLayer},

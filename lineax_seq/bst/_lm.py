@@ -76,7 +76,9 @@ def variant_config(variant: str, num_layers: int = 12) -> dict:
     - `variant`: one of `"SLIDE"`, `"BRECT:FIXED:SKIP"` (alias `"BRECT"`), or
       `"BST:{SH,MH,MF}:{S4,UNSTRUCT}"` (case-insensitive).
     - `num_layers`: depth of the stack (BST layer indices are the paper's `(1, 7, 9)` of
-      12, rescaled; the BRECT recurrent layer sits at `10` of 12, rescaled).
+      12, rescaled; the BRECT recurrent layer is the third from the top, index
+      `num_layers - 3`, 9 of 12, as in the Block-Recurrent Transformer's reference code,
+      google-research/meliad).
 
     **Returns:**
 
@@ -90,7 +92,7 @@ def variant_config(variant: str, num_layers: int = 12) -> dict:
     if name == "SLIDE":
         return {"bst_layers": (), "recurrent_layers": ()}
     if name.startswith("BRECT"):
-        return {"bst_layers": (), "recurrent_layers": (min(num_layers - 1, (5 * num_layers) // 6),)}
+        return {"bst_layers": (), "recurrent_layers": (max(num_layers - 3, 0),)}
     _, context, ssm = name.split(":")
     return {
         "bst_layers": _scaled_paper_layers(num_layers),
@@ -113,7 +115,7 @@ class BlockStateTransformerLM(eqx.Module):
       [`lineax_seq.BlockRecurrentTransformerLayer`][]s (BRECT:FIXED:SKIP).
     - All others are [`lineax_seq.SlidingWindowLayer`][]s.
 
-    So `bst_layers=()` is SLIDE, `bst_layers=(), recurrent_layers=(10,)` is BRECT, and
+    So `bst_layers=()` is SLIDE, `bst_layers=(), recurrent_layers=(9,)` is BRECT, and
     [`lineax_seq.BlockStateTransformerLM.from_variant`][] builds the paper's named
     variants. The model runs on any length that is a multiple of `window` (the SSM
     kernels are generated for the actual length).
