@@ -132,11 +132,11 @@ class BlockStateTransformerLM(eqx.Module):
     def __init__(
         self,
         vocab_size: int,
-        dim: int = 512,
+        dim: int = 1024,
         num_layers: int = 12,
         *,
         num_heads: int = 8,
-        window: int = 128,
+        window: int = 512,
         mlp_dim: int | None = None,
         bst_layers: Sequence[int] | None = None,
         context: str = "sh",
@@ -162,6 +162,10 @@ class BlockStateTransformerLM(eqx.Module):
         - `num_heads`: attention heads.
         - `window`: block / window size `W`.
         - `mlp_dim`: MLP hidden size (default `4 * dim`).
+
+          The defaults are the paper's language models (Table 2.1): 12 layers, width
+          1024, 8 heads of 128, MLP 4096, `W = 512` (with its 32k vocabulary, SLIDE has
+          184M parameters and BRECT 194M; the paper: 190M, 196M).
         - `bst_layers`: indices of the BST layers; `None` means the paper's `(1, 7, 9)`
           of 12 rescaled to `num_layers`; `()` gives SLIDE.
         - `context`, `ssm`, `state_size`, `dt_min`, `dt_max`, `ssm_features`,
@@ -267,7 +271,7 @@ class BlockStateTransformerLM(eqx.Module):
         cls,
         variant: str,
         vocab_size: int,
-        dim: int = 512,
+        dim: int = 1024,
         num_layers: int = 12,
         *,
         key: PRNGKeyArray,
