@@ -824,3 +824,80 @@ def test_float32_model_with_float64_inputs_promotes(model, controlled):
         assert bool(jnp.isfinite(loss))
     with jax.enable_x64(True), pytest.raises(Exception, match="float32.*float64|float64.*float32"):
         ls.unroll(controlled, x32, np.zeros((5, 1)), steps=5)
+
+
+def test_unroll_continuous_options_are_checked_without_jaxtyping(model, no_jaxtyping):
+    """`exact` and `throw` are bools and the diffrax options instances of their classes,
+    checked by the function itself (a truthy string took the exact path; a string solver
+    failed inside diffrax, by an attribute the error did not name)."""
+    x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 3)
+    for name in ("exact", "throw"):
+        with pytest.raises(TypeError, match=f"{name} must be a bool, got {name}='no'"):
+            ls.unroll_continuous(model, x0, ts, **{name: "no"})
+    for name, cls in [
+        ("solver", "AbstractSolver"),
+        ("stepsize_controller", "AbstractStepSizeController"),
+        ("adjoint", "AbstractAdjoint"),
+        ("progress_meter", "AbstractProgressMeter"),
+    ]:
+        expected = f"^{name} must be None or an instance of diffrax.{cls}, got {name}='tsit5'"
+        with pytest.raises(TypeError, match=expected):
+            ls.unroll_continuous(model, x0, ts, **{name: "tsit5"})
+
+
+def test_unroll_continuous_refuses_multi_term_solvers(model):
+    """IMEX, SDE and split solvers need several terms: refused by name (diffrax's
+    "Terms are not compatible with solver!" named neither the argument nor a fix)."""
+    x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 3)
+    for solver in (diffrax.KenCarp4(), diffrax.SemiImplicitEuler(), diffrax.SRA1()):
+        name = type(solver).__name__
+        with pytest.raises(ValueError, match=rf"^solver={name}\(\) needs several terms"):
+            ls.unroll_continuous(model, x0, ts, solver=solver)
+
+
+def test_unroll_continuous_traced_dt0(model):
+    """`dt0` may be traced, as in diffrax (e.g. `vmap` over step sizes for a convergence
+    study; it was refused as "not known when tracing"), and is checked at run time."""
+    x0, ts = jnp.array([0.3, -0.2]), jnp.linspace(0.0, 0.1, 3)
+    run = lambda h: ls.unroll_continuous(model, x0, ts, solver=diffrax.Euler(), dt0=h)
+    steps = jnp.array([0.05, 0.01])
+    batched = jax.vmap(run)(steps)
+    for h, got in zip((0.05, 0.01), batched, strict=True):
+        np.testing.assert_allclose(got, run(h), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(batched[0], batched[1], rtol=0, atol=1e-7)
+    with pytest.raises(Exception, match="dt0 must be a positive, finite real number"):
+        jax.jit(run)(-0.01)
+
+
+def test_unroll_continuous_throw_false(model):
+    """`throw=False`, as in diffrax: a failed solve (here `max_steps` reached) raises no
+    error; the states from the failure on are NaN, after reencoding too."""
+    x0, ts = jnp.array([0.3, -0.2]), jnp.linspace(0.0, 0.1, 5)
+    run = lambda **kw: ls.unroll_continuous(model, x0, ts, reencode_dt=0.05, max_steps=1, **kw)
+    with pytest.raises(Exception, match="maximum number of solver steps"):
+        run()
+    out = run(throw=False)
+    assert out.shape == (5, 2) and bool(jnp.all(jnp.isfinite(out[0])))
+    assert bool(jnp.all(jnp.isnan(out[2:])))
+
+
+def test_unroll_continuous_names_a_cast_that_merges_times(model):
+    """float64 times that float32 (the model's dtype, without x64) cannot tell apart:
+    the error names the cast, since the times given were strictly increasing."""
+    x0, ts = jnp.array([0.3, -0.2]), 1e8 + np.array([0.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match="strictly increasing.*given in float64, is computed in"):
+        ls.unroll_continuous(model, x0, ts)
+
+
+def test_half_precision_keeps_the_precision_of_reencode_dt(model):
+    """A half-precision model counts segments as its float32 counterpart does: a float32
+    `reencode_dt` widens the tolerance there too (the float32 call dropped its precision,
+    found 3 segments, and refused num_segments=2)."""
+    half = jax.tree.map(lambda a: a.astype("bfloat16") if eqx.is_inexact_array(a) else a, model)
+    x0, ts = jnp.array([0.5, -0.4]), jnp.array([0.0, 1.0, 2.0])
+    reencode_dt = np.float32(0.9999971)  # 2 / reencode_dt is 5.8e-6 past 2: within 16 ulps
+    run = lambda m, x0, ts: ls.unroll_continuous(
+        m, x0, ts, reencode_dt=reencode_dt, num_segments=2, exact=True
+    )
+    got = run(half, x0.astype("bfloat16"), ts.astype("bfloat16"))
+    np.testing.assert_allclose(np.asarray(got, np.float32), run(model, x0, ts), atol=2e-2)

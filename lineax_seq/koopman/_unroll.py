@@ -1,6 +1,7 @@
 """Unrolling Koopman models: discrete (parallel between reencodings) and continuous (diffrax)."""
 
 import math
+import typing
 
 import diffrax
 import equinox as eqx
@@ -11,7 +12,16 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
-from .._checks import IntLike, RealScalar, check_finite, check_int, check_optional_int, check_real
+from .._checks import (
+    IntLike,
+    RealScalar,
+    check_bool,
+    check_finite,
+    check_int,
+    check_optional_int,
+    check_real,
+    short_repr,
+)
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import LinearKoopmanDynamics
 
@@ -425,15 +435,66 @@ def _segment_times(
     return save_ts, position
 
 
-def _check_ts(ts: Array, host: np.ndarray | None) -> Array:
+def _increasing(host: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(host)) and np.all(host[1:] > host[:-1]))
+
+
+def _check_ts(ts: Array, host: np.ndarray | None, given: np.ndarray | None) -> Array:
+    """`ts`, checked to be finite and strictly increasing in the dtype it is computed in
+    (`host`, on the host); `given` is the host array it came as, whose cast can merge
+    close times."""
     if ts.shape[0] < 1:
         raise ValueError("ts must contain at least one time")
     if host is None:
         bad = jnp.any(ts[1:] <= ts[:-1]) | ~jnp.all(jnp.isfinite(ts))
         return eqx.error_if(ts, bad, "ts must be finite and strictly increasing")
-    if not np.all(np.isfinite(host)) or np.any(host[1:] <= host[:-1]):
-        raise ValueError(f"ts must be finite and strictly increasing, got {host}")
+    if not _increasing(host):
+        cast = ""
+        if given is not None and _increasing(given):
+            cast = (
+                f": ts, given in {given.dtype}, is computed in {host.dtype} (the dtype of "
+                "the model and inputs together), which merges some of its times; cast the "
+                "model and inputs to a wider dtype, or shift ts towards 0"
+            )
+        raise ValueError(f"ts must be finite and strictly increasing, got {host}{cast}")
     return ts
+
+
+def _check_option(name: str, value: object, cls: type) -> None:
+    """A `TypeError` naming the diffrax option `name` unless it is `None` or a `cls`."""
+    if value is not None and not isinstance(value, cls):
+        raise TypeError(
+            f"{name} must be None or an instance of diffrax.{cls.__name__}, got "
+            f"{name}={short_repr(value)}"
+        )
+
+
+def _check_solver(solver: diffrax.AbstractSolver) -> None:
+    """A `ValueError` naming `solver` if it needs more than one term (IMEX or SDE
+    solvers, `SemiImplicitEuler`): the latent ODE is one `ODETerm`."""
+    structure = solver.term_structure
+    multi = diffrax.MultiTerm in (structure, typing.get_origin(structure))
+    if isinstance(structure, tuple) or multi:
+        raise ValueError(
+            f"solver={type(solver).__name__}() needs several terms (an IMEX, SDE or split "
+            "solver), but the latent ODE is one diffrax.ODETerm: pass an ODE solver, e.g. "
+            "diffrax.Tsit5(), or diffrax.Kvaerno5() (implicit)"
+        )
+
+
+def _check_dt0(dt0: object) -> float | Array | None:
+    """`dt0` as a `float`, checked, or a traced scalar (e.g. under `vmap` over step
+    sizes), checked at run time."""
+    if not isinstance(dt0, jax.core.Tracer):
+        return None if dt0 is None else check_real("dt0", dt0)
+    real = jnp.issubdtype(dt0.dtype, jnp.floating) or jnp.issubdtype(dt0.dtype, jnp.integer)
+    if dt0.shape != () or not real:
+        raise ValueError(
+            f"dt0 must be a positive, finite real number, got a traced array of shape "
+            f"{dt0.shape} and dtype {dt0.dtype}"
+        )
+    bad = ~(jnp.isfinite(dt0) & (dt0 > 0))
+    return eqx.error_if(dt0, bad, "dt0 must be a positive, finite real number")
 
 
 def _check_no_solve_options(**options: object) -> None:
@@ -463,6 +524,7 @@ def unroll_continuous(
     max_steps: IntLike | None = 4096,
     adjoint: diffrax.AbstractAdjoint | None = None,
     progress_meter: diffrax.AbstractProgressMeter | None = None,
+    throw: bool = True,
 ) -> Float[Array, "times state_dim"]:
     """Predict the states at times `ts` by integrating the latent ODE (Fig. 1.2).
 
@@ -499,15 +561,18 @@ def unroll_continuous(
         `max(1, ceil((ts[-1] - ts[0]) / reencode_dt))`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
         error); with concrete `ts` it must equal that count.
-    - `exact`: use the matrix exponential instead of an ODE solver.
-    - `solver` (any solver of one `ODETerm`; not the IMEX ones, which need split
-        terms), `stepsize_controller`, `dt0` (positive), `max_steps` (positive, or
-        `None`; per segment), `adjoint`, `progress_meter`: passed to
-        `diffrax.diffeqsolve` (e.g.
+    - `exact`: use the matrix exponential instead of an ODE solver (a bool).
+    - `solver` (any solver of one `ODETerm`; not the IMEX, SDE or split ones, which need
+        several terms), `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
+        under `vmap` over step sizes), `max_steps` (positive, or `None`; per segment),
+        `adjoint`, `progress_meter`, `throw`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without
-        reencoding (one segment). With `exact=True` (no ODE solve) they must be left
-        `None` (`max_steps` is unused).
+        reencoding (one segment). With `throw=False` a failed solve (e.g. `max_steps`
+        reached) raises no error: the states from the failure on are NaN, so that one
+        bad initial condition under `vmap` does not stop the others. With `exact=True`
+        (no ODE solve) the options must be left `None` (`max_steps` and `throw` are
+        unused).
 
     **Returns:**
 
@@ -521,10 +586,19 @@ def unroll_continuous(
             f"unroll_continuous supports autonomous models only; this model has "
             f"action_dim={model.action_dim} (use unroll for controlled systems)"
         )
+    given_reencode_dt = reencode_dt  # with its precision, for the half-precision call
     reencode_dt, reencode_eps = _check_reencode_dt(reencode_dt)
     num_segments = check_optional_int("num_segments", num_segments)
-    dt0 = None if dt0 is None else check_real("dt0", dt0)
+    exact = check_bool("exact", exact)
+    throw = check_bool("throw", throw)
+    dt0 = _check_dt0(dt0)
     max_steps = check_optional_int("max_steps", max_steps)
+    _check_option("solver", solver, diffrax.AbstractSolver)
+    _check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
+    _check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
+    _check_option("progress_meter", progress_meter, diffrax.AbstractProgressMeter)
+    if solver is not None:
+        _check_solver(solver)
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if exact and not linear:
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
@@ -548,7 +622,7 @@ def unroll_continuous(
             jax.tree.map(single, model),
             single(x0),
             single(ts),
-            reencode_dt=reencode_dt,
+            reencode_dt=given_reencode_dt,
             num_segments=num_segments,
             exact=exact,
             solver=solver,
@@ -557,9 +631,10 @@ def unroll_continuous(
             max_steps=max_steps,
             adjoint=adjoint,
             progress_meter=progress_meter,
+            throw=throw,
         ).astype(ts.dtype)
-    ts_host = None if ts_host is None else ts_host.astype(ts.dtype)
-    ts = _check_ts(ts, ts_host)
+    given, ts_host = ts_host, None if ts_host is None else ts_host.astype(ts.dtype)
+    ts = _check_ts(ts, ts_host, given)
     tolerance = None
     if reencode_dt is not None:
         tolerance = _tolerance(ts if ts_host is None else ts_host, reencode_dt, reencode_eps)
@@ -627,6 +702,8 @@ def unroll_continuous(
         # The data's sampling interval: Euler steps of MLP dynamics are then the steps
         # of the discrete unroll.
         dt0 = model.dynamics.dt
+    if isinstance(dt0, jax.Array):
+        dt0 = dt0.astype(ts.dtype)  # traced: in the dtype of the times, as diffrax needs
     extra = {} if adjoint is None else {"adjoint": adjoint}
     if progress_meter is not None:
         extra["progress_meter"] = progress_meter
@@ -659,11 +736,18 @@ def unroll_continuous(
             saveat=diffrax.SaveAt(ts=saves),
             stepsize_controller=stepsize_controller,
             max_steps=max_steps,
+            throw=throw,
             **extra,
         )
         zs = sol.ys
         z_end = zs[-1]
         z_next = model.encode(model.decode(z_end)) if reencode_dt is not None else z_end
+        if not throw:
+            # A failed solve leaves its unreached states inf, which ReLU layers can map
+            # back to finite values (relu(-inf) = 0): NaN from the failure on.
+            ok = sol.result == diffrax.RESULTS.successful
+            zs = jnp.where(ok | jnp.isfinite(zs), zs, jnp.nan)
+            z_next = jnp.where(ok, z_next, jnp.nan)
         return z_next, zs
 
     _, zs = jax.lax.scan(segment, model.encode(x0), (taus[:-1], taus[1:], save_ts), length=num)
