@@ -483,6 +483,19 @@ def test_layer_defaults_and_initialisation():
         assert mha.output_proj is None
 
 
+def test_default_num_heads_divide_dim():
+    """Without `num_heads`, attention gets `dim // 64` heads, or the largest count below
+    that divides `dim` (at d = 200 the default 3 heads were an error naming `num_heads`,
+    which the user never passed)."""
+    for dim, heads in ((64, 1), (200, 2), (1024, 16)):
+        stack = eqx.filter_eval_shape(lambda d=dim: ls.StackLayer(d, key=jr.key(0)))
+        assert stack.routing_blocks[0].attention.num_heads == heads, dim
+    gated = eqx.filter_eval_shape(lambda: ls.GatedLayer(200, routing="attention", key=jr.key(0)))
+    assert gated.forward_routing.num_heads == gated.backward_routing.num_heads == 2
+    model = eqx.filter_eval_shape(lambda: ls.BiGS(10, 200, 1, routing="attention", key=jr.key(0)))
+    assert model.config()["num_heads"] is None
+
+
 def test_count_parameters_leaf_kinds():
     tree = {
         "numpy": np.ones(3),
@@ -675,10 +688,34 @@ def test_bad_inputs(mods):
         model.layer(2)
     with pytest.raises(ValueError, match="num_heads=-3"):
         ls.GatedLayer(8, num_heads=-3, key=jr.key(0))
-    with pytest.raises(ValueError, match=r"x must have dim=16 features, got x.shape=\(7, 9\)"):
+    with pytest.raises(ValueError, match=r"shape \(length, dim=16\), got x.shape=\(7, 9\)"):
         mods["span"](jnp.ones((7, 9)))
     with pytest.raises(ValueError, match=r"got x.shape=\(3, 7, 15\)"):
         mods["mc"](jnp.ones((3, 7, 15)), inference=True)
+
+
+def test_shapes_checked_without_jaxtyping(mods, no_jaxtyping):
+    """Inputs of the wrong rank, and masks or token types of another shape, are a
+    `ValueError` naming them (a length-1 one broadcast silently, others failed deep
+    inside, by an IndexError or LayerNorm's message); float ids are a `TypeError`."""
+    model, tokens, x = mods["gated/ssm"], jnp.arange(4), jnp.ones((4, DIM))
+    like_tokens = r"must have shape \(4,\) like tokens, got "
+    for call, pattern in [
+        (lambda: model(jnp.zeros((2, 4), jnp.int32)), r"tokens must have shape \(length,\)"),
+        (lambda: model(jnp.asarray(3)), r"tokens must have shape \(length,\), got .*\(\)"),
+        (lambda: model(tokens, jnp.ones((4, 1), bool)), "mask " + like_tokens),
+        (lambda: model(tokens, token_types=jnp.zeros(1, jnp.int32)), "token_types " + like_tokens),
+        (lambda: model.layer(0)(jnp.ones((2, 4, DIM))), r"x must have shape \(length >= 1, dim=16"),
+        (lambda: mods["span"](x, jnp.ones(1, bool)), r"mask must have shape \(4,\) like x"),
+        (lambda: mods["span"](jnp.ones(DIM)), r"x must have shape \(length, dim=16\)"),
+        (lambda: mods["mc"](x[None], jnp.ones((2, 4), bool)), r"mask must have shape \(1, 4\)"),
+        (lambda: mods["mc"](x), r"x must have shape \(choices, length, dim=16\)"),
+        (lambda: mods["mlm"](jnp.ones(DIM), jnp.ones((VOCAB, DIM))), r"x must have shape \(n, dim"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    with pytest.raises(TypeError, match="tokens must be integer ids, got tokens.dtype=float32"):
+        model(jnp.arange(4.0), inference=True)
 
 
 def test_masks_must_be_trailing_padding(mods):
@@ -733,6 +770,20 @@ def test_directional_ssm_bfloat16_is_one_rounding(getkey):
         got = ssm(u).astype(jnp.float32)
         ulp = 2.0**-7 * np.abs(np.asarray(want))  # one bfloat16 rounding step
         assert np.all(np.abs(np.asarray(got - want)) <= ulp + 1e-6), kernel
+
+
+def test_low_precision_parameters(mods, getkey):
+    """A module cast to bfloat16 or float16 (every float leaf) runs under strict dtype
+    promotion, per-channel kernels included (their float32 kernel met a bfloat16 `D`)."""
+    ssm = mods["bwd_per_channel"]
+    u = jr.normal(getkey(), (7, 5))
+    want = ssm(u)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        cast = lambda a, dtype=dtype: a.astype(dtype) if a.dtype == jnp.float32 else a
+        low = jax.tree.map(cast, ssm)
+        y = low(u.astype(dtype))
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y.astype(jnp.float32), want, rtol=0.05, atol=0.05)
 
 
 def test_init_std(getkey):

@@ -3,8 +3,9 @@ and task heads. Everything takes ONE example (`jax.vmap` over a batch).
 
 Encoder
 * [`lineax_seq.BiGS`][]`(vocab_size, dim=1024, num_layers=23, *, architecture="gated"|"stack",
-  routing="ssm"|"attention", inner_dim=None (3d gated / 4d stack), num_heads=None (d//64),
-  max_length=None (no absolute positions -> any length), num_token_types=0, state_size=64,
+  routing="ssm"|"attention", inner_dim=None (3d gated / 4d stack), num_heads=None
+  (d//64, or the largest divisor of d below), max_length=None (no absolute positions ->
+  any length), num_token_types=0, state_size=64,
   kernel="shared"|"per_channel", ssm_init="legs", dt_min=1e-3, dt_max=1e-1, dropout=0.0,
   final_norm=True, key)`.
   `model(tokens: Int[(L,)], mask: Bool[(L,)] | None = None, token_types=None, *, key=None,

@@ -69,6 +69,20 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
 [`lineax_seq.BiGS`][] except `vocab_size` and `key`)."""
 
 
+def _check_like_tokens(tokens: Array | np.ndarray, **others: Array | np.ndarray | None) -> None:
+    """A `TypeError` unless `tokens` holds integers, a `ValueError` unless it is 1-d and
+    each of `others` (if given) has its shape (a length-1 array would broadcast silently)."""
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(f"tokens must be integer ids, got tokens.dtype={tokens.dtype}")
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must have shape (length,), got tokens.shape={tokens.shape}")
+    for name, a in others.items():
+        if a is not None and a.shape != tokens.shape:
+            raise ValueError(
+                f"{name} must have shape {tokens.shape} like tokens, got {name}.shape={a.shape}"
+            )
+
+
 def _embedding(num: int, dim: int, std: float, key: PRNGKeyArray) -> eqx.nn.Embedding:
     return eqx.nn.Embedding(weight=std * jr.truncated_normal(key, -2.0, 2.0, (num, dim)))
 
@@ -191,7 +205,8 @@ class BiGS(eqx.Module):
         - `routing`: `"ssm"` or `"attention"`.
         - `inner_dim`: gated `V`/`U` width (default `3 d`) or stack feed-forward width
             (default `4 d`).
-        - `num_heads`: attention heads (default `max(1, d // 64)`).
+        - `num_heads`: attention heads (default `max(1, d // 64)`, or the largest count
+            below it that divides `d`).
         - `max_length`: if given, learned absolute position embeddings up to this length
             (and calls are limited to it); `None` (default): no absolute positions.
         - `num_token_types`: if positive, learned token-type (segment) embeddings.
@@ -281,8 +296,9 @@ class BiGS(eqx.Module):
         `"bigs-large"` (23 GATED/SSM layers, d 1024, inner 3072: ~345M parameters with
         BERT's 30,522-token vocabulary), `"bigs-12"` (12 layers, d 768: ~116M),
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
-        512, 2 token types: ~334M), `"bigs-tiny"`, `"bert-tiny"` (positions to 512;
-        both d 64 with `init_std` 0.08); all five with the paper's dropout 0.1.
+        512, 2 token types: ~334M), `"bigs-tiny"` and `"bert-tiny"` (2 layers, d 64,
+        `init_std` 0.08; positions to 512 for `"bert-tiny"` only); all five with the
+        paper's dropout 0.1.
 
         **Arguments:**
 
@@ -367,7 +383,8 @@ class BiGS(eqx.Module):
             Out-of-range ids raise an error (at once, or through `eqx.error_if` under
             `jit`) instead of being clamped; at padded positions any id is accepted.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-          other concrete mask is an error; under `jit` it is not checked).
+          other concrete mask is an error; a traced one, under `jit` or `jax.vmap` (so
+          a batch's), is not checked).
         - `token_types`: optional segment ids in `[0, num_token_types)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
@@ -378,6 +395,7 @@ class BiGS(eqx.Module):
         Hidden states, shape `(length, dim)`; zero at padded positions.
         """
         tokens, mask, token_types = host_arrays(tokens, mask, token_types)
+        _check_like_tokens(tokens, mask=mask, token_types=token_types)
         length = tokens.shape[0]
         if length == 0:
             raise ValueError("tokens must contain at least one token, got length 0")

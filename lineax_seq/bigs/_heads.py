@@ -20,6 +20,15 @@ from ._layers import (
 )
 
 
+def _check_hidden(x: Array, dim: int, axes: tuple[str, ...], mask: Array | None = None) -> None:
+    """A `ValueError` unless `x` is `(*axes, dim)` and `mask` (if any) `x.shape[:-1]` (a
+    mask of length 1 would broadcast silently)."""
+    if x.ndim != len(axes) + 1 or x.shape[-1] != dim:
+        raise ValueError(f"x must have shape ({', '.join(axes)}, dim={dim}), got x.shape={x.shape}")
+    if mask is not None and mask.shape != x.shape[:-1]:
+        raise ValueError(f"mask must have shape {x.shape[:-1]} like x, got mask.shape={mask.shape}")
+
+
 def masked_mean(
     x: Float[Array | np.ndarray, "length dim"],
     mask: Bool[Array | np.ndarray, " length"] | None = None,
@@ -113,8 +122,7 @@ class MaskedLMHead(eqx.Module):
         """
         x, embedding = as_arrays(x, embedding)
         dim = self.transform.in_features
-        if x.shape[-1] != dim:
-            raise ValueError(f"x must have dim={dim} features, got x.shape={x.shape}")
+        _check_hidden(x, dim, ("n",))
         if self.decoder is not None:
             if embedding is not None:
                 raise ValueError(
@@ -197,10 +205,7 @@ class SequenceClassificationHead(eqx.Module):
         Logits (or the regression value), shape `(num_outputs,)`.
         """
         x, mask = as_arrays(x, mask)
-        if x.shape[-1] != self.pooler.in_features:
-            raise ValueError(
-                f"x must have dim={self.pooler.in_features} features, got x.shape={x.shape}"
-            )
+        _check_hidden(x, self.pooler.in_features, ("length",), mask)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = self.dropout(pooled, key=key, inference=inference)
         return self.classifier(pooled)
@@ -245,10 +250,7 @@ class SpanExtractionHead(eqx.Module):
         `(start_logits, end_logits)`, each of shape `(length,)`.
         """
         x, mask = as_arrays(x, mask)
-        if x.shape[-1] != self.proj.in_features:
-            raise ValueError(
-                f"x must have dim={self.proj.in_features} features, got x.shape={x.shape}"
-            )
+        _check_hidden(x, self.proj.in_features, ("length",), mask)
         logits = apply_dense(self.proj, x)
         if mask is not None:
             logits = jnp.where(mask[:, None], logits, jnp.finfo(logits.dtype).min)
@@ -299,10 +301,7 @@ class MultipleChoiceHead(eqx.Module):
         Logits over choices, shape `(choices,)`.
         """
         x, mask = as_arrays(x, mask)
-        if x.shape[-1] != self.scorer.pooler.in_features:
-            raise ValueError(
-                f"x must have dim={self.scorer.pooler.in_features} features, got x.shape={x.shape}"
-            )
+        _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]

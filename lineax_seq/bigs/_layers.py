@@ -99,6 +99,15 @@ def _gelu_gate(a: Array, b: Array) -> Array:
     return gelu(a) * gelu(b)
 
 
+def _default_heads(dim: int) -> int:
+    """The default `num_heads`: `max(1, dim // 64)` (heads of 64 features), or, where that
+    does not divide `dim`, the largest count below it that does."""
+    heads = max(1, dim // 64)
+    while dim % heads:
+        heads -= 1
+    return heads
+
+
 def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
@@ -188,7 +197,8 @@ class _Layer(eqx.Module):
             feed-forward width (default `4 * dim`).
         - `routing`: `"ssm"` or `"attention"` (default: `"ssm"` for GATED, `"attention"`
             for STACK, i.e. BiGS and BERT).
-        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`).
+        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`,
+            or the largest count below it that divides `dim`).
         - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
             [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
         - `dropout`: dropout rate on each residual branch.
@@ -204,7 +214,7 @@ class _Layer(eqx.Module):
         _check("kernel", kernel, KERNELS)
         check_dropout(dropout)
         init_std = check_init_std(init_std)
-        heads = max(1, dim // 64) if num_heads is None else num_heads
+        heads = _default_heads(dim) if num_heads is None else num_heads
         heads = check_int("num_heads", heads)
         dt_min, dt_max = check_kernel_options(
             state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init"
@@ -268,7 +278,8 @@ class _Layer(eqx.Module):
 
         - `x`: input `X_i`, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding
-          (any other concrete mask is an error; under `jit` it is not checked).
+          (any other concrete mask is an error; a traced one, under `jit` or `jax.vmap`,
+          is not checked).
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.

@@ -17,7 +17,7 @@ from ..ssm._fft_conv import _fft_size, _work_dtype
 
 def check_sequence(name: str, x: Array, mask: Array | None, dim: int) -> None:
     """A `ValueError` unless `x` is `(length >= 1, dim)` and `mask` (if any) `(length,)`."""
-    if x.shape[-1] != dim or x.shape[0] < 1:
+    if x.ndim != 2 or x.shape[-1] != dim or x.shape[0] < 1:
         raise ValueError(
             f"{name} must have shape (length >= 1, dim={dim}), got {name}.shape={x.shape}"
         )
@@ -198,8 +198,10 @@ class DirectionalSSM(eqx.Module):
         return self.kernel_fn(length)
 
     def impulse_response(self, length: int) -> Float[Array, "kc {length}"]:
-        """`K` with the skip `D` added at lag 0: `y = conv(impulse_response, u)`."""
-        return self.kernel_fn(length).at[:, 0].add(self.d)
+        """`K` with the skip `D` added at lag 0: `y = conv(impulse_response, u)`, in
+        `K`'s dtype (float32 also for bfloat16 or float16 parameters)."""
+        k = self.kernel_fn(length)
+        return k.at[:, 0].add(self.d.astype(k.dtype))
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -215,8 +217,8 @@ class DirectionalSSM(eqx.Module):
 
         - `u`: input, shape `(length, dim)`, `length >= 1`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-            other concrete mask is an error; under `jit` it is not checked); padded
-            positions are zeroed first.
+            other concrete mask is an error; a traced one, under `jit` or `jax.vmap`, is
+            not checked); padded positions are zeroed first.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
