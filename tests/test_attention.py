@@ -95,7 +95,8 @@ def test_multi_head_attention_gradients(getkey):
     mha = ls.MultiHeadAttention(8, 2, key=getkey())
     x = jr.normal(getkey(), (4, 8))
     mask = jnp.tril(jnp.ones((4, 4), bool))
-    jax.test_util.check_grads(lambda x: mha(jnp.asarray(x), mask=mask), (x,), order=1, modes="rev")
+    f = jax.jit(lambda x: mha(jnp.asarray(x), mask=mask))
+    jax.test_util.check_grads(f, (x,), order=1, modes="rev")
 
 
 def test_multi_head_attention_float64_is_float64(getkey):
@@ -107,11 +108,20 @@ def test_multi_head_attention_float64_is_float64(getkey):
         x = jr.normal(getkey(), (5, 8), jnp.float64)
         causal = jnp.tril(jnp.ones((5, 5), bool))
         bias = jr.normal(getkey(), (2, 5, 5), jnp.float64)
-        k, v = mha.keys_values(x)
-        # A mask shared by the heads, and one per head (causal / anti-causal).
-        for mask in (causal, jnp.stack([causal, causal.T])):
-            got = mha(x, mask=mask, bias=bias)
-            want = mha.merge_heads(softmax_attention(mha.queries(x), k, v, mask, bias))
+
+        @eqx.filter_jit
+        def run(mha, x, bias):
+            k, v = mha.keys_values(x)
+            # A mask shared by the heads, and one per head (causal / anti-causal).
+            return [
+                (
+                    mha(x, mask=mask, bias=bias),
+                    mha.merge_heads(softmax_attention(mha.queries(x), k, v, mask, bias)),
+                )
+                for mask in (causal, jnp.stack([causal, causal.T]))
+            ]
+
+        for got, want in run(mha, x, bias):
             assert got.dtype == jnp.float64
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
@@ -143,12 +153,19 @@ def test_multi_head_attention_fully_masked_row(getkey, dtype):
         bias = jr.normal(getkey(), (2, 4, 5), dtype)
         mask = jnp.ones((4, 5), bool).at[2].set(False)
         out = lambda x, bias: mha(x, ctx, mask=mask, bias=bias)[2]
-        v = mha.keys_values(ctx)[1]
-        np.testing.assert_allclose(out(x, bias), mha.merge_heads(v.mean(0)[None])[0], rtol=1e-5)
-        grad_x, grad_bias = jax.jacrev(out, argnums=(0, 1))(x, bias)
+
+        @jax.jit
+        def run(x, bias):
+            v = mha.keys_values(ctx)[1]
+            mean = mha.merge_heads(v.mean(0)[None])[0]
+            # Empty self-attention is empty, not a zero-size reduction error.
+            empty = mha(jnp.zeros((0, 8), dtype), jnp.zeros((0, 6), dtype))
+            return out(x, bias), mean, jax.jacrev(out, argnums=(0, 1))(x, bias), empty
+
+        row, mean, (grad_x, grad_bias), empty = run(x, bias)
+        np.testing.assert_allclose(row, mean, rtol=1e-5)
         assert not np.any(grad_x) and not np.any(grad_bias)
-        # Empty self-attention is empty, not a zero-size reduction error.
-        assert mha(jnp.zeros((0, 8), dtype), jnp.zeros((0, 6), dtype)).shape == (0, 8)
+        assert empty.shape == (0, 8)
 
 
 @pytest.mark.parametrize("window", [1, 3, 4])
@@ -177,14 +194,23 @@ def test_sliding_window_attention_with_any_frame_bias_matches_block_loop(getkey,
     length, heads, d = 4 * window, 2, 3
     q, k, v = (jr.normal(getkey(), (length, heads, d)) for _ in range(3))
     bias = jr.normal(getkey(), (heads, window, 2 * window))
-    got = ls.sliding_window_attention(q, k, v, window=window, bias=bias)
-    for b in range(length // window):
+
+    @jax.jit
+    def run(q, k, v, bias):
+        # The module and the reference (a loop over blocks) in one compilation.
+        wants = []
+        for b in range(length // window):
+            rows = slice(b * window, (b + 1) * window)
+            keys = np.arange((b - 1) * window, (b + 1) * window)
+            pos = np.arange(b * window, (b + 1) * window)[:, None]
+            allowed = (pos - keys[None] >= 0) & (pos - keys[None] < window) & (keys[None] >= 0)
+            kb, vb = k[np.clip(keys, 0, None)], v[np.clip(keys, 0, None)]
+            wants.append(softmax_attention(q[rows], kb, vb, jnp.asarray(allowed), bias))
+        return ls.sliding_window_attention(q, k, v, window=window, bias=bias), wants
+
+    got, wants = run(q, k, v, bias)
+    for b, want in enumerate(wants):
         rows = slice(b * window, (b + 1) * window)
-        keys = np.arange((b - 1) * window, (b + 1) * window)
-        pos = np.arange(b * window, (b + 1) * window)[:, None]
-        allowed = (pos - keys[None] >= 0) & (pos - keys[None] < window) & (keys[None] >= 0)
-        kb, vb = k[np.clip(keys, 0, None)], v[np.clip(keys, 0, None)]
-        want = softmax_attention(q[rows], kb, vb, jnp.asarray(allowed), bias)
         np.testing.assert_allclose(got[rows], want, rtol=1e-5, atol=1e-5)
 
 

@@ -211,16 +211,24 @@ def test_directional_ssm_matches_loop(mods, length, getkey):
 def test_chunked_conv_chunk_sizes(mods, getkey):
     """The chunked path (causal and anti-causal) with several chunk sizes (incl. a
     ragged last chunk) against the FFT convolution of the same kernels."""
-    fwd, bwd = mods["fwd"], mods["bwd"]
     u = jr.normal(getkey(), (2, 100, 3))
-    systems = [m.kernel_fn._discretize() for m in (fwd, bwd)]
-    log_abar = jnp.concatenate([a for a, _ in systems])
-    cb = jnp.concatenate([c for _, c in systems])
-    d = jnp.concatenate([fwd.d, bwd.d])
-    k = jnp.stack([fwd.impulse_response(100), bwd.impulse_response(100)])
-    fft = jnp.stack([ls.fft_conv(u[0], k[0]), ls.fft_conv(u[1, ::-1], k[1])[::-1]])
-    for chunk in (7, 32, 100):
-        out = _ssm.chunked_ssm_conv(u, log_abar, cb, d, reverse=(False, True), chunk=chunk)
+
+    @eqx.filter_jit
+    def run(fwd, bwd, u):
+        systems = [m.kernel_fn._discretize() for m in (fwd, bwd)]
+        log_abar = jnp.concatenate([a for a, _ in systems])
+        cb = jnp.concatenate([c for _, c in systems])
+        d = jnp.concatenate([fwd.d, bwd.d])
+        k = jnp.stack([fwd.impulse_response(100), bwd.impulse_response(100)])
+        fft = jnp.stack([ls.fft_conv(u[0], k[0]), ls.fft_conv(u[1, ::-1], k[1])[::-1]])
+        chunked = {
+            chunk: _ssm.chunked_ssm_conv(u, log_abar, cb, d, reverse=(False, True), chunk=chunk)
+            for chunk in (7, 32, 100)
+        }
+        return fft, chunked
+
+    fft, chunked = run(mods["fwd"], mods["bwd"], u)
+    for chunk, out in chunked.items():
         np.testing.assert_allclose(out, fft, rtol=1e-4, atol=1e-4, err_msg=str(chunk))
 
 
@@ -422,12 +430,19 @@ def test_dropout_is_off_by_default():
         ls.MultipleChoiceHead(8, key=jr.key(2)),
     )
     assert model.dropout_rate == 0.0 and heads[0].dropout.p == heads[1].scorer.dropout.p == 0.0
-    h = model(tokens, mask)
-    np.testing.assert_array_equal(h, model(tokens, mask, inference=True))
-    np.testing.assert_array_equal(heads[0](h, mask), heads[0](h, mask, inference=True))
-    np.testing.assert_array_equal(
-        heads[1](h[None], mask[None]), heads[1](h[None], mask[None], inference=True)
-    )
+
+    @eqx.filter_jit
+    def run(model, heads, tokens, mask):
+        # Without a key and in inference mode, in one compilation.
+        h = model(tokens, mask)
+        return [
+            (h, model(tokens, mask, inference=True)),
+            (heads[0](h, mask), heads[0](h, mask, inference=True)),
+            (heads[1](h[None], mask[None]), heads[1](h[None], mask[None], inference=True)),
+        ]
+
+    for without_key, inference in run(model, heads, tokens, mask):
+        np.testing.assert_array_equal(without_key, inference)
     for name in ls.bigs.BIGS_CONFIGS:
         assert ls.bigs.BIGS_CONFIGS[name]["dropout"] == 0.1, name
 
@@ -562,12 +577,13 @@ def test_narrow_token_dtypes_and_masked_mean_mask(mods):
     """uint8 tokens are checked in a wide type (263 does not wrap to 7 in uint8, so a
     263-token model takes every byte); `masked_mean` wants a boolean mask (a float or
     int mask would count its values, not its real positions)."""
-    model = ls.BiGS(263, DIM, 1, dropout=0.0, key=jr.key(0))
+    # One model (one compilation of its initialiser) for the tokens and the token types.
+    model = ls.BiGS(263, DIM, 1, dropout=0.0, num_token_types=2, key=jr.key(0))
     tokens = jnp.array([97, 98, 250, 255], jnp.uint8)
-    np.testing.assert_allclose(encode(model, tokens), encode(model, tokens.astype(jnp.int32)))
+    both = eqx.filter_jit(lambda m, *tokens: [m(t, inference=True) for t in tokens])
+    np.testing.assert_allclose(*both(model, tokens, tokens.astype(jnp.int32)))
     with pytest.raises(Exception, match=r"token_types: ids must be in \[0, num_token_types=2\)"):
-        big = ls.BiGS(263, DIM, 1, dropout=0.0, num_token_types=2, key=jr.key(0))
-        big(tokens, token_types=jnp.array([0, 1, 2, 0], jnp.uint8), inference=True)
+        model(tokens, token_types=jnp.array([0, 1, 2, 0], jnp.uint8), inference=True)
     x = jnp.arange(12.0).reshape(6, 2)
     for mask in (jnp.full(6, 0.5), jnp.array([2, 2, 0, 0, 0, 0])):
         with pytest.raises(TypeError, match="mask must be boolean"):
@@ -797,38 +813,53 @@ def test_init_std(getkey):
         return [np.asarray(m.weight) for m in leaves if is_weighted(m)]
 
     # Every architecture x routing, with every embedding (NumPy scalars are accepted).
-    for architecture, routing, count in (
+    variants = (
         ("gated", "ssm", 7),  # W_v, W_f, W_b, W_u1, W_u2, W_u, W_o
         ("gated", "attention", 13),  # ... and two attentions' q, k, v
         ("stack", "ssm", 6),  # two SSM blocks' in/out, W_1, W_2
         ("stack", "attention", 6),  # q, k, v, o, W_1, W_2
-    ):
-        model = ls.BiGS(
+    )
+    keys = [getkey() for _ in range(len(variants) + 4)]
+
+    @eqx.filter_jit
+    def build(keys):
+        # Every model and head in one compilation (op by op, each initialiser compiles).
+        make = lambda architecture, routing, key: ls.BiGS(
             50, 64, 2, architecture=architecture, routing=routing, num_token_types=2,
-            max_length=16, init_std=np.float64(0.08), key=getkey(),
+            max_length=16, init_std=np.float64(0.08), key=key,
         )  # fmt: skip
+        models = [make(a, r, key) for (a, r, _), key in zip(variants, keys, strict=False)]
+        heads = (
+            ls.MaskedLMHead(64, 50, init_std=0.08, key=keys[-4]),
+            ls.SequenceClassificationHead(64, 64, init_std=0.08, key=keys[-3]),
+            ls.SpanExtractionHead(64, init_std=0.08, key=keys[-2]),
+            ls.MultipleChoiceHead(64, init_std=0.08, key=keys[-1]),
+        )
+        return models, heads
+
+    models, heads = build(keys)
+    for (architecture, routing, count), model in zip(variants, models, strict=True):
         assert model.config()["init_std"] == pytest.approx(0.08)
         found = weights(model)
         assert len(found) == 3 + count, (architecture, routing)  # + 3 embeddings
         for w in found:
             np.testing.assert_allclose(np.std(w), 0.88 * 0.08, rtol=0.1)
-    heads = (
-        ls.MaskedLMHead(64, 50, init_std=0.08, key=getkey()),
-        ls.SequenceClassificationHead(64, 64, init_std=0.08, key=getkey()),
-        ls.SpanExtractionHead(64, init_std=0.08, key=getkey()),
-        ls.MultipleChoiceHead(64, init_std=0.08, key=getkey()),
-    )
     for head in heads:
         for w in weights(head):
             assert 0.05 < np.std(w) < 0.09 and w.size >= 64
 
     x = jr.normal(getkey(), (32, 64))
 
-    def update(**kwargs) -> float:
-        layer = ls.GatedLayer(64, routing="attention", key=jr.key(0), **kwargs)
-        return float(jnp.linalg.norm(layer(x, inference=True) - x) / jnp.linalg.norm(x))
+    @eqx.filter_jit
+    def outputs(x):
+        # Both layers in one compilation; the relative updates are taken outside.
+        return [
+            ls.GatedLayer(64, routing="attention", key=jr.key(0), **kwargs)(x, inference=True)
+            for kwargs in ({}, {"init_std": 0.02 * (1024 / 64) ** 0.5})
+        ]
 
-    assert update() < 1e-9 < 1e-5 < update(init_std=0.02 * (1024 / 64) ** 0.5)
+    default, paper_scale = (float(jnp.linalg.norm(y - x) / jnp.linalg.norm(x)) for y in outputs(x))
+    assert default < 1e-9 < 1e-5 < paper_scale
     for bad in (0.0, -0.02, float("nan"), float("inf")):
         for make in (
             functools.partial(ls.BiGS, 50, 8, 1),

@@ -46,10 +46,11 @@ def reference_unroll(model, x0, actions, steps, k, *, latents=False):
     else:
         step = jax.jit(lambda z, v: model.dynamics(z, v))
     encode, decode = jax.jit(lambda x: model.encode(x)), jax.jit(lambda z: model.decode(z))
+    encode_action = None if actions is None else jax.jit(lambda u: model.encode_action(u))
     z = encode(x0)
     out = []
     for t in range(steps):
-        v = None if actions is None else model.encode_action(actions[t])
+        v = None if actions is None else encode_action(actions[t])
         z = step(z, v)
         x = decode(z)
         out.append(z if latents else x)
@@ -280,24 +281,33 @@ def test_training_objective_with_reencoding_and_action_head():
     xs = jr.normal(jr.key(14), (7, 2))
     us = jr.normal(jr.key(15), (6, 1))
     weights = dict(alignment=0.3, reconstruction=2.0, prediction=0.7, sparsity=0.01, action=0.5)
-    loss, terms = eqx.filter_jit(
-        lambda m, xs, us: ls.koopman_loss(m, xs, us, reencode_every=2, **weights)
-    )(m, xs, us)
-    zs = jnp.stack([m.encode(x) for x in xs])
+
+    @eqx.filter_jit
+    def objective(m, xs, us):
+        loss, terms = ls.koopman_loss(m, xs, us, reencode_every=2, **weights)
+        # The step size is trained in log space: the loss depends on log_delta.
+        grads = eqx.filter_grad(lambda m: ls.koopman_loss(m, xs, us, reencode_every=2)[0])(m)
+        return loss, terms, grads
+
+    @eqx.filter_jit
+    def hand_computed(m, xs, us, zhat):
+        # The terms one by one, as written in the paper (Python loops, unrolled).
+        zs = jnp.stack([m.encode(x) for x in xs])
+        return {
+            "alignment": sum(jnp.linalg.norm(zhat[i] - zs[i + 1]) for i in range(6)),
+            "reconstruction": sum(jnp.linalg.norm(xs[i] - m.decode(zs[i])) for i in range(7)),
+            "prediction": sum(jnp.linalg.norm(xs[i + 1] - m.decode(zhat[i])) for i in range(6)),
+            "sparsity": jnp.sum(jnp.abs(zs)),
+            "action": sum(jnp.linalg.norm(us[i] - m.predict_action(zs[i])) for i in range(6)),
+        }
+
+    loss, terms, grads = objective(m, xs, us)
     zhat = reference_unroll(m, xs[0], us, 6, 2, latents=True)  # before reencoding
-    expected = {
-        "alignment": sum(jnp.linalg.norm(zhat[i] - zs[i + 1]) for i in range(6)),
-        "reconstruction": sum(jnp.linalg.norm(xs[i] - m.decode(zs[i])) for i in range(7)),
-        "prediction": sum(jnp.linalg.norm(xs[i + 1] - m.decode(zhat[i])) for i in range(6)),
-        "sparsity": jnp.sum(jnp.abs(zs)),
-        "action": sum(jnp.linalg.norm(us[i] - m.predict_action(zs[i])) for i in range(6)),
-    }
+    expected = hand_computed(m, xs, us, zhat)
     assert set(terms) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(terms[name], value, rtol=1e-4, err_msg=name)
     np.testing.assert_allclose(loss, sum(weights[n] * v for n, v in expected.items()), rtol=1e-4)
-    # The step size is trained in log space: the loss depends on log_delta.
-    grads = eqx.filter_grad(lambda m: ls.koopman_loss(m, xs, us, reencode_every=2)[0])(m)
     assert jnp.isfinite(grads.dynamics.log_delta) and grads.dynamics.log_delta != 0
 
 
@@ -372,11 +382,17 @@ def test_unroll_continuous_backsolve_adjoint_and_fixed_steps(model):
         return eqx.filter_jit(eqx.filter_grad(loss))(model).dynamics.K
 
     np.testing.assert_allclose(grads(diffrax.BacksolveAdjoint()), grads(None), rtol=1e-3, atol=1e-5)
-    euler = ls.unroll_continuous(
-        model, x0, ts, solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
-        dt0=1e-4,
-    )  # fmt: skip
-    np.testing.assert_allclose(euler, ls.unroll_continuous(model, x0, ts, exact=True), atol=1e-3)
+
+    @eqx.filter_jit
+    def euler_and_exact(model, x0):
+        # One compilation; `ts` closed over is concrete, as outside `jit` (the host path).
+        euler = ls.unroll_continuous(
+            model, x0, ts, solver=diffrax.Euler(), stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=1e-4,
+        )  # fmt: skip
+        return euler, ls.unroll_continuous(model, x0, ts, exact=True)
+
+    np.testing.assert_allclose(*euler_and_exact(model, x0), atol=1e-3)
 
 
 def test_continuous_and_loss_bad_inputs(model, controlled):
@@ -451,27 +467,39 @@ def test_loss_options_are_checked(model, controlled):
     assert len(deep.decoder.layers) == 3
 
 
+@pytest.fixture(scope="module")
+def single_precision_predictions(model, controlled):
+    """The float32 predictions each half-precision model is compared with (the same for
+    both half dtypes: computed once)."""
+    x0, us, ts = jnp.array([0.3, -0.2]), jnp.full((5, 1), 0.1), jnp.linspace(0.0, 1.0, 5)
+    zoh = ls.KoopmanAutoencoder(2, 6, action_dim=1, width=8, discretization="exact", key=jr.key(1))
+    discrete = [(m, ls.unroll(m, x0, us, steps=5, reencode_every=2)) for m in (controlled, zoh)]
+    continuous = {
+        exact: ls.unroll_continuous(model, x0, ts, reencode_dt=0.5, exact=exact)
+        for exact in (False, True)
+    }
+    return x0, us, ts, discrete, continuous
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_models(model, controlled, dtype):
+def test_half_precision_models(model, single_precision_predictions, dtype):
     """Half-precision models (no half-precision solve or matrix exponential in JAX)
     discretise in float32 and integrate in float32; results come back in their dtype."""
     half = lambda tree: jax.tree.map(
         lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
     )
-    x0, us = jnp.array([0.3, -0.2]), jnp.full((5, 1), 0.1)
-    zoh = ls.KoopmanAutoencoder(2, 6, action_dim=1, width=8, discretization="exact", key=jr.key(1))
-    for m in (controlled, zoh):
+    x0, us, ts, discrete, continuous = single_precision_predictions
+    # Op by op (as written: every half-precision result is rounded, none kept in float32).
+    for m, want in discrete:
         got = ls.unroll(half(m), half(x0), half(us), steps=5, reencode_every=2)
         assert got.dtype == dtype
-        want = ls.unroll(m, x0, us, steps=5, reencode_every=2)
         np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2)
-    assert ls.koopman_loss(half(model), half(jr.normal(jr.key(1), (4, 2))))[0].dtype == dtype
-    ts = jnp.linspace(0.0, 1.0, 5)
+    loss = eqx.filter_jit(ls.koopman_loss)(half(model), half(jr.normal(jr.key(1), (4, 2))))[0]
+    assert loss.dtype == dtype
     for exact in (False, True):
         got = ls.unroll_continuous(half(model), half(x0), half(ts), reencode_dt=0.5, exact=exact)
         assert got.dtype == dtype
-        want = ls.unroll_continuous(model, x0, ts, reencode_dt=0.5, exact=exact)
-        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2)
+        np.testing.assert_allclose(np.asarray(got, np.float32), continuous[exact], atol=2e-2)
 
 
 def test_loss_weights_may_be_traced(model):
@@ -577,10 +605,17 @@ def test_float64_times_with_a_float32_reencoding_interval(model):
     # the same unroll as from 0 (the model is autonomous).
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
         x0, offsets = jnp.array([0.5, -0.4]), 0.005 * np.arange(21)
-        run = lambda t: ls.unroll_continuous(
-            model, x0, jnp.asarray(t), reencode_dt=0.01, num_segments=10, exact=True
-        )
-        np.testing.assert_allclose(run(1e4 + offsets), run(offsets), atol=1e-5)
+        far, near = jnp.asarray(1e4 + offsets), jnp.asarray(offsets)
+
+        @eqx.filter_jit
+        def both(model, x0):
+            # One compilation; the times closed over are concrete (the host path).
+            run = lambda t: ls.unroll_continuous(
+                model, x0, t, reencode_dt=0.01, num_segments=10, exact=True
+            )
+            return run(far), run(near)
+
+        np.testing.assert_allclose(*both(model, x0), atol=1e-5)
 
 
 def test_numpy_sizes_become_ints():
@@ -646,15 +681,17 @@ def _flow(model, t, z):
 
 
 def _all_paths(model, x0, ts, reencode_dt, num_segments, **options):
-    """The exact and the ODE (`options`) predictions at concrete and at traced `ts`."""
+    """The exact and the ODE (`options`) predictions at concrete and at traced `ts`, in
+    one compilation: `ts` closed over is concrete, as outside `jit` (the host path)."""
 
-    def run(ts, **kw):
-        return ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, **kw)
+    @eqx.filter_jit
+    def all_paths(model, x0, traced_ts):
+        run = lambda ts, **kw: ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, **kw)
+        concrete = [run(ts, exact=True), run(ts, **options)]
+        kws = ({"exact": True}, options)
+        return concrete + [run(traced_ts, num_segments=num_segments, **kw) for kw in kws]
 
-    traced = jax.jit(
-        lambda t: [run(t, num_segments=num_segments, **kw) for kw in ({"exact": True}, options)]
-    )(ts)
-    return [run(ts, exact=True), run(ts, **options), *traced]
+    return all_paths(model, x0, ts)
 
 
 def test_float64_times_near_a_reencoding_time():
@@ -704,17 +741,29 @@ def test_unroll_continuous_fixed_step_solver(mlp_dynamics):
     interval by default, which for MLP dynamics are the discrete unroll's steps (diffrax
     refused: "Cannot use adaptive step sizes")."""
     x0, ts = jnp.array([0.5, -0.4]), 0.01 * jnp.arange(11.0)
-    euler = ls.unroll_continuous(mlp_dynamics, x0, ts, reencode_dt=0.05, solver=diffrax.Euler())
-    discrete = ls.unroll(mlp_dynamics, x0, steps=10, reencode_every=5)
-    np.testing.assert_allclose(euler[1:], discrete, rtol=1e-5, atol=1e-6)
+
+    @eqx.filter_jit
+    def predictions(model, x0):
+        # One compilation; `ts` closed over is concrete, as outside `jit` (the host path).
+        run = lambda **kw: ls.unroll_continuous(model, x0, ts, solver=diffrax.Euler(), **kw)
+        return dict(
+            reencoded=run(reencode_dt=0.05),
+            discrete_reencoded=ls.unroll(model, x0, steps=10, reencode_every=5),
+            euler=run(),
+            discrete=ls.unroll(model, x0, steps=10),
+            constant=run(stepsize_controller=diffrax.ConstantStepSize()),
+            ode=ls.unroll_continuous(model, x0, ts),
+            fine=run(dt0=0.0025),
+        )
+
+    p = predictions(mlp_dynamics, x0)
+    np.testing.assert_allclose(p["reencoded"][1:], p["discrete_reencoded"], rtol=1e-5, atol=1e-6)
     # Without reencoding too; an explicit constant step size without dt0 takes the same
     # steps, and dt0 sets them: 4 Euler steps per interval are closer to the ODE.
-    run = lambda **kw: ls.unroll_continuous(mlp_dynamics, x0, ts, solver=diffrax.Euler(), **kw)
-    euler = run()
-    np.testing.assert_allclose(euler[1:], ls.unroll(mlp_dynamics, x0, steps=10), rtol=1e-5)
-    np.testing.assert_array_equal(run(stepsize_controller=diffrax.ConstantStepSize()), euler)
-    ode = ls.unroll_continuous(mlp_dynamics, x0, ts)
-    assert jnp.max(jnp.abs(run(dt0=0.0025) - ode)) < 0.5 * jnp.max(jnp.abs(euler - ode))
+    euler, ode = p["euler"], p["ode"]
+    np.testing.assert_allclose(euler[1:], p["discrete"], rtol=1e-5)
+    np.testing.assert_array_equal(p["constant"], euler)
+    assert jnp.max(jnp.abs(p["fine"] - ode)) < 0.5 * jnp.max(jnp.abs(euler - ode))
 
 
 def test_numpy_inputs(model, controlled):
@@ -765,12 +814,14 @@ def test_scalar_arguments_are_checked(model):
         ls.unroll_continuous(model, x0, ts, max_steps=0)
     with pytest.raises(ValueError, match="got max_steps=True"):
         ls.unroll_continuous(model, x0, ts, max_steps=True)
-    np.testing.assert_allclose(
-        ls.unroll_continuous(model, x0, ts, max_steps=np.int64(100), dt0=np.float32(1e-3)),
-        ls.unroll_continuous(model, x0, ts, exact=True),
-        rtol=1e-4,
-        atol=1e-5,
-    )
+    # NumPy scalars as given (closed over), both predictions in one compilation.
+    solved, exact = jax.jit(
+        lambda: [
+            ls.unroll_continuous(model, x0, ts, max_steps=np.int64(100), dt0=np.float32(1e-3)),
+            ls.unroll_continuous(model, x0, ts, exact=True),
+        ]
+    )()
+    np.testing.assert_allclose(solved, exact, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="got reencode_every=np.int64\\(0\\)"):
         ls.unroll(model, x0, steps=3, reencode_every=np.int64(0))
     with pytest.raises(ValueError, match="known when tracing"):
@@ -817,10 +868,18 @@ def test_float32_model_with_float64_inputs_promotes(model, controlled):
             assert out.dtype == jnp.float64
             np.testing.assert_array_equal(out, want)
         actions = np.zeros((5, 1))
-        for method in ("parallel", "sequential"):
-            out = ls.unroll(controlled, x32, actions, steps=5, method=method)
+
+        @jax.jit
+        def discrete():
+            # In one compilation; the NumPy arrays are closed over, so the functions get
+            # them as given (concrete, NumPy), as outside `jit`.
+            run = lambda method: ls.unroll(controlled, x32, actions, steps=5, method=method)
+            loss, _ = ls.koopman_loss(controlled, np.zeros((6, 2), np.float32), actions)
+            return [run("parallel"), run("sequential")], loss
+
+        outs, loss = discrete()
+        for out in outs:
             assert out.dtype == jnp.float64 and bool(jnp.isfinite(out).all())
-        loss, _ = ls.koopman_loss(controlled, np.zeros((6, 2), np.float32), actions)
         assert bool(jnp.isfinite(loss))
     with jax.enable_x64(True), pytest.raises(Exception, match="float32.*float64|float64.*float32"):
         ls.unroll(controlled, x32, np.zeros((5, 1)), steps=5)
@@ -862,8 +921,10 @@ def test_unroll_continuous_traced_dt0(model):
     run = lambda h: ls.unroll_continuous(model, x0, ts, solver=diffrax.Euler(), dt0=h)
     steps = jnp.array([0.05, 0.01])
     batched = jax.vmap(run)(steps)
-    for h, got in zip((0.05, 0.01), batched, strict=True):
-        np.testing.assert_allclose(got, run(h), rtol=1e-6, atol=1e-7)
+    # Each step size as a Python float (concrete), the pair in one compilation.
+    concrete = jax.jit(lambda: [run(h) for h in (0.05, 0.01)])()
+    for got, want in zip(batched, concrete, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not np.allclose(batched[0], batched[1], rtol=0, atol=1e-7)
     with pytest.raises(Exception, match="dt0 must be a positive, finite real number"):
         jax.jit(run)(-0.01)

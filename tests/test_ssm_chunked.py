@@ -194,7 +194,7 @@ def test_s4d_chunked_slow_modes_float32_accuracy():
     n = 2 * length
     want = np.fft.irfft(np.fft.rfft(u, n, axis=0) * np.fft.rfft(k, n)[:, None], n, axis=0)
     want = want[:length]
-    got = layer(jnp.asarray(u, jnp.float32))
+    got = eqx.filter_jit(lambda m, u: m(u))(layer, jnp.asarray(u, jnp.float32))
     np.testing.assert_allclose(got, want, atol=5e-6 * np.abs(want).max())
 
 
@@ -217,7 +217,8 @@ def test_context_ssm_block_ends_equal_full_output(ssm, window, getkey):
     # Same dtype as the full output (bfloat16 inputs meet float32 weights: float32).
     with jax.numpy_dtype_promotion("standard"):
         xb = x.astype(jnp.bfloat16)
-        assert module.block_ends(xb, window).dtype == module(xb).dtype == jnp.float32
+        ends, full = eqx.filter_jit(lambda m, x: (m.block_ends(x, window), m(x)))(module, xb)
+        assert ends.dtype == full.dtype == jnp.float32
 
 
 @pytest.mark.parametrize("streams", [1, 3])
@@ -243,10 +244,17 @@ def test_chunked_conv_zero_abar():
     cb = jnp.array([[1 + 0j, 1 + 0j]])
     u = jr.normal(jr.key(0), (21, 1))
     k = 2 * (0.5 ** np.arange(21) + (np.arange(21) == 0))
-    for reverse in (False, True):
-        y = ls.chunked_conv(u, abar, cb, reverse=reverse, chunk=4)
+
+    @jax.jit
+    def run(u, abar, cb):
+        # Both directions and the gradient in one compilation.
+        ys = [ls.chunked_conv(u, abar, cb, reverse=reverse, chunk=4) for reverse in (False, True)]
+        loss = lambda a: ls.chunked_conv(u, a, cb, chunk=4).sum()
+        return ys, jax.grad(loss, holomorphic=False)(abar)
+
+    ys, grads = run(u, abar, cb)
+    for reverse, y in zip((False, True), ys, strict=True):
         np.testing.assert_allclose(y, _direct(u, k, reverse), atol=1e-5)
-    grads = jax.grad(lambda a: ls.chunked_conv(u, a, cb, chunk=4).sum(), holomorphic=False)(abar)
     assert jnp.isfinite(grads).all()
 
 
@@ -260,4 +268,6 @@ def test_s4d_fully_decayed_modes_agree(getkey):
     )
     fft, chunked = make("fft"), make("chunked")
     assert (fft.kernel.discretize()[0] == 0).any()
-    np.testing.assert_allclose(chunked(x), fft(x), atol=1e-5)
+    outputs = eqx.filter_jit(lambda layers, x: [layer(x) for layer in layers])
+    got_chunked, got_fft = outputs((chunked, fft), x)
+    np.testing.assert_allclose(got_chunked, got_fft, atol=1e-5)

@@ -92,15 +92,25 @@ def test_bilinear_zero_abar_is_finite():
         lambda k: k.log_dt, kernel, jnp.zeros(1)
     )  # dt = 1: the mode A = -2 gives 0
     assert np.any(np.asarray(kernel.discretize()[0]) == 0)
-    np.testing.assert_allclose(kernel(9), _loop_kernel(kernel, 9), atol=1e-5)
     x = jr.normal(jr.key(1), (9, 1))
-    for conv in ("fft", "chunked"):
-        layer = ls.S4D(
-            1, state_size=8, init="real", discretization="bilinear", conv=conv, key=jr.key(0)
+    layers = [
+        eqx.tree_at(
+            lambda m: m.kernel,
+            ls.S4D(1, state_size=8, init="real", discretization="bilinear", conv=c, key=jr.key(0)),
+            kernel,
         )
-        layer = eqx.tree_at(lambda m: m.kernel, layer, kernel)
-        y = layer(x)
-        _, steps = jax.lax.scan(lambda s, x_t, m=layer: m.step(s, x_t), layer.init_state(), x)
+        for c in ("fft", "chunked")
+    ]
+
+    @eqx.filter_jit
+    def run(kernel, layers, x):
+        # The kernel, and each layer's convolution and recurrence, in one compilation.
+        recurrence = lambda m: jax.lax.scan(lambda s, x_t: m.step(s, x_t), m.init_state(), x)[1]
+        return kernel(9), [(layer(x), recurrence(layer)) for layer in layers]
+
+    k, outputs = run(kernel, layers, x)
+    np.testing.assert_allclose(k, _loop_kernel(kernel, 9), atol=1e-5)
+    for y, steps in outputs:
         assert np.all(np.isfinite(y))
         np.testing.assert_allclose(y, steps, atol=1e-5)
 

@@ -148,7 +148,7 @@ def test_s4d_numpy_integer_sizes_and_trainable_activation(getkey, no_jaxtyping):
     assert type(layer.dim) is int and type(layer.kernel.state_size) is int
     assert ls.S4DKernel(np.int64(4), key=getkey())(np.int64(5)).shape == (1, 5)
     x = jr.normal(getkey(), (6, 3))
-    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert float(jnp.abs(grads.activation.negative_slope)) > 0
 
 
@@ -204,7 +204,7 @@ def test_hyena_filter_precision_follows_parameters():
     strict-promotion error); a bfloat16 filter returns bfloat16 from float32 positions."""
     with jax.enable_x64(True):
         filt = ls.HyenaFilter(2, order=4, max_length=1000, emb_dim=5, depth=1, key=jr.key(0))
-        h = filt(1000)
+        h = eqx.filter_jit(lambda f: f(1000))(filt)
         assert h.dtype == jnp.float64
         t = np.arange(1000) / 1000
         f = np.linspace(1e-4, 1, 2)
@@ -258,7 +258,7 @@ def test_hyena_filter_grads_and_fixed_decay(getkey):
     optimizer = optax.adamw(0.1, weight_decay=1.0)
     zero = jax.tree.map(jnp.zeros_like, params)
     with jax.numpy_dtype_promotion("standard"):  # optax's step counts are int32
-        updates, _ = optimizer.update(zero, optimizer.init(params), params)
+        updates, _ = jax.jit(optimizer.update)(zero, optimizer.init(params), params)
     decayed = eqx.combine(optax.apply_updates(params, updates), static)
     np.testing.assert_array_equal(decayed.decay, filt.decay)
     assert not np.allclose(decayed.bias, filt.bias)
@@ -297,7 +297,7 @@ def test_hyena_filter_integer_frequency_is_trained(getkey, no_jaxtyping):
     """`frequency=10` (an int) still gives float, trainable sine frequencies."""
     hyena = ls.HyenaFilter(2, order=4, max_length=16, frequency=10, key=getkey())
     assert all(jnp.issubdtype(w.dtype, jnp.floating) for w in hyena.frequencies)
-    grads = eqx.filter_grad(lambda h: jnp.sum(h(16) ** 2))(hyena)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda h: jnp.sum(h(16) ** 2)))(hyena)
     assert all(g is not None and float(jnp.abs(g).max()) > 0 for g in grads.frequencies)
 
 
