@@ -383,3 +383,48 @@ def test_attention_arguments_checked(key, no_jaxtyping):
         mha(x, mask=jnp.ones((5, 4), bool))
     with pytest.raises(ValueError, match=r"`bias` must end in \(queries, keys\)=\(5, 5\)"):
         mha(x, bias=jnp.ones((2, 5, 6)))
+
+
+def _cast(tree, dtype):
+    return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
+
+
+def test_attention_bias_in_another_float_dtype(getkey):
+    """A model cast to bfloat16 as a whole (its relative position bias too) runs under
+    strict dtype promotion, as does a float32 layer given a bias of another dtype
+    (e.g. a float64 `RelativePositionBias` built under `jax_enable_x64`): the bias is
+    added to the float32 logits, as `jax.nn.dot_product_attention` does."""
+    mha = ls.MultiHeadAttention(8, 2, key=getkey())
+    rpb = ls.RelativePositionBias(2, key=getkey())
+    swa = ls.SlidingWindowAttention(8, 2, 4, key=getkey())
+    x = jr.normal(getkey(), (8, 8))
+
+    @eqx.filter_jit
+    def run(mha, rpb, swa, x):
+        bias = rpb(8, 8)
+        half = _cast((mha, rpb, swa, x), jnp.bfloat16)
+        return (
+            (mha(x, bias=bias), half[0](half[3], bias=half[1](8, 8))),
+            (swa(x), half[2](half[3])),
+            (mha(x, bias=bias), mha(x, bias=bias.astype(jnp.bfloat16))),
+        )
+
+    for want, got in run(mha, rpb, swa, x):
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=5e-2)
+    with jax.enable_x64(True):
+        bias = rpb(8, 8).astype(jnp.float64)
+        got = eqx.filter_jit(lambda m, x, b: m(x, bias=b))(mha, x, bias)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, run(mha, rpb, swa, x)[0][0], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_mask_must_be_boolean(getkey, no_jaxtyping):
+    """Without jaxtyping's checks, a float mask was read as truthy by the bfloat16 /
+    float16 / float64 path (an additive `0 / -inf` mask silently inverted) while float32
+    raised JAX's own error: every dtype now names `mask` and its dtype."""
+    mha = ls.MultiHeadAttention(8, 2, key=getkey())
+    x = jr.normal(getkey(), (4, 8))
+    additive = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), 0.0, -jnp.inf)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        with pytest.raises(TypeError, match="`mask` must be boolean.*mask.dtype=float32"):
+            _cast(mha, dtype)(x.astype(dtype), mask=additive)

@@ -92,7 +92,7 @@ def head_major_attention(
     scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=acc)
     if bias is not None:
-        logits = logits + bias
+        logits = logits + bias.astype(acc)
     if mask is not None:
         logits = jnp.where(mask, logits, -1e30)
     # (`initial`: no keys at all, as in self-attention over an empty sequence, is fine.)
@@ -119,6 +119,7 @@ def attend(
     if implementation == "cudnn":
         return fused_attention(q, k, v, bias, mask, implementation="cudnn")
     if q.dtype == jnp.float32:
+        bias = None if bias is None else bias.astype(q.dtype)
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
     hm = lambda a: rearrange(a, "... t h d -> ... h t d")
     out = head_major_attention(hm(q), hm(k), hm(v), bias, mask)

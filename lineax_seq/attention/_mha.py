@@ -149,6 +149,12 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(
                 f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
             )
+        if mask is not None and mask.dtype != bool:
+            # (Other dtypes would be read as truthy: an additive 0 / -inf mask, inverted.)
+            raise TypeError(
+                "`mask` must be boolean (True where a query may attend to a key), got "
+                f"mask.dtype={mask.dtype}."
+            )
         q_k = (x.shape[0], context.shape[0])
         for name, value in (("mask", mask), ("bias", bias)):
             if value is not None and value.shape[-2:] != q_k:
