@@ -699,3 +699,18 @@ def test_integer_and_real_arguments():
     real = batch["padding_mask"] & (batch["tokens"] != tok.cls_id) & (batch["tokens"] != tok.sep_id)
     assert ((batch["labels"] != ls.IGNORE_INDEX) == real).all()  # mask_prob=1: every token
     assert len(ls.text_corpus(split="all", valid_fraction=0, test_fraction=0)) > 500
+
+
+def test_bpe_training_documents_must_be_strings(no_jaxtyping):
+    """`tokenizers` reads a list of strings as a batch of documents, so training on
+    `read_classification`'s records learnt merges of their keys ("text", "label")
+    without a word; bytes failed on a bare "'int' object is not an instance of 'str'"
+    (as called without jaxtyping's import hook, which samples a list's elements)."""
+    records = grain.MapDataset.source([{"text": "hello world", "label": 1}] * 4)
+    for texts, got in (
+        (records, r"texts\[0\] must be a str, got dict"),
+        (["abc def", b"abc"], r"texts\[1\] must be a str, got bytes .*decode bytes first"),
+        ((t for t in ["abc", None]), r"texts\[1\] must be a str, got NoneType"),
+    ):
+        with pytest.raises(TypeError, match=got):
+            ls.BPETokenizer.train(texts, vocab_size=270)

@@ -601,3 +601,20 @@ def test_damaged_manifest_is_a_checkpoint_error(saved, tmp_path, damage, message
         ls.load_checkpoint(path.parent, model=model, opt_state=opt_state)
     with pytest.warns(UserWarning, match="Skipping checkpoint"):  # as train(resume=True) does
         assert ls.load_latest_checkpoint(directory, model=model, opt_state=opt_state).step == 2
+
+
+@pytest.mark.parametrize(
+    "name", ["grad_norm", "step", "split", "lr", "samples_per_s", "tokens_per_s"]
+)
+def test_aux_metrics_may_not_take_the_names_the_loop_records(name):
+    """An aux metric named like a field of the train loop's records overwrote the
+    record's step or split (breaking resume's rewind and the plots), or was overwritten
+    by the loop's own grad_norm / lr / throughput without a word."""
+    batch = np.ones((4, 3), np.float32)
+    loss_fn = lambda w, b, key: (jnp.mean((b @ w) ** 2), {name: jnp.asarray(7.0)})
+    step = ls.make_train_step(loss_fn, ls.make_optimizer(1e-2), donate=False)
+    model = jnp.ones(3)
+    with pytest.raises(ValueError, match=f"loss_fn: aux metric name '{name}' is reserved"):
+        step(model, ls.make_optimizer(1e-2).init(model), batch, jr.key(0))
+    with pytest.raises(ValueError, match=f"eval_fn: aux metric name '{name}' is reserved"):
+        ls.make_eval_step(loss_fn)(model, batch, jr.key(0))

@@ -35,6 +35,16 @@ def test_make_mesh():
         ls.make_mesh(5, 2)
 
 
+def test_make_mesh_with_data_given_needs_no_divisor():
+    """With `data` given, the mesh takes `data * model` of the devices, as `(2, 2)` does;
+    `(2, 3)` (6 of 8) was refused because 3 does not divide 8."""
+    mesh = ls.make_mesh(2, 3)
+    assert dict(mesh.shape) == {"data": 2, "model": 3}
+    assert list(mesh.devices.flat) == jax.devices()[:6]
+    with pytest.raises(ValueError, match=r"data=3 must be a positive integer with data \* model"):
+        ls.make_mesh(3, 3)
+
+
 def test_shard_batch():
     mesh = ls.make_mesh(8, 1)
     batch = {"x": np.arange(16 * 3.0).reshape(16, 3), "n": np.float32(2.0)}

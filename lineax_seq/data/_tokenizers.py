@@ -27,7 +27,20 @@ from jaxtyping import Array, Int, Integer
 from .._checks import IntLike, check_int, short_repr
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
-PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(7)
+PAD_ID = 0
+"""Id of `<pad>`, the padding token, in every tokenizer."""
+BOS_ID = 1
+"""Id of `<bos>`, the beginning-of-sequence token, in every tokenizer."""
+EOS_ID = 2
+"""Id of `<eos>`, the end-of-sequence token, in every tokenizer."""
+UNK_ID = 3
+"""Id of `<unk>`, the unknown token, in every tokenizer."""
+CLS_ID = 4
+"""Id of `<cls>`, which starts every MLM and classification sequence, in every tokenizer."""
+SEP_ID = 5
+"""Id of `<sep>`, which ends a segment, in every tokenizer."""
+MASK_ID = 6
+"""Id of `<mask>`, the masked-LM mask token, in every tokenizer."""
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 
 TokenIds = Integer[np.ndarray, " n"] | Integer[Array, " n"] | Sequence[int]
@@ -189,7 +202,8 @@ class ByteTokenizer(_SpecialIds):
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + self.offset
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
+        """`[encode(t) for t in texts]`, int32 arrays of shape `(n_i,)` (a single `str` is a
+        `TypeError`)."""
         return [self.encode(t) for t in check_texts_list(texts)]
 
     def decode(self, ids: TokenIds) -> str:
@@ -197,8 +211,8 @@ class ByteTokenizer(_SpecialIds):
 
         **Arguments:**
 
-        - `ids`: token ids (any integer iterable or array) in `[0, vocab_size)`; others
-            raise a `ValueError`.
+        - `ids`: token ids `(n,)` (any integer iterable or array) in `[0, vocab_size)`;
+            others raise a `ValueError`.
 
         **Returns:**
 
@@ -260,7 +274,7 @@ class BPETokenizer(_SpecialIds):
         **Arguments:**
 
         - `texts`: training documents (e.g. `text_corpus(split="train")`; a single
-            `str` is a `TypeError`).
+            `str`, or a document that is not a `str`, is a `TypeError`).
         - `vocab_size`: size of the vocabulary including the 7 special tokens and the
             256 byte symbols (the papers use 32k). Must be at least 263.
         - `min_frequency`: minimum pair count for a merge (an integer >= 0).
@@ -290,7 +304,10 @@ class BPETokenizer(_SpecialIds):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
-        tok.train_from_iterator(iter(texts), trainer=trainer)
+        # Each document checked as read (`texts` may stream): `tokenizers` takes a list of
+        # strings for a batch of documents, so it would train a dict's keys, or a list's.
+        documents = (check_text(t, f"texts[{i}]") for i, t in enumerate(texts))
+        tok.train_from_iterator(documents, trainer=trainer)
         return cls(tok)
 
     @classmethod
@@ -370,8 +387,8 @@ class BPETokenizer(_SpecialIds):
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Encode many texts at once (parallel in the Rust library; a single `str` is a
-        `TypeError`)."""
+        """Encode many texts at once: int32 arrays of shape `(n_i,)` (parallel in the Rust
+        library; a single `str` is a `TypeError`)."""
         encs = self._tok.encode_batch(check_texts_list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 

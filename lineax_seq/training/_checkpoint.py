@@ -236,8 +236,8 @@ def save_checkpoint(
     iterator state, `extra`) are written into a temporary directory, fsync'ed, then
     renamed to `directory/step_XXXXXXXX` in one atomic step: a crash at any moment
     leaves either the complete new checkpoint or none, never a partial one. In a
-    multi-process run every process must call this (sharded arrays are gathered) and
-    process 0 writes.
+    multi-process run every process must call this (sharded arrays are gathered),
+    process 0 writes, and every process returns once the checkpoint is written.
 
     **Arguments:**
 
@@ -275,6 +275,7 @@ def save_checkpoint(
     key_impl = typed_keys.pop("['key']", None)
     tree = _host_tree(tree)
     if jax.process_index() != 0:
+        _written(step)
         return directory / f"step_{step:08d}"
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -324,7 +325,15 @@ def save_checkpoint(
         kept = [p for s, p in steps_dirs if s <= step]
         for p in kept[:-keep]:
             shutil.rmtree(p, ignore_errors=True)
+    _written(step)
     return final
+
+
+def _written(step: int) -> None:
+    """In a multi-process run, wait until process 0 has written checkpoint `step`: the
+    path every process returns exists then (another process loading it failed)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"lineax_seq.save_checkpoint: step {step}")
 
 
 # ---------------------------------------------------------------- load

@@ -33,7 +33,8 @@ def make_mesh(
 
     - `data`: size of the data-parallel axis; `None` uses all devices left over by
         `model`.
-    - `model`: size of the tensor-parallel axis.
+    - `model`: size of the tensor-parallel axis (dividing the number of devices when
+        `data` is `None`).
     - `devices`: the devices to use, distinct `jax.Device`s (default: `jax.devices()`).
 
     **Returns:**
@@ -42,9 +43,10 @@ def make_mesh(
     """
     devices = list(jax.devices()) if devices is None else _check_devices(devices)
     model = check_int("model", model)
-    if len(devices) % model != 0:
+    if data is None and len(devices) % model != 0:
         raise ValueError(
-            f"model={model!r} must be a positive integer dividing the {len(devices)} devices."
+            f"model={model!r} must be a positive integer dividing the {len(devices)} devices "
+            "(or pass data, to use data * model of them)."
         )
     data = len(devices) // model if data is None else check_int("data", data)
     if data * model > len(devices):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
@@ -39,6 +40,9 @@ LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array]
 """`loss_fn(model, batch, key) -> (loss, aux)`: scalar loss and a dict of scalar metrics."""
 
 UNITS = ("samples", "tokens")
+RESERVED_METRICS = ("loss", "grad_norm", "lr", "step", "split") + tuple(f"{u}_per_s" for u in UNITS)
+"""Names the train step and the train loop write into every record: no aux metric may
+take one (it would overwrite a record's step or split, or be overwritten silently)."""
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 PLOT_FILE = "curves.png"
@@ -58,8 +62,11 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
         )
     out = {"loss": loss}
     for k, v in aux.items():
-        if k == "loss":
-            raise ValueError(f"{name}: aux metric name 'loss' is reserved for the loss.")
+        if k in RESERVED_METRICS:
+            raise ValueError(
+                f"{name}: aux metric name {k!r} is reserved: the names {RESERVED_METRICS} "
+                "are written by the train step and loop; rename the metric."
+            )
         if jnp.ndim(v) != 0:
             raise ValueError(
                 f"{name}: aux metric {k!r} has shape {jnp.shape(v)}; metrics must be scalars."
@@ -159,8 +166,10 @@ def make_train_step(
     **Arguments:**
 
     - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)` with a scalar `loss` and
-        `aux` a dict of scalar metrics (or `None`). It receives the whole batch and
-        does its own `jax.vmap` over examples.
+        `aux` a dict of scalar metrics (or `None`), not named as the records' own
+        fields (`"loss"`, `"grad_norm"`, `"lr"`, `"step"`, `"split"`, `"samples_per_s"`,
+        `"tokens_per_s"`). It receives the whole batch and does its own `jax.vmap` over
+        examples.
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
     - `mesh`: if given, the new model and optimiser state are constrained to
         [`lineax_seq.param_sharding`][] on this mesh (tensor-parallel weights stay put).
@@ -534,6 +543,10 @@ def train(
         history = _read_jsonl(metrics_path, start)
         if is_main and metrics_path.exists():
             _rewrite_jsonl(metrics_path, history)
+    if jax.process_count() > 1:
+        # Every process reads `out_dir` before process 0 writes its metrics: one that came
+        # later took process 0's new metrics file for an earlier run (resume=False).
+        multihost_utils.sync_global_devices("lineax_seq.train: out_dir read")
     if mesh is not None:
         model = shard_params(model, mesh, min_size=min_shard_size)
         opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
