@@ -382,10 +382,10 @@ class BiGS(eqx.Module):
         - `tokens`: token ids in `[0, vocab_size)`, shape `(length,)`, `length >= 1`.
             Out-of-range ids raise an error (at once, or through `eqx.error_if` under
             `jit`) instead of being clamped; at padded positions any id is accepted.
-        - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-          other concrete mask is an error; a traced one, under `jit` or `jax.vmap` (so
-          a batch's), is not checked).
-        - `token_types`: optional segment ids in `[0, num_token_types)`.
+        - `mask`: optional, shape `(length,)`, `True` at real tokens, then `False` at
+          trailing padding (any other concrete mask is an error; a traced one, under
+          `jit` or `jax.vmap` (so a batch's), is not checked).
+        - `token_types`: optional segment ids in `[0, num_token_types)`, shape `(length,)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.

@@ -38,7 +38,7 @@ def masked_mean(
     **Arguments:**
 
     - `x`: shape `(length, dim)`, `length >= 1` (a JAX or NumPy array).
-    - `mask`: optional, `True` at real tokens (a JAX or NumPy array).
+    - `mask`: optional, shape `(length,)`, `True` at real tokens (a JAX or NumPy array).
 
     **Returns:**
 
@@ -195,7 +195,7 @@ class SequenceClassificationHead(eqx.Module):
         **Arguments:**
 
         - `x`: hidden states, shape `(length, dim)`.
-        - `mask`: optional, `True` at real tokens; only they are pooled.
+        - `mask`: optional, shape `(length,)`, `True` at real tokens; only they are pooled.
         - `key`: dropout key.
         - `inference`: disable dropout; `None` (default) defers to the dropout module's
           own flag, which `eqx.nn.inference_mode` sets.
@@ -240,8 +240,8 @@ class SpanExtractionHead(eqx.Module):
         **Arguments:**
 
         - `x`: hidden states, shape `(length, dim)`.
-        - `mask`: optional, `True` where a span may start or end; other positions get
-            the most negative finite logit.
+        - `mask`: optional, shape `(length,)`, `True` where a span may start or end; other
+            positions get the most negative finite logit.
         - `key`: ignored (the head is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 

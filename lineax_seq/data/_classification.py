@@ -469,16 +469,19 @@ class ListOpsTokenizer(_SpecialIds):
         return len(_LISTOPS_TOKENS)
 
     def encode(self, text: str) -> np.ndarray:
-        """Split on whitespace and map each token to its id (`<unk>` if unknown)."""
+        """Split on whitespace and map each token to its id (`<unk>` if unknown): int32,
+        shape `(n,)`."""
         tokens = check_text(text).split()
         return np.asarray([self._index.get(t, UNK_ID) for t in tokens], dtype=np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`[encode(t) for t in texts]` (a single `str` is a `TypeError`)."""
+        """`[encode(t) for t in texts]`, int32 arrays of shape `(n_i,)` (a single `str` is a
+        `TypeError`)."""
         return [self.encode(t) for t in check_texts_list(texts)]
 
     def decode(self, ids: TokenIds) -> str:
-        """Space-joined tokens, special tokens dropped (ids outside `[0, 22)` raise)."""
+        """Space-joined tokens of ids `(n,)`, special tokens dropped (ids outside `[0, 22)`
+        raise)."""
         ids = check_ids(ids, self.vocab_size)
         return " ".join(_LISTOPS_TOKENS[i] for i in ids if i >= NUM_SPECIAL)
 

@@ -14,6 +14,8 @@ from ._loader import batch_examples
 from ._tokenizers import Tokenizer, check_ids, check_texts
 
 IGNORE_INDEX = -100
+"""Label at positions without a loss (the masked-LM labels of unmasked tokens), as in
+PyTorch's and Hugging Face's losses."""
 
 
 def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
@@ -186,7 +188,7 @@ def mask_tokens(
 
     **Arguments:**
 
-    - `tokens`: int token ids of one sequence.
+    - `tokens`: int token ids of one sequence, shape `(length,)`.
     - `rng`: a NumPy generator (the only source of randomness).
     - `vocab_size`, `mask_id`, `special_ids`: from the tokenizer (ids in
         `[0, vocab_size)`).

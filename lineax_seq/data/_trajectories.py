@@ -41,7 +41,7 @@ def split_trajectories(
     test_fraction: RealLike,
     split_seed: IntLike = 0,
 ) -> np.ndarray:
-    """Sorted indices of the trajectories in `split`.
+    """Sorted indices (int, shape `(num_in_split,)`) of the trajectories in `split`.
 
     A fixed permutation (`np.random.default_rng(split_seed)`) puts the first
     `round(valid_fraction * N)` trajectories in `"valid"`, the next

@@ -221,7 +221,8 @@ class KoopmanAutoencoder(eqx.Module):
     def step(
         self, z: Float[Array, " latent_dim"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent_dim"]:
-        """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` and the encoded control `v_t`."""
+        """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` `(latent_dim,)` and the
+        encoded control `v_t` `(action_latent,)` (`None` for an autonomous model)."""
         return self.dynamics(z, v)
 
     def __call__(

@@ -48,13 +48,15 @@ class AbstractLatentDynamics(eqx.Module):
     def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`f(z, v)` `(latent,)`, the time derivative per unit of `delta`."""
+        """`f(z, v)` `(latent,)`, the time derivative per unit of `delta`, from the latent
+        `z` `(latent,)` and the encoded control `v` `(action_latent,)` (or `None`)."""
 
     @abc.abstractmethod
     def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """One discrete step `z_{t+1}` `(latent,)` from `z_t` and the encoded control `v_t`."""
+        """One discrete step `z_{t+1}` `(latent,)` from `z_t` `(latent,)` and the encoded
+        control `v_t` `(action_latent,)` (or `None`)."""
 
     def _check(self, z: Array, v: Array | None) -> None:
         """`z` must have shape `(latent_dim,)`; `v` shape `(action_latent_dim,)`, or
@@ -202,7 +204,8 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
     def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`K z + L v` (so `dz/dt = (delta / dt) (K z + L v)`)."""
+        """`K z + L v` `(latent,)`, so `dz/dt = (delta / dt) (K z + L v)`; `z` `(latent,)`,
+        `v` `(action_latent,)` or `None`."""
         out = self.K @ z
         if v is not None and self.L is not None:
             out = out + self.L @ v
@@ -211,7 +214,8 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
     def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """One discrete step `Kbar z + Lbar v`."""
+        """One discrete step `Kbar z + Lbar v` `(latent,)`; `z` `(latent,)`, `v`
+        `(action_latent,)` or `None`."""
         self._check(z, v)
         Kbar, Lbar = self.discretize()
         out = Kbar @ z
@@ -272,13 +276,15 @@ class MLPDynamics(AbstractLatentDynamics):
     def rate(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`mlp([z, v])` (so `dz/dt = (delta / dt) mlp([z, v])`)."""
+        """`mlp([z, v])` `(latent,)`, so `dz/dt = (delta / dt) mlp([z, v])`; `z` `(latent,)`,
+        `v` `(action_latent,)` or `None`."""
         inp = z if v is None or self.action_latent_dim == 0 else jnp.concatenate([z, v])
         return self.mlp(inp)
 
     def step(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """One discrete step `z + delta * mlp([z, v])` (explicit Euler over `dt`)."""
+        """One discrete step `z + delta * mlp([z, v])` `(latent,)` (explicit Euler over
+        `dt`); `z` `(latent,)`, `v` `(action_latent,)` or `None`."""
         self._check(z, v)
         return z + self.delta * self.rate(z, v)

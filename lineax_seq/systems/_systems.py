@@ -145,7 +145,8 @@ class LotkaVolterra(DynamicalSystem):
         return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
 
     def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
-        """The conserved `delta x1 - gamma log x1 + beta x2 - alpha log x2`, shape `(*batch,)`."""
+        """The conserved `delta x1 - gamma log x1 + beta x2 - alpha log x2`, shape `(*batch,)`,
+        of states `x` `(*batch, 2)`."""
         x1, x2 = x[..., 0], x[..., 1]
         return (
             self.delta * x1 - self.gamma * jnp.log(x1) + self.beta * x2 - self.alpha * jnp.log(x2)
@@ -189,7 +190,8 @@ class Pendulum(DynamicalSystem):
         return jnp.stack([theta, jnp.zeros_like(theta)], axis=-1)
 
     def energy(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
-        """Energy per unit `m length^2`: `omega^2 / 2 - (g / length) cos(theta)`."""
+        """Energy per unit `m length^2`, `omega^2 / 2 - (g / length) cos(theta)`, shape
+        `(*batch,)`, of states `x` `(*batch, 2)`."""
         return 0.5 * x[..., 1] ** 2 - (self.g / self.length) * jnp.cos(x[..., 0])
 
 
@@ -277,6 +279,9 @@ SYSTEMS: dict[str, type[DynamicalSystem]] = {
     "lorenz": Lorenz63,
     "controlled_pendulum": ControlledPendulum,
 }
+"""The systems by name (the `--system` choices of `python -m lineax_seq koopman`, and
+`controlled_pendulum`): each a [`lineax_seq.DynamicalSystem`][] class whose defaults
+are the paper's parameters. [`lineax_seq.get_system`][] builds one."""
 
 
 def get_system(name: str, **params: float) -> DynamicalSystem:
