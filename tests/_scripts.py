@@ -1,7 +1,9 @@
-"""Run a Python script in a fresh process, as a reader would (README, docs, tutorials)."""
+"""Run Python scripts in fresh processes: as a reader would (README, docs, tutorials), or
+as the hosts of a multi-process JAX job."""
 
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -19,3 +21,47 @@ def run_script(
         text=True,
         timeout=600,
     )
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for `jax.distributed.initialize`'s coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_processes(
+    script: pathlib.Path, num_processes: int, *args: str, cwd: pathlib.Path
+) -> list[subprocess.Popen]:
+    """`num_processes` runs of `python script PROCESS_ID NUM_PROCESSES PORT *args`, as
+    hosts of one JAX job on loopback: CPU devices (one each, unless the script sets
+    `XLA_FLAGS` itself), even beside an accelerator. See `wait_for`."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    }
+    return [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), str(num_processes), str(port), *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(num_processes)
+    ]
+
+
+def wait_for(procs: list[subprocess.Popen], timeout: float = 180) -> None:
+    """Wait for `start_processes`'s processes; each must exit with 0 (its output is the
+    assertion's message). On a timeout all are killed, so none is left waiting."""
+    try:
+        logs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log

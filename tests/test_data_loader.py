@@ -7,13 +7,11 @@ pipeline yields.
 """
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 
 import numpy as np
+from _scripts import start_processes, wait_for
 
 HERE = pathlib.Path(__file__).resolve().parent
 NUM_EXAMPLES = 25
@@ -53,33 +51,9 @@ def test_worker_processes_give_the_same_batches_and_resume():
     _assert_batches_equal([next(resumed) for _ in range(4)], expected[4:])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_default_sharding_splits_examples_over_jax_processes(tmp_path):
-    port = _free_port()
-    # Two processes on loopback, as two hosts: CPU devices, even beside an accelerator.
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-        "JAX_PLATFORMS": "cpu",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(i), "2", str(port), str(tmp_path)],
-            cwd=HERE.parent,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        out = p.communicate(timeout=180)[0].decode()
-        assert p.returncode == 0, out
+    # Two processes on loopback, as two hosts.
+    wait_for(start_processes(pathlib.Path(__file__), 2, str(tmp_path), cwd=HERE.parent))
     seen = [json.loads((tmp_path / f"ids{i}.json").read_text()) for i in range(2)]
     # ShardByJaxProcess(drop_remainder=True): process i keeps examples i, i+2, ... of
     # the first 24 (so both take the same number of steps), shuffled; none twice.

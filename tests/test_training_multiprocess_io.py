@@ -1,15 +1,12 @@
 """`train` and `save_checkpoint` across processes that reach them at different times.
 
-Run as a script (`python tests/test_training_multiprocess_io.py PROCESS_ID PORT OUT_DIR`)
+Run as a script (`python tests/test_training_multiprocess_io.py PROCESS_ID 2 PORT OUT_DIR`)
 this file is one JAX process of a 2-process run: `train(resume=False)`, then
 `save_checkpoint` and `load_checkpoint`.
 """
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 import time
 
@@ -17,6 +14,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from _scripts import start_processes, wait_for
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -25,40 +23,11 @@ def _loss(w, b, key):
     return jnp.mean((b @ w) ** 2), None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     """The outcomes of `_process_main` in a 2-process run (this file as a script)."""
     out = tmp_path_factory.mktemp("two_processes")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-        "JAX_PLATFORMS": "cpu",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(i), str(port), str(out)],
-            cwd=HERE.parent,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        try:
-            log = p.communicate(timeout=120)[0].decode()
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, log
+    wait_for(start_processes(pathlib.Path(__file__), 2, str(out), cwd=HERE.parent), timeout=120)
     return out
 
 
@@ -93,11 +62,12 @@ def _outcome(path: pathlib.Path, fn) -> None:
 def _process_main() -> None:
     import jax
 
-    process_id, port, out = int(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
+    out = pathlib.Path(sys.argv[4])
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
-        num_processes=2,
+        num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=60,
     )

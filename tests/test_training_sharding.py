@@ -1,11 +1,7 @@
 """Sharding on the 8 host CPU devices, and a 2-process data-parallel run on loopback."""
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import _training_sharding_common as common
 import equinox as eqx
@@ -15,6 +11,7 @@ import jax.random as jr
 import numpy as np
 import pytest
 from _devices import needs_8_devices
+from _scripts import start_processes, wait_for
 from jax.sharding import PartitionSpec as P
 
 import lineax_seq as ls
@@ -165,34 +162,10 @@ def test_eval_batch_that_does_not_divide_the_mesh_is_replicated():
         np.testing.assert_allclose(records["mesh"][k], records["one"][k], rtol=1e-5)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_data_parallel_equals_single_process(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # two hosts on loopback, CPU devices
-    env.pop("XLA_FLAGS", None)
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "_training_multihost.py"),
-                str(i),
-                "2",
-                str(port),
-                str(tmp_path / "multi"),
-            ],
-            cwd=HERE,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
+    # Two hosts on loopback (2 CPU devices each: the script sets XLA_FLAGS).
+    procs = start_processes(HERE / "_training_multihost.py", 2, str(tmp_path / "multi"), cwd=HERE)
     # Meanwhile: the same run in this process, on one device, without a mesh.
     batches = common.batches()
     single = ls.train(
@@ -205,9 +178,7 @@ def test_two_processes_data_parallel_equals_single_process(tmp_path):
         log_every=1,
         progress=False,
     )
-    for p in procs:
-        out = p.communicate(timeout=120)[0].decode()
-        assert p.returncode == 0, out
+    wait_for(procs)
     multi = [
         json.loads(line) for line in (tmp_path / "multi/metrics.jsonl").read_text().splitlines()
     ]
