@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -107,6 +108,9 @@ def test_param_labels(toy):
             "enc",
             "default",
         )
+    # A compiled pattern, flags included, as a string pattern.
+    labels = ls.param_labels(toy, {"b": ls.ParamGroup(match=re.compile(r"\.BIAS$", re.I))})
+    assert (labels.encoder.bias, labels.encoder.weight) == ("b", "default")
 
 
 def test_param_group_bad_input(toy):

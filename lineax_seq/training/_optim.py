@@ -101,8 +101,9 @@ class ParamGroup:
 
     Select the members in exactly one of three ways:
 
-    - `match`: a regular expression searched in the parameter's path (as written by
-        `jax.tree_util.keystr`, e.g. `".layers[0].kernel.log_dt"`), or a predicate
+    - `match`: a regular expression (a string or an `re.Pattern`) searched in the
+        parameter's path (as written by `jax.tree_util.keystr`, e.g.
+        `".layers[0].kernel.log_dt"`), or a predicate
         `(path: str, leaf: jax.ShapeDtypeStruct) -> bool` on the path and the leaf's
         shape and dtype (labels are recomputed inside `jit`, where values are unknown).
     - `where`: an `equinox.tree_at`-style selector, `lambda model: model.dynamics` or
@@ -121,7 +122,7 @@ class ParamGroup:
     - `weight_decay`: decoupled weight decay of the group; `None` keeps the base one.
     """
 
-    match: str | Callable[[str, Any], bool] | None = None
+    match: str | re.Pattern | Callable[[str, Any], bool] | None = None
     where: Callable[[PyTree], Any] | None = None
     instance_of: type | tuple[type, ...] | None = None
     learning_rate: float | int | None = None
@@ -141,7 +142,9 @@ class ParamGroup:
                 re.compile(self.match)
             except re.error as e:
                 raise ValueError(f"match={self.match!r} is not a regular expression: {e}.") from e
-        elif self.match is not None and not callable(self.match):
+        elif self.match is not None and not (
+            isinstance(self.match, re.Pattern) or callable(self.match)
+        ):
             raise ValueError(
                 f"match={self.match!r} must be a regular expression or a predicate "
                 "(path, leaf) -> bool."
@@ -246,7 +249,7 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
             )
         selected[name] = {i for i, x in enumerate(flat) if x is marker}
     for name, group in groups.items():
-        if isinstance(group.match, str):
+        if isinstance(group.match, str | re.Pattern):
             selected[name] = {i for i, p in enumerate(paths) if re.search(group.match, p)}
         elif group.match is not None:
             selected[name] = {
