@@ -399,8 +399,16 @@ def test_save_checkpoint_bad_input(tmp_path):
     save = ls.save_checkpoint.__wrapped__  # as called without jaxtyping's import hook
     with pytest.raises(ValueError, match="step must be an integer >= 0, got step=1.5"):
         save(tmp_path, 1.5, model=model)
-    with pytest.raises(ValueError, match="key=3 must be a jax.random.key"):
-        save(tmp_path, 1, model=model, key=3)
+    # Not one key (a batch of keys, floats): saved, these failed only at resume.
+    for bad, got in (
+        (3, "3"),
+        (jr.split(jr.key(0)), r"dtype key<fry>, shape \(2,\)"),
+        (np.zeros(2, np.float32), r"dtype float32, shape \(2,\)"),
+        (jr.split(jr.PRNGKey(0)), r"dtype uint32, shape \(2, 2\)"),
+    ):
+        with pytest.raises(ValueError, match=f"key must be one jax.random.key .*, got {got}"):
+            save(tmp_path, 1, model=model, key=bad)
+    assert not any(tmp_path.iterdir())  # nothing written
     with pytest.raises(ValueError, match="extra must be JSON-compatible"):
         ls.save_checkpoint(tmp_path, 1, model=model, extra={"f": object()})
     for bad in (3, [1, 2], "cfg", 0):  # a save that no load could read back

@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jaxtyping import PRNGKeyArray, PyTree
 
-from .._checks import IntLike, check_int, check_optional_int
+from .._checks import IntLike, check_int, check_optional_int, short_repr
 
 FORMAT = "lineax_seq.checkpoint/1"
 ARRAYS = "arrays.eqx"
@@ -109,6 +109,16 @@ def _leaf_specs(tree: PyTree) -> list[dict]:
         elif eqx.is_array_like(leaf):
             specs.append({"path": jtu.keystr(path), "shape": [], "dtype": type(leaf).__name__})
     return specs
+
+
+def _is_one_key(key: Any) -> bool:
+    """Whether `key` is a single PRNG key: typed with shape `()`, or raw `uint32` `(n,)`
+    (a batch of keys, or floats, would be saved and only fail at resume)."""
+    if not isinstance(key, jax.Array | np.ndarray):
+        return False
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key.shape == ()
+    return key.dtype == np.uint32 and key.ndim == 1
 
 
 def _key_impl(leaf: Any) -> str | None:
@@ -260,8 +270,16 @@ def save_checkpoint(
     """
     keep = check_optional_int("keep", keep)
     step = check_int("step", step, minimum=0)
-    if key is not None and not isinstance(key, jax.Array | np.ndarray):
-        raise ValueError(f"key={key!r} must be a jax.random.key (or raw uint32 key) or None.")
+    if key is not None and not _is_one_key(key):
+        got = (
+            f"dtype {key.dtype}, shape {key.shape}"
+            if isinstance(key, jax.Array | np.ndarray)
+            else short_repr(key)
+        )
+        raise ValueError(
+            "key must be one jax.random.key (shape ()), one raw uint32 key (shape (n,)) "
+            f"or None, got {got}."
+        )
     # The metadata is checked before anything is written.
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(
