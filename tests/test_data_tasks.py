@@ -240,6 +240,16 @@ def test_classification_dataset_checks_the_first_record():
     ls.classification_dataset(grain.MapDataset.range(10**9).map(record), tok, length=8,
                               batch_size=2)  # fmt: skip
     assert reads == [0]
+    # The others are checked as they are read (a pair was dropped, "2" read as class 2).
+    good = {"text": "a", "label": 1}
+    for later, message in (
+        ({"text": "a", "text_pair": "b", "label": 1}, r"records\[2\] has a 'text_pair'"),
+        ({"text": "a", "label": "2"}, r"records\[2\]\['label'\] must be an int"),
+        ({"text": "a"}, r"records\[2\] has no 'label'"),
+    ):
+        data = make([good, good, later], add_special_tokens=False, shuffle=False, num_epochs=1)
+        with pytest.raises(ValueError, match=message):
+            list(data)
 
 
 def test_classification_dataset_label_dtype_follows_the_first_record():

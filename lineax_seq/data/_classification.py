@@ -325,7 +325,8 @@ def _longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarra
 
 
 class _EncodeClassification:
-    """Picklable map: `{"text", "label"}` -> `{"tokens", "padding_mask", "label"}`."""
+    """Picklable map with index: `{"text", "label"}` -> `{"tokens", "padding_mask",
+    "label"}`, or a `ValueError` naming `records[index]` if the record is malformed."""
 
     def __init__(
         self,
@@ -338,7 +339,13 @@ class _EncodeClassification:
         self.tokenizer, self.length, self.special = tokenizer, length, add_special_tokens
         self.truncation, self.regression = truncation, regression
 
-    def __call__(self, record):
+    def __call__(self, index: int, record):
+        _check_record(record, index)
+        if "text_pair" in record and not self.special:
+            raise ValueError(
+                f"records[{index}] has a 'text_pair', which add_special_tokens=False would "
+                "drop: sentence pairs are encoded as <cls> text <sep> text_pair <sep>"
+            )
         t = self.tokenizer
         ids = t.encode(record["text"])
         if self.special:
@@ -415,10 +422,10 @@ def classification_dataset(
 
     **Raises:**
 
-    `ValueError` for a bad `length` or `truncation`, for an empty `records`, (naming
-    `records` and the index) for a first record of another form or a sentence pair
-    with `add_special_tokens=False`, and (while iterating) for a fractional label
-    among class ids.
+    `ValueError` for a bad `length` or `truncation`, for an empty `records`, and
+    (naming `records` and the index) for a record of another form, a sentence pair with
+    `add_special_tokens=False` or a fractional label among class ids: for the first
+    record at once, for the others while iterating.
     """
     length = check_int("length", length)
     if truncation not in TRUNCATIONS:
@@ -427,13 +434,9 @@ def classification_dataset(
         raise ValueError("records is empty: there are no examples to batch")
     first = records[0]  # random access: cheap, and no whole pass over the dataset
     regression = _check_record(first, 0)
-    if "text_pair" in first and not add_special_tokens:
-        raise ValueError(
-            "records[0] has a 'text_pair', which add_special_tokens=False would drop: "
-            "sentence pairs are encoded as <cls> text <sep> text_pair <sep>"
-        )
     encode = _EncodeClassification(tokenizer, length, add_special_tokens, truncation, regression)
-    examples = records.map(encode)
+    encode(0, first)  # the first record's errors now; the others' while iterating
+    examples = records.map_with_index(encode)
     return batch_examples(
         examples,
         batch_size=batch_size,
