@@ -269,6 +269,20 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
 
 
+def test_pre_layer_norm_in_bfloat16_is_float32_accurate(zoo, getkey):
+    """The layers' LayerNorm of a bfloat16 residual stream with an offset (mean 30,
+    std 1) is as accurate as `eqx.nn.LayerNorm`'s (float32 inside), not off by about
+    `eps * |mean| / std` from subtracting the mean in bfloat16."""
+    from lineax_seq.bst._layers import _norm
+
+    norm = _bfloat16(zoo["sh:s4"].attention_norm)
+    x = (30 + jr.normal(getkey(), (L, DIM))).astype(jnp.bfloat16)
+    got = _norm(norm, x)
+    assert got.dtype == jnp.bfloat16
+    want = jax.vmap(eqx.nn.LayerNorm(DIM))(x.astype(jnp.float32))  # weight 1, bias 0
+    np.testing.assert_allclose(got.astype(jnp.float32), want, atol=2e-2)
+
+
 def test_tied_head_starts_near_uniform(sh_lm, getkey):
     """Embeddings of std 0.02 (GPT-2) and an unscaled tied head: initial loss ~ log(vocab)."""
     logits = _forward_pair(sh_lm, jr.randint(getkey(), (2, L), 0, VOCAB))
@@ -565,8 +579,13 @@ def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping)
         build(LM, VOCAB, DIM, 2, bst_layers=1, **lm_kw)
     with pytest.raises(ValueError, match="num_heads=True"):
         build(ls.SlidingWindowLayer, DIM, True, W)
-    with pytest.raises(ValueError, match="dim=8.0"):
-        build(ls.BlockStateTransformerLayer, 8.0, HEADS, W)
+    for cls in (
+        ls.BlockStateTransformerLayer,
+        ls.SlidingWindowLayer,
+        ls.BlockRecurrentTransformerLayer,
+    ):
+        with pytest.raises(ValueError, match="dim=8.0"):
+            build(cls, 8.0, HEADS, W)
     with pytest.raises(ValueError, match="streams=True"):
         build(ls.ContextSSM, DIM, 2, True)
     with pytest.raises(ValueError, match="features=2.0"):

@@ -28,6 +28,7 @@ from .._checks import IntLike, check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
+from ..ssm._fft_conv import _work_dtype
 from ._ssm import ContextSSM, Position, check_cache, check_position, held_positions
 
 CONTEXTS = ("sh", "mh", "mf")
@@ -40,10 +41,15 @@ def _dense(layer: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Array, "*
 
 
 def _norm(norm: eqx.nn.LayerNorm, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch dim"]:
+    # In float32 at least, as `eqx.nn.LayerNorm`: in bfloat16, `x - mean` loses about
+    # `eps * |mean| / std` (a residual stream's offset) before the normalisation.
+    dtype = jnp.result_type(x, norm.weight, norm.bias)  # the result's, as before
+    work = _work_dtype(dtype)  # float64 stays, narrower types run in float32
+    x = x.astype(work)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.var(x, axis=-1, keepdims=True)
     y = (x - mean) * jax.lax.rsqrt(var + norm.eps)
-    return y * norm.weight + norm.bias
+    return (y * norm.weight.astype(work) + norm.bias.astype(work)).astype(dtype)
 
 
 def _heads(x: Float[Array, "*batch dim"], num_heads: int) -> Float[Array, "*batch heads hd"]:
@@ -165,6 +171,7 @@ class SlidingWindowLayer(eqx.Module):
           decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        dim = check_int("dim", dim)
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")
         ka, km = jr.split(key)
@@ -593,6 +600,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
           states' update in the scan over blocks and decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        dim = check_int("dim", dim)
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")
         num_states = window if num_states is None else check_int("num_states", num_states)
