@@ -564,9 +564,16 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
     ]:
         with pytest.raises(ValueError, match=pattern):
             ls.BiGS(10, 8, 1, routing="attention", key=jr.key(0), **option)
-    # NumPy integers are sizes (stored as ints: a NumPy one would be traced when built).
-    model = ls.BiGS(np.int64(10), np.int64(8), np.int64(1), inner_dim=np.int32(24), key=jr.key(0))
+    # NumPy integers are sizes (stored as ints: a NumPy one would be traced when built;
+    # `num_heads`, `state_size` and a NumPy `dropout` were, and the build failed).
+    model = ls.BiGS(
+        np.int64(10), np.int64(8), np.int64(1), inner_dim=np.int32(24), num_heads=np.int64(2),
+        state_size=np.int64(16), dropout=np.float64(0.0), key=jr.key(0),
+    )  # fmt: skip
     assert (model.dim, model.num_layers) == (8, 1) and type(model.dim) is int
+    config = model.config()
+    assert [type(config[k]) for k in ("num_heads", "state_size", "dropout")] == [int, int, float]
+    assert json.loads(json.dumps(config)) == config
     head = ls.SequenceClassificationHead(np.int64(8), np.int64(3), key=jr.key(0))
     assert head(jnp.ones((5, 8)), inference=True).shape == (3,)
     with pytest.raises(ValueError, match="num_token_types must be an integer >= 0"):
@@ -882,10 +889,11 @@ def test_bert_tiny_uses_word_order():
 
 def test_numpy_and_jax_step_sizes_are_floats(no_jaxtyping):
     """`dt_min` / `dt_max` given as NumPy or JAX scalars are used as floats (a JAX array
-    became a static field, and in `BiGS` a tracer inside its compiled build)."""
+    became a static field, and in `BiGS` a tracer inside its compiled build); a NumPy
+    `state_size` is stored as an int (Equinox warned of an array set as static)."""
     model = ls.BiGS(10, 8, 1, dt_min=np.float32(1e-3), dt_max=jnp.asarray(0.1), key=jr.key(0))
     assert type(model.dt_min) is float and type(model.dt_max) is float
     assert json.loads(json.dumps(model.config()))["dt_max"] == pytest.approx(0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Equinox warns of a JAX array set as static
-        ls.GatedLayer(8, dt_min=jnp.asarray(1e-3), key=jr.key(0))
+        ls.GatedLayer(8, dt_min=jnp.asarray(1e-3), state_size=np.int64(16), key=jr.key(0))

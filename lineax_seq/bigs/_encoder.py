@@ -230,11 +230,15 @@ class BiGS(eqx.Module):
             max_length = check_int("max_length", max_length)
         num_token_types = check_int("num_token_types", num_token_types, minimum=0)
         final_norm = check_bool("final_norm", final_norm)
-        check_dropout(dropout)
+        dropout = check_dropout(dropout)
         init_std = check_init_std(init_std)
         dt_min, dt_max = check_kernel_options(
             state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init"
         )
+        # Plain Python numbers: `_build` traces NumPy scalars, and `config()` is JSON.
+        state_size = int(state_size)
+        if num_heads is not None:
+            num_heads = check_int("num_heads", num_heads)
         if inner_dim is None:
             inner_dim = (3 if architecture == "gated" else 4) * dim
         inner_dim = check_int("inner_dim", inner_dim)

@@ -38,10 +38,11 @@ def check_init_std(init_std: object) -> float:
     return float(init_std)
 
 
-def check_dropout(dropout: object) -> None:
-    """A `ValueError` unless `dropout` is a rate in `[0, 1)`."""
+def check_dropout(dropout: object) -> float:
+    """`dropout` as a Python float; a `ValueError` unless it is a rate in `[0, 1)`."""
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+    return float(dropout)
 
 
 def dense(
@@ -212,14 +213,14 @@ class _Layer(eqx.Module):
         routing = self._default_routing if routing is None else routing
         _check("routing", routing, ROUTINGS)
         _check("kernel", kernel, KERNELS)
-        check_dropout(dropout)
+        dropout = check_dropout(dropout)
         init_std = check_init_std(init_std)
         heads = _default_heads(dim) if num_heads is None else num_heads
         heads = check_int("num_heads", heads)
         dt_min, dt_max = check_kernel_options(
             state_size, ssm_init, "zoh", dt_min, dt_max, init_name="ssm_init"
         )
-        ssm = _SSMSettings(state_size, kernel, ssm_init, dt_min, dt_max)
+        ssm = _SSMSettings(int(state_size), kernel, ssm_init, dt_min, dt_max)
         self._build(dim, inner_dim, routing, heads, ssm, init_std, key)
         self.dropout = eqx.nn.Dropout(dropout)
         self.dim = dim
