@@ -324,15 +324,13 @@ class _MultiFilterContext(eqx.Module):
         return {"k": k, "v": v, "last": jnp.zeros_like(self.initial)}
 
     def step(self, cache: Cache, y_t, t: Int[Array, ""], window: int):
+        # The context changes once a block: its keys/values are computed then, not for
+        # every token.
         context = jnp.where(t == 0, self.initial, cache["last"])
-        k, v = self._kv(context)
-        new_block = t % window == 0
-        cache = {
-            "k": jnp.where(new_block, k, cache["k"]),
-            "v": jnp.where(new_block, v, cache["v"]),
-            "last": y_t,
-        }
-        return cache, None
+        k, v = jax.lax.cond(
+            t % window == 0, lambda: self._kv(context), lambda: (cache["k"], cache["v"])
+        )
+        return {"k": k, "v": v, "last": y_t}, None
 
 
 # --------------------------------------------------------------------------- BST
@@ -698,9 +696,12 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:
-        """Empty decoding cache: attention frame and the recurrent states."""
+        """Empty decoding cache: attention frame, the recurrent states, and the states'
+        normalised form and keys/values (they change once a block)."""
         check_int("max_length", max_length)
-        return {"frame": _init_frame(self.self_attention), "states": self.initial_state}
+        s, (ks, vs) = self._state_kv(self.initial_state)
+        states = {"states": self.initial_state, "s": s, "ks": ks, "vs": vs}
+        return {"frame": _init_frame(self.self_attention), **states}
 
     def step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Position
@@ -718,12 +719,12 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         w = self.window
         h = _norm(self.attention_norm, x_t)
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
-        states = cache["states"]
-        s, (ks, vs) = self._state_kv(states)
+        states, s, ks, vs = (cache[name] for name in ("states", "s", "ks", "vs"))
         out = self._tokens_out(x_t[None], self_heads[None], h[None], ks, vs)[0]
-        states = jax.lax.cond(
-            t % w == w - 1,
-            lambda: self._update_states(states, s, ks, vs, frame["k"][w:], frame["v"][w:]),
-            lambda: states,
-        )
-        return {"frame": frame, "states": states}, out
+
+        def block_end():
+            new = self._update_states(states, s, ks, vs, frame["k"][w:], frame["v"][w:])
+            return new, *self._state_kv(new)
+
+        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: (states, s, (ks, vs)))
+        return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, out
