@@ -281,6 +281,15 @@ def test_simulate_takes_numpy_inputs():
         wide = ls.simulate(system, x, 5, actions=us.astype(np.float64), dt=0.02)
         assert wide.dtype == jnp.float64
         np.testing.assert_allclose(wide, expected, rtol=1e-5, atol=1e-6)
+        # Likewise NumPy float64 parameters (e.g. a sweep over np.linspace), which make
+        # the field float64: they failed inside diffrax, naming nothing.
+        swept = ls.simulate(ls.ControlledPendulum(g=np.float64(9.81)), x, 5, actions=us, dt=0.02)
+        assert swept.dtype == jnp.float64
+        np.testing.assert_allclose(swept, expected, rtol=1e-5, atol=1e-6)
+        # A NumPy float64 sampling interval does not widen the state (the scan refused).
+        spaced = ls.simulate(ls.ControlledPendulum(dt=np.float64(0.02)), x, 5, actions=us)
+        assert spaced.dtype == jnp.float32
+        np.testing.assert_allclose(spaced, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_batched_system_parameters(no_jaxtyping):

@@ -134,7 +134,15 @@ def simulate(
         # float32 state compute in float64), so the scan's carry keeps its dtype.
         dtype = jnp.result_type(x0, actions)
         x0, actions = x0.astype(dtype), actions.astype(dtype)
-    dt = system.dt if dt is None else dt
+    # Likewise for the field's parameters (NumPy float64 ones, e.g. from `np.linspace`,
+    # with a float32 state under x64 give a float64 field): the state takes its dtype.
+    u0 = None if actions is None else actions[0]
+    field = jax.eval_shape(system.vector_field, jnp.zeros((), x0.dtype), x0, u0)
+    dtype = jnp.result_type(x0, field.dtype)
+    x0, actions = x0.astype(dtype), None if actions is None else actions.astype(dtype)
+    # Times in the state's dtype, also for a NumPy float64 `system.dt` under x64 (float64
+    # times made diffrax return float64 states, which the scan over intervals refused).
+    dt = jnp.asarray(system.dt if dt is None else dt, x0.dtype)
     term = diffrax.ODETerm(system.vector_field)
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
 
