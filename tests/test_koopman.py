@@ -311,6 +311,45 @@ def test_training_objective_with_reencoding_and_action_head():
     assert jnp.isfinite(grads.dynamics.log_delta) and grads.dynamics.log_delta != 0
 
 
+def test_semi_open_loop_action_head_on_autonomous_dynamics():
+    """Section 1.4.3: actions follow from the states (`u = pi(x)`), so the dynamics are
+    autonomous (`z_{t+1} = K z_t`) and the actions are the head's targets only. Before,
+    an action head forced controlled dynamics, whose unroll needs the actions."""
+    m = ls.KoopmanAutoencoder(2, 5, width=8, action_head=True, head_action_dim=3, key=jr.key(3))
+    assert (m.action_dim, m.head_action_dim, m.action_encoder) == (0, 3, None)
+    xs, us = jr.normal(jr.key(4), (5, 2)), jr.normal(jr.key(5), (4, 3))
+
+    @eqx.filter_jit
+    def losses(m, xs, us):
+        return (
+            ls.koopman_loss(m, xs, us)[1],
+            ls.koopman_loss(m, xs)[1],
+            ls.unroll(m, xs[0], steps=4),
+        )
+
+    with_targets, without, states = losses(m, xs, us)
+    assert "action" not in without and states.shape == (4, 2)
+    for name, value in without.items():  # the actions do not drive the dynamics
+        np.testing.assert_allclose(with_targets[name], value, rtol=1e-6, err_msg=name)
+    heads = jax.vmap(lambda x: m.predict_action(m.encode(x)))(xs[:-1])
+    want = jnp.sum(jnp.linalg.norm(us - heads, axis=-1))
+    np.testing.assert_allclose(with_targets["action"], want, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"head's targets \(steps, head_action_dim\) = \(4, 3\)"):
+        ls.koopman_loss(m, xs, us[:, :1])
+    with pytest.raises(ValueError, match="actions contains NaN or inf"):
+        ls.koopman_loss(m, xs, us.at[0, 0].set(jnp.nan))
+    with pytest.raises(ValueError, match="action_dim=0"):  # the unroll takes no actions
+        ls.unroll(m, xs[0], us, steps=4)
+    make = lambda **kw: ls.KoopmanAutoencoder(2, 4, width=8, key=jr.key(0), **kw)
+    with pytest.raises(ValueError, match="head_action_dim=2 is the action head's output size"):
+        make(head_action_dim=2)
+    with pytest.raises(ValueError, match="with controls \\(action_dim=1\\) the head predicts"):
+        make(action_dim=1, action_head=True, head_action_dim=2)
+    with pytest.raises(ValueError, match="action_dim > 0 .* or head_action_dim > 0"):
+        make(action_head=True)
+    assert make(action_dim=1, action_head=True).head_action_dim == 1
+
+
 def test_mlp_baseline_with_controls_is_autoregressive():
     base = ls.MLPBaseline(2, 1, width=8, layers=3, key=jr.key(16))
     x0 = jnp.array([0.2, -0.1])

@@ -62,9 +62,17 @@ class KoopmanAutoencoder(eqx.Module):
 
     `z = phi(x)` (ReLU MLP encoder), `z_{t+1} = Kbar z_t + Lbar omega(u_t)` (or a
     nonlinear MLP step), `x = psi(z)` (unit-norm linear or MLP decoder). With
-    `action_head=True` an extra MLP decodes actions from the latent (the
-    semi-open-loop behaviour-cloning head). Unroll it with
-    [`unroll`][lineax_seq.unroll] or [`unroll_continuous`][lineax_seq.unroll_continuous].
+    `action_head=True` an extra MLP decodes actions from the latent, trained by the
+    `action` term of [`koopman_loss`][lineax_seq.koopman_loss] (behaviour cloning).
+    Unroll it with [`unroll`][lineax_seq.unroll] or
+    [`unroll_continuous`][lineax_seq.unroll_continuous].
+
+    For the paper's semi-open-loop control (section 1.4.3 and its appendix) the actions
+    follow from the states, `u_t = pi(x_t)`, so the dynamics stay autonomous,
+    `z_{t+1} = K z_t`, and the actions are the head's targets only:
+    `KoopmanAutoencoder(state_dim, latent_dim, action_head=True, head_action_dim=m)`
+    (no `action_dim`). Its unroll takes no actions; the head reads the predicted
+    latents, e.g. `jax.vmap(model.predict_action)(jax.vmap(model.encode)(states))`.
     """
 
     encoder: eqx.nn.MLP
@@ -75,6 +83,7 @@ class KoopmanAutoencoder(eqx.Module):
     state_dim: int = eqx.field(static=True)
     latent_dim: int = eqx.field(static=True)
     action_dim: int = eqx.field(static=True)
+    head_action_dim: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -90,6 +99,7 @@ class KoopmanAutoencoder(eqx.Module):
         decoder_layers: IntLike | None = None,
         dynamics_width: IntLike | None = None,
         action_head: bool = False,
+        head_action_dim: IntLike | None = None,
         dt: RealScalar = 0.01,
         discretization: str = "bilinear",
         key: PRNGKeyArray,
@@ -109,6 +119,9 @@ class KoopmanAutoencoder(eqx.Module):
             `decoder="linear"` has one, so leave it `None` there).
         - `dynamics_width`: hidden width of the MLP dynamics (default `width`).
         - `action_head`: add an MLP decoding actions from the latent.
+        - `head_action_dim`: size of the actions the head predicts (default
+            `action_dim`). With `action_dim=0` the dynamics are autonomous and the
+            actions are the head's targets only (semi-open-loop control).
         - `dt`: the data's sampling interval; initialises the trainable step `delta`.
         - `discretization`: `"bilinear"` or `"exact"`; linear dynamics only (MLP
             dynamics step by explicit Euler: leave the default).
@@ -152,8 +165,28 @@ class KoopmanAutoencoder(eqx.Module):
             raise ValueError(
                 f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
             )
-        if action_head and action_dim == 0:
-            raise ValueError("action_head=True needs action_dim > 0")
+        if head_action_dim is not None:
+            head_action_dim = check_int("head_action_dim", head_action_dim)
+            if not action_head:
+                raise ValueError(
+                    f"head_action_dim={head_action_dim} is the action head's output size, "
+                    "but action_head=False: pass action_head=True or leave it None"
+                )
+            if action_dim and head_action_dim != action_dim:
+                raise ValueError(
+                    f"head_action_dim={head_action_dim}: with controls (action_dim="
+                    f"{action_dim}) the head predicts them; leave head_action_dim None"
+                )
+        elif action_head:
+            if action_dim == 0:
+                raise ValueError(
+                    "action_head=True needs the size of the actions it predicts: "
+                    "action_dim > 0 (controlled dynamics) or head_action_dim > 0 "
+                    "(autonomous dynamics, as in semi-open-loop control)"
+                )
+            head_action_dim = action_dim
+        else:
+            head_action_dim = 0
         m = (
             0
             if action_dim == 0
@@ -180,10 +213,13 @@ class KoopmanAutoencoder(eqx.Module):
                 key=ykey,
             )
         self.action_encoder = _mlp(action_dim, m, width, 2, key=akey) if action_dim else None
-        self.action_head = _mlp(latent_dim, action_dim, width, 3, key=hkey) if action_head else None
+        self.action_head = (
+            _mlp(latent_dim, head_action_dim, width, 3, key=hkey) if action_head else None
+        )
         self.state_dim = state_dim
         self.latent_dim = latent_dim
         self.action_dim = action_dim
+        self.head_action_dim = head_action_dim
 
     @property
     def is_linear(self) -> bool:
@@ -210,8 +246,8 @@ class KoopmanAutoencoder(eqx.Module):
             raise ValueError(f"u must have shape ({self.action_dim},), got u.shape={u.shape}")
         return self.action_encoder(u)
 
-    def predict_action(self, z: Float[Array, " latent_dim"]) -> Float[Array, " action_dim"]:
-        """The action head: latent `(latent_dim,)` -> action `(action_dim,)`."""
+    def predict_action(self, z: Float[Array, " latent_dim"]) -> Float[Array, " head_action_dim"]:
+        """The action head: latent `(latent_dim,)` -> action `(head_action_dim,)`."""
         if self.action_head is None:
             raise ValueError("this model was built with action_head=False")
         if z.shape != (self.latent_dim,):

@@ -86,7 +86,9 @@ def koopman_loss(
 
     - `model`: the autoencoder.
     - `xs`: states `(T + 1, state_dim)`, finite (a JAX or NumPy array).
-    - `actions`: controls `(T, action_dim)`, or `None` for autonomous models.
+    - `actions`: controls `(T, action_dim)`, or `None` for autonomous models. For an
+        autonomous model with an action head (semi-open-loop control): the head's
+        targets `(T, head_action_dim)`, or `None` (no action term).
     - `alignment`, `reconstruction`, `prediction`, `sparsity`, `action`: weights
         (Python or NumPy numbers, not bools, or scalar float arrays, e.g. traced under
         `jit`), finite and non-negative. `action` (default 1.0) needs a model with an
@@ -109,9 +111,20 @@ def koopman_loss(
             "head (action_head=False): leave it None"
         )
     xs, actions, steps = _check_window(model, xs, actions)
+    controls = actions if model.action_dim else None  # else the head's targets only
+    if actions is not None and not model.action_dim:
+        if model.action_head is None:
+            controls = actions  # refused by the unroll: the model takes no actions
+        elif actions.shape != (steps, model.head_action_dim):
+            raise ValueError(
+                f"actions has shape {actions.shape}, expected the action head's targets "
+                f"(steps, head_action_dim) = {(steps, model.head_action_dim)}"
+            )
+        else:
+            actions = check_finite("actions", actions)
     zs = jax.vmap(model.encode)(xs)
     zhat = unroll_latents(
-        model, xs[0], actions, steps=steps, reencode_every=reencode_every, method=method
+        model, xs[0], controls, steps=steps, reencode_every=reencode_every, method=method
     )
     terms = {
         "alignment": jnp.sum(_norms(zhat - zs[1:])),
