@@ -72,7 +72,7 @@ class KoopmanAutoencoder(eqx.Module):
     `z_{t+1} = K z_t`, and the actions are the head's targets only:
     `KoopmanAutoencoder(state_dim, latent_dim, action_head=True, head_action_dim=m)`
     (no `action_dim`). Its unroll takes no actions; the head reads the predicted
-    latents, e.g. `jax.vmap(model.predict_action)(jax.vmap(model.encode)(states))`.
+    latents: `jax.vmap(model.predict_action)(unroll_latents(model, x0, steps=T))`.
     """
 
     encoder: eqx.nn.MLP
