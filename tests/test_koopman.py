@@ -669,11 +669,12 @@ def test_numpy_sizes_become_ints():
 
 
 def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynamics):
-    """`vector_field` (what diffrax calls) and `step` check `z` and `v` like `__call__`;
-    the baseline and the action encoder check shapes; constructors reject bad sizes."""
+    """`vector_field` (what diffrax calls), `step` and `rate` check `z` and `v` like
+    `__call__` (a controlled `rate` without `v` dropped the control); the baseline and
+    the action encoder check shapes; constructors reject bad sizes."""
     z = jnp.zeros(6)
     dynamics = controlled.dynamics
-    for f in (dynamics.vector_field, dynamics.step, dynamics):
+    for f in (dynamics.vector_field, dynamics.step, dynamics, dynamics.rate):
         with pytest.raises(ValueError, match=r"v must have shape \(3,\).*got v=None"):
             f(z)
     with pytest.raises(ValueError, match="autonomous: pass v=None"):

@@ -206,6 +206,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
     ) -> Float[Array, " latent"]:
         """`K z + L v` `(latent,)`, so `dz/dt = (delta / dt) (K z + L v)`; `z` `(latent,)`,
         `v` `(action_latent,)` or `None`."""
+        self._check(z, v)
         out = self.K @ z
         if v is not None and self.L is not None:
             out = out + self.L @ v
@@ -278,6 +279,7 @@ class MLPDynamics(AbstractLatentDynamics):
     ) -> Float[Array, " latent"]:
         """`mlp([z, v])` `(latent,)`, so `dz/dt = (delta / dt) mlp([z, v])`; `z` `(latent,)`,
         `v` `(action_latent,)` or `None`."""
+        self._check(z, v)
         inp = z if v is None or self.action_latent_dim == 0 else jnp.concatenate([z, v])
         return self.mlp(inp)
 
