@@ -412,6 +412,9 @@ def test_fft_conv_low_precision(getkey):
         y = ls.fft_conv(u.astype(dtype), k.astype(dtype), kb.astype(dtype))
         assert y.dtype == dtype
         np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.1, rtol=0.02)
+    # Kernels of two float dtypes (strict promotion refused to join them).
+    y = ls.fft_conv(u, k, kb.astype(jnp.bfloat16))
+    np.testing.assert_allclose(y, expected, atol=0.1, rtol=0.02)
 
 
 def test_kernel_parameters_follow_x64():

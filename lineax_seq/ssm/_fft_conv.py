@@ -110,7 +110,8 @@ def fft_conv(
             )
         # Circular index n - 1 - j is lag -(j + 1).
         pad = jnp.zeros((k.shape[0], n - 2 * length), k.dtype)
-        k_full = jnp.concatenate([k, pad, k_backward[:, ::-1]], axis=-1)
+        # (Kernels of two float dtypes are joined in `k`'s: both are cast to `work`.)
+        k_full = jnp.concatenate([k, pad, k_backward[:, ::-1].astype(k.dtype)], axis=-1)
     work = _work_dtype(u.dtype)
     u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)
     k_f = jnp.fft.rfft(k_full.astype(work), n=n, axis=-1).T
