@@ -65,3 +65,19 @@ def wait_for(procs: list[subprocess.Popen], timeout: float = 180) -> None:
         raise
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log
+
+
+def join_processes() -> tuple[int, int, pathlib.Path]:
+    """In a script started by `start_processes`: join the job (CPU collectives over gloo)
+    and return `(process_id, num_processes, out_dir)` from the command line."""
+    import jax
+
+    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    return process_id, num_processes, pathlib.Path(sys.argv[4])

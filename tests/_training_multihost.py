@@ -23,15 +23,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
-    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
-    out_dir = pathlib.Path(sys.argv[4])
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
+    from _scripts import join_processes
+
+    process_id, num_processes, out_dir = join_processes()
     import _training_sharding_common as common
 
     import lineax_seq as ls

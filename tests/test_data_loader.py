@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 import numpy as np
-from _scripts import start_processes, wait_for
+from _scripts import join_processes, start_processes, wait_for
 
 HERE = pathlib.Path(__file__).resolve().parent
 NUM_EXAMPLES = 25
@@ -67,16 +67,10 @@ def test_default_sharding_splits_examples_over_jax_processes(tmp_path):
 def _process_main() -> None:
     import jax
 
-    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
+    process_id, num_processes, out = join_processes()
     assert jax.process_count() == num_processes
     ids = [int(i) for b in _id_pipeline() for i in b["id"]]
-    (pathlib.Path(sys.argv[4]) / f"ids{process_id}.json").write_text(json.dumps(ids))
+    (out / f"ids{process_id}.json").write_text(json.dumps(ids))
     jax.distributed.shutdown()
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from _scripts import start_processes, wait_for
+from _scripts import join_processes, start_processes, wait_for
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -62,15 +62,7 @@ def _outcome(path: pathlib.Path, fn) -> None:
 def _process_main() -> None:
     import jax
 
-    process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
-    out = pathlib.Path(sys.argv[4])
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
+    process_id, _, out = join_processes()
     import lineax_seq as ls
     from lineax_seq.training import _checkpoint
 
