@@ -266,6 +266,54 @@ def test_pretrain_checks_the_length_before_writing(tmp_path):
     assert not out.exists()
 
 
+def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
+    # Training stubbed out: what is checked is which variants run and what is written.
+    ran = []
+
+    def fake_variant(architecture, routing, cfg, **kwargs):
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # stopped during the third variant
+        ran.append(f"{architecture}/{routing}")
+        name = _bigs_ablation.VARIANT_NAMES[architecture, routing]
+        row = dict(
+            name=name,
+            architecture=architecture,
+            routing=routing,
+            params=10,
+            params_non_embedding=5,
+            tokens=64,
+            mlm_loss=2.0,
+            mlm_accuracy=0.5,
+            finetune_accuracy={"gated": 0.75, "stack": 0.5}[architecture],
+            mlm_curve=[[0, 3.0], [1, 2.0]],
+        )
+        return row, None
+
+    monkeypatch.setattr(_bigs_ablation, "_run_variant", fake_variant)
+    monkeypatch.setattr(_bigs_ablation, "model_kernels", lambda model, length: (np.ones((1, 32)),) * 2)
+    argv = ["ablation", "--quick", "--max-files", "4", "--out", str(tmp_path)]
+    # Any order given runs in the table's order; the last write is the whole run.
+    payload = _bigs_ablation.ablation(_parse([*argv, "--variants", "stack/ssm", "gated/ssm"]))
+    assert ran == ["gated/ssm", "stack/ssm"] and payload["complete"]
+    assert payload["gated_minus_stack_ssm_finetune_accuracy"] == 0.25
+    (written,) = tmp_path.glob("bigs_ablation*.json")
+    assert json.loads(written.read_text())["complete"]
+    # All four, stopped in the third: the file holds the two finished ones.
+    ran.clear()
+    with pytest.raises(KeyboardInterrupt):
+        _bigs_ablation.ablation(_parse(argv))
+    assert ran == ["gated/ssm", "stack/ssm"]
+    (partial,) = set(tmp_path.glob("bigs_ablation*.json")) - {written}
+    saved = json.loads(partial.read_text())
+    assert not saved["complete"] and [r["name"] for r in saved["results"]] == [
+        "GATED / SSM (BiGS)",
+        "STACK / SSM",
+    ]
+    assert "Partial: 2 of 4 variants" in partial.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        _parse([*argv, "--variants", "gated/rnn"])
+
+
 def test_ablation_default_out_is_the_checkouts_results(tmp_path):
     # A source checkout: its benchmarks/results (the committed results are rerun in place).
     checkout = pathlib.Path(_cli.__file__).parents[2]

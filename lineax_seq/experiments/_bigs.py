@@ -32,6 +32,7 @@ from ._bigs_ablation import (
     DEFAULT_FINETUNE_STEPS,
     DEFAULT_STEPS,
     RESULTS_DIR,
+    VARIANT_CHOICES,
     ablation,
     unigram_reference,
 )
@@ -750,6 +751,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _corpus_arguments(abl, tokenizer="byte")
     _size_arguments(abl.add_argument_group("model"), layers=4, dim=64)
     _optim_arguments(abl, lr=1e-3, steps=DEFAULT_STEPS, batch=16, length=128, warmup=0.05)
+    abl.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANT_CHOICES,
+        default=list(VARIANT_CHOICES),
+        metavar="ARCH/ROUTE",
+        help="the variants to run, in the table's order whatever the order given "
+        f"(default all four: {' '.join(VARIANT_CHOICES)})",
+    )
     g = abl.add_argument_group("fine-tuning")
     g.add_argument(
         "--finetune-task",

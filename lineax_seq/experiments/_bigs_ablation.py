@@ -39,6 +39,8 @@ from ._bigs_train import (
 from ._cli import corpus_errors, results_dir, settings_tag
 
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
+# `--variants` spells a variant as "architecture/routing".
+VARIANT_CHOICES = tuple(f"{a}/{r}" for a, r in VARIANTS)
 VARIANT_NAMES = {
     ("gated", "ssm"): "GATED / SSM (BiGS)",
     ("stack", "ssm"): "STACK / SSM",
@@ -376,6 +378,7 @@ SETTINGS = (
     "max_files",
     "tokenizer",
     "vocab_size",
+    "variants",
 )
 # `--quick`: a smoke run of the whole pipeline in about two minutes on a laptop CPU.
 QUICK = dict(
@@ -489,7 +492,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     the same optimiser for the same number of tokens, at matched non-embedding
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
-    Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (default: the
+    `--variants` runs some of them (in the table's order). The results are written after
+    every variant, with `"complete": false` until the last, so a run stopped early keeps
+    the variants it finished. Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (default: the
     source checkout's `benchmarks/results/`, else `./benchmarks/results/`; with the
     backend's name off CPU, the fine-tuning task's name for other than ListOps,
     `_<N>steps` for other than the default 500 pretraining steps, `_<N>ftsteps` for
@@ -529,8 +534,17 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         f"{len(ft_eval)} held-out examples",
         flush=True,
     )
+    # Context-free reference points, first: every write of the results carries them.
+    uni_loss, uni_acc = unigram_reference(train_texts, eval_texts, tok, length, batch_size)
+    train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
+    eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
+    majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
+    suffix = output_suffix(
+        cfg, quick=args.quick, backend=jax.default_backend(), others=_other_settings(args)
+    )
+    variants = [tuple(v.split("/")) for v in cfg["variants"]]
     results, kernel_panels = [], {}
-    for architecture, routing in VARIANTS:
+    for architecture, routing in variants:
         row, model = _run_variant(
             architecture,
             routing,
@@ -544,32 +558,28 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         results.append(row)
         if routing == "ssm":
             kernel_panels[row["name"]] = model_kernels(model, length)
-    # Context-free reference points.
-    uni_loss, uni_acc = unigram_reference(train_texts, eval_texts, tok, length, batch_size)
-    train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
-    eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
-    majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
-    by = {(r["architecture"], r["routing"]): r for r in results}
-    gap = by["gated", "ssm"]["finetune_accuracy"] - by["stack", "ssm"]["finetune_accuracy"]
-    payload = {
-        "description": "Small-scale Table 1 of Wang et al. (BiGS): four architecture/routing "
-        "variants at matched non-embedding parameters and pretraining tokens.",
-        "settings": {**cfg, "corpus": str(args.corpus or "stdlib"), "task": task_name},
-        "baselines": {
-            "unigram_mlm_loss": uni_loss,
-            "unigram_mlm_accuracy": uni_acc,
-            "finetune_majority_accuracy": majority,
-        },
-        "results": results,
-        "gated_minus_stack_ssm_finetune_accuracy": gap,
-        "table_markdown": ablation_table(results),
-        "total_seconds": round(time.perf_counter() - start, 1),
-        "environment": _environment(),
-    }
-    suffix = output_suffix(
-        cfg, quick=args.quick, backend=jax.default_backend(), others=_other_settings(args)
-    )
-    _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix)
+        by = {(r["architecture"], r["routing"]): r for r in results}
+        gap = None
+        if ("gated", "ssm") in by and ("stack", "ssm") in by:
+            gap = by["gated", "ssm"]["finetune_accuracy"] - by["stack", "ssm"]["finetune_accuracy"]
+        payload = {
+            "description": "Small-scale Table 1 of Wang et al. (BiGS): four architecture/routing "
+            "variants at matched non-embedding parameters and pretraining tokens.",
+            "settings": {**cfg, "corpus": str(args.corpus or "stdlib"), "task": task_name},
+            "complete": len(results) == len(variants),
+            "baselines": {
+                "unigram_mlm_loss": uni_loss,
+                "unigram_mlm_accuracy": uni_acc,
+                "finetune_majority_accuracy": majority,
+            },
+            "results": results,
+            "gated_minus_stack_ssm_finetune_accuracy": gap,
+            "table_markdown": ablation_table(results),
+            "total_seconds": round(time.perf_counter() - start, 1),
+            "environment": _environment(),
+        }
+        # After every variant, so that a run stopped early keeps the finished ones.
+        _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix)
     return payload
 
 
@@ -584,6 +594,7 @@ def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         cfg.update(QUICK, max_files=min(args.max_files, 40), vocab_size=min(args.vocab_size, 512))
     cfg["init_std"] = cfg["init_std"] or scaled_init_std(cfg["dim"])
+    cfg["variants"] = [v for v in VARIANT_CHOICES if v in cfg["variants"]]
     return cfg
 
 
@@ -633,12 +644,17 @@ def _write_ablation(
     table = payload["table_markdown"]
     save_json(payload, out / f"bigs_ablation{suffix}.json")
     plot_ablation(payload["results"], out / f"bigs_ablation{suffix}.png")
+    gap = payload["gated_minus_stack_ssm_finetune_accuracy"]
     summary = (
         f"Unigram MLM baseline: loss {base['unigram_mlm_loss']:.3f}, accuracy "
         f"{base['unigram_mlm_accuracy']:.3f}. Fine-tuning task: {cfg['task']}; majority class "
-        f"{base['finetune_majority_accuracy']:.3f}. GATED/SSM - STACK/SSM fine-tune accuracy: "
-        f"{payload['gated_minus_stack_ssm_finetune_accuracy']:+.3f}."
+        f"{base['finetune_majority_accuracy']:.3f}."
     )
+    if gap is not None:
+        summary += f" GATED/SSM - STACK/SSM fine-tune accuracy: {gap:+.3f}."
+    if not payload["complete"]:
+        done, total = len(payload["results"]), len(cfg["variants"])
+        summary += f" Partial: {done} of {total} variants so far."
     (out / f"bigs_ablation{suffix}.md").write_text(
         f"{table}\n\nd={cfg['dim']}, {cfg['layers']} layers, length {cfg['length']}, "
         f"initial weights' std {cfg['init_std']:.3g}, "
