@@ -290,7 +290,9 @@ def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
         return row, None
 
     monkeypatch.setattr(_bigs_ablation, "_run_variant", fake_variant)
-    monkeypatch.setattr(_bigs_ablation, "model_kernels", lambda model, length: (np.ones((1, 32)),) * 2)
+    monkeypatch.setattr(
+        _bigs_ablation, "model_kernels", lambda model, length: (np.ones((1, 32)),) * 2
+    )
     argv = ["ablation", "--quick", "--max-files", "4", "--out", str(tmp_path)]
     # Any order given runs in the table's order; the last write is the whole run.
     payload = _bigs_ablation.ablation(_parse([*argv, "--variants", "stack/ssm", "gated/ssm"]))

@@ -43,16 +43,18 @@ def test_cli_help():
 
 
 @pytest.mark.slow
-def test_demo_runs_twice_into_the_same_directory(tmp_path):
-    # The second run must replace the first one's outputs, not refuse to start (the BiGS
-    # section trains with a metrics file in its directory).
+def test_demo_runs_again_into_the_same_directory(tmp_path):
+    # A rerun must replace an earlier run's outputs, not refuse to start: the BiGS section
+    # trains with `train`, which refuses a directory holding metrics or checkpoints.
     argv = ["demo", "--small", "--only", "bigs", "--out", str(tmp_path)]
-    (tmp_path / "bigs").mkdir()
-    (tmp_path / "bigs" / "stale.txt").write_text("from an earlier run")
-    for _ in range(2):
-        assert main(argv) == 0
-        assert (tmp_path / "bigs" / "metrics.jsonl").exists()
-    assert not (tmp_path / "bigs" / "stale.txt").exists()
+    earlier = tmp_path / "bigs"
+    (earlier / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text('{"step": 10, "split": "train", "loss": 9.0}\n')
+    (earlier / "stale.txt").write_text("from an earlier run")
+    assert main(argv) == 0
+    metrics = (earlier / "metrics.jsonl").read_text()
+    assert '"loss": 9.0' not in metrics and '"split": "eval"' in metrics
+    assert not (earlier / "stale.txt").exists()
 
 
 def test_demo_out_must_be_a_directory(tmp_path, capsys):

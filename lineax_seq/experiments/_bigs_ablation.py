@@ -493,14 +493,14 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
     `--variants` runs some of them (in the table's order). The results are written after
-    every variant, with `"complete": false` until the last, so a run stopped early keeps
-    the variants it finished. Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to `--out` (default: the
-    source checkout's `benchmarks/results/`, else `./benchmarks/results/`; with the
-    backend's name off CPU, the fine-tuning task's name for other than ListOps,
-    `_<N>steps` for other than the default 500 pretraining steps, `_<N>ftsteps` for
-    other than 300 fine-tuning steps,
-    `_seed<N>` for a seed other than 0, `_quick` for `--quick`, then a short hash of
-    any other setting that differs from the default run's: see `output_suffix`).
+    every variant, with `"complete": false` until the last, so a run stopped early keeps the
+    variants it finished. Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to
+    `--out` (default: the source checkout's `benchmarks/results/`, else
+    `./benchmarks/results/`; with the backend's name off CPU, the fine-tuning task's name
+    for other than ListOps, `_<N>steps` for other than the default 500 pretraining steps,
+    `_<N>ftsteps` for other than 300 fine-tuning steps, `_seed<N>` for a seed other than 0,
+    `_quick` for `--quick`, then a short hash of any other setting that differs from the
+    default run's: see `output_suffix`).
     """
     cfg = effective_settings(args)
     start = time.perf_counter()
