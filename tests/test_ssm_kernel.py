@@ -415,6 +415,10 @@ def test_fft_conv_low_precision(getkey):
     # Kernels of two float dtypes (strict promotion refused to join them).
     y = ls.fft_conv(u, k, kb.astype(jnp.bfloat16))
     np.testing.assert_allclose(y, expected, atol=0.1, rtol=0.02)
+    # Neither is rounded to the other's dtype: a float32 backward kernel stays float32.
+    k16 = k.astype(jnp.bfloat16)
+    y = ls.fft_conv(u, k16, kb)
+    np.testing.assert_allclose(y, ls.fft_conv(u, k16.astype(jnp.float32), kb), rtol=1e-6, atol=1e-6)
 
 
 def test_kernel_parameters_follow_x64():

@@ -100,8 +100,9 @@ def fft_conv(
             f"got k.shape={k.shape}"
         )
     n = _fft_size(2 * length)
+    work = _work_dtype(u.dtype)
     if k_backward is None:
-        k_full = k
+        k_full = k.astype(work)
     else:
         if k_backward.shape != k.shape:
             raise ValueError(
@@ -109,11 +110,10 @@ def fft_conv(
                 f"got k_backward.shape={k_backward.shape}"
             )
         # Circular index n - 1 - j is lag -(j + 1).
-        pad = jnp.zeros((k.shape[0], n - 2 * length), k.dtype)
-        # (Kernels of two float dtypes are joined in `k`'s: both are cast to `work`.)
-        k_full = jnp.concatenate([k, pad, k_backward[:, ::-1].astype(k.dtype)], axis=-1)
-    work = _work_dtype(u.dtype)
+        # (Kernels of two float dtypes are joined in the work dtype, neither rounded.)
+        pad = jnp.zeros((k.shape[0], n - 2 * length), work)
+        k_full = jnp.concatenate([k.astype(work), pad, k_backward[:, ::-1].astype(work)], -1)
     u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)
-    k_f = jnp.fft.rfft(k_full.astype(work), n=n, axis=-1).T
+    k_f = jnp.fft.rfft(k_full, n=n, axis=-1).T
     y = jnp.fft.irfft(u_f * k_f, n=n, axis=0)[:length]
     return y.astype(u.dtype)
