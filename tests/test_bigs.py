@@ -416,8 +416,10 @@ def test_inference_mode_disables_dropout(mods, getkey):
             np.testing.assert_array_equal(got, r[name][-1], err_msg=name)
     np.testing.assert_array_equal(r["on"][0], r["on"][1])
     assert not np.allclose(r["on"][1], r["model"][-1])
-    with pytest.raises(ValueError, match="key is required"):
-        model(tokens)
+    # Dropout without a key: the same error from the encoder, its layers and the heads.
+    for call in (lambda: model(tokens), lambda: layer(x), lambda: cls(x), lambda: mc(x[None])):
+        with pytest.raises(ValueError, match="key is required for dropout.*inference=True"):
+            call()
 
 
 def test_dropout_is_off_by_default():

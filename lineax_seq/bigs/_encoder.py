@@ -11,6 +11,7 @@ from beartype import beartype
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
 from .._checks import (
+    IntLike,
     as_arrays,
     check_bool,
     check_ids,
@@ -28,6 +29,7 @@ from ._layers import (
     _check,
     apply_norm,
     check_dropout,
+    check_dropout_key,
     check_init_std,
 )
 
@@ -175,17 +177,17 @@ class BiGS(eqx.Module):
 
     def __init__(
         self,
-        vocab_size: int,
-        dim: int = 1024,
-        num_layers: int = 23,
+        vocab_size: IntLike,
+        dim: IntLike = 1024,
+        num_layers: IntLike = 23,
         *,
         architecture: Literal["gated", "stack"] = "gated",
         routing: Literal["ssm", "attention"] = "ssm",
-        inner_dim: int | None = None,
-        num_heads: int | None = None,
-        max_length: int | None = None,
-        num_token_types: int = 0,
-        state_size: int = 64,
+        inner_dim: IntLike | None = None,
+        num_heads: IntLike | None = None,
+        max_length: IntLike | None = None,
+        num_token_types: IntLike = 0,
+        state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
         dt_min: float = 1e-3,
@@ -293,7 +295,7 @@ class BiGS(eqx.Module):
 
     @classmethod
     def from_config(
-        cls, name: str, *, vocab_size: int = 30522, key: PRNGKeyArray, **overrides: Any
+        cls, name: str, *, vocab_size: IntLike = 30522, key: PRNGKeyArray, **overrides: Any
     ) -> "BiGS":
         """Build a named configuration from [`lineax_seq.BIGS_CONFIGS`][].
 
@@ -352,7 +354,7 @@ class BiGS(eqx.Module):
         i = index()  # also NumPy integers
         return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.layers)
 
-    def kernels(self, length: int) -> Float[Array, "layers 2 kc {length}"]:
+    def kernels(self, length: IntLike) -> Float[Array, "layers 2 kc {length}"]:
         """Every layer's forward and backward SSM kernels (`routing="ssm"` only).
 
         **Arguments:**
@@ -408,13 +410,9 @@ class BiGS(eqx.Module):
                 f"tokens has length {length} > max_length={self.max_length} "
                 "(the absolute position embeddings)"
             )
-        if inference is None:
+        if inference is None:  # the encoder's flag decides for every layer
             inference = self.dropout.inference
-        if not inference and self.dropout_rate > 0 and key is None:
-            raise ValueError(
-                "key is required for dropout (dropout > 0) unless inference=True or the "
-                "model is in eqx.nn.inference_mode"
-            )
+        check_dropout_key(self.dropout, key, inference)
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)

@@ -8,12 +8,13 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_array, as_arrays, check_bool, check_int
+from .._checks import IntLike, as_array, as_arrays, check_bool, check_int
 from ._layers import (
     INIT_STD,
     apply_dense,
     apply_norm,
     check_dropout,
+    check_dropout_key,
     check_init_std,
     dense,
     gelu,
@@ -68,8 +69,8 @@ class MaskedLMHead(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        vocab_size: int,
+        dim: IntLike,
+        vocab_size: IntLike,
         *,
         tied: bool = True,
         init_std: float = INIT_STD,
@@ -155,8 +156,8 @@ class SequenceClassificationHead(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_outputs: int,
+        dim: IntLike,
+        num_outputs: IntLike,
         *,
         dropout: float = 0.0,
         init_std: float = INIT_STD,
@@ -206,6 +207,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
+        check_dropout_key(self.dropout, key, inference)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = self.dropout(pooled, key=key, inference=inference)
         return self.classifier(pooled)
@@ -216,7 +218,7 @@ class SpanExtractionHead(eqx.Module):
 
     proj: eqx.nn.Linear
 
-    def __init__(self, dim: int, *, init_std: float = INIT_STD, key: PRNGKeyArray):
+    def __init__(self, dim: IntLike, *, init_std: float = INIT_STD, key: PRNGKeyArray):
         """**Arguments:**
 
         - `dim`: hidden size.
@@ -264,7 +266,7 @@ class MultipleChoiceHead(eqx.Module):
     scorer: SequenceClassificationHead
 
     def __init__(
-        self, dim: int, *, dropout: float = 0.0, init_std: float = INIT_STD, key: PRNGKeyArray
+        self, dim: IntLike, *, dropout: float = 0.0, init_std: float = INIT_STD, key: PRNGKeyArray
     ):
         """**Arguments:**
 
@@ -302,6 +304,7 @@ class MultipleChoiceHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
+        check_dropout_key(self.scorer.dropout, key, inference)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]

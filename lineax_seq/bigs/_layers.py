@@ -13,7 +13,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_int, check_trailing_mask
+from .._checks import IntLike, as_arrays, check_int, check_trailing_mask
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -43,6 +43,20 @@ def check_dropout(dropout: object) -> float:
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
     return float(dropout)
+
+
+def check_dropout_key(
+    dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None
+) -> None:
+    """A `ValueError` if `dropout` would run (a positive rate, not in inference) without
+    a `key` (Equinox's own error names neither the argument nor the way out)."""
+    if inference is None:
+        inference = dropout.inference
+    if not inference and dropout.p > 0 and key is None:
+        raise ValueError(
+            "key is required for dropout (dropout > 0) unless inference=True or the "
+            "model is in eqx.nn.inference_mode"
+        )
 
 
 def dense(
@@ -177,12 +191,12 @@ class _Layer(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
+        dim: IntLike,
         *,
-        inner_dim: int | None = None,
+        inner_dim: IntLike | None = None,
         routing: Literal["ssm", "attention"] | None = None,
-        num_heads: int | None = None,
-        state_size: int = 64,
+        num_heads: IntLike | None = None,
+        state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
         dt_min: float = 1e-3,
@@ -229,10 +243,10 @@ class _Layer(eqx.Module):
 
     def _build(
         self,
-        dim: int,
-        inner_dim: int,
+        dim: IntLike,
+        inner_dim: IntLike,
         routing: str,
-        heads: int,
+        heads: IntLike,
         ssm: _SSMSettings,
         std: float,
         key: PRNGKeyArray,
@@ -252,7 +266,7 @@ class _Layer(eqx.Module):
         raise NotImplementedError
 
     def kernels(
-        self, length: int
+        self, length: IntLike
     ) -> tuple[Float[Array, "kc {length}"], Float[Array, "kc {length}"]]:
         """The forward and backward SSM kernels at `length` (`routing="ssm"` only).
 
@@ -292,6 +306,7 @@ class _Layer(eqx.Module):
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
+        check_dropout_key(self.dropout, key, inference)
         return self._masked_apply(x, mask, key, inference)
 
     def _masked_apply(self, x, mask, key, inference):

@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_int, check_trailing_mask
+from .._checks import IntLike, as_arrays, check_bool, check_int, check_trailing_mask
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -34,7 +34,7 @@ def chunked_ssm_conv(
     d: Float[Array, " directions"],
     *,
     reverse: tuple[bool, ...],
-    chunk: int | None = None,
+    chunk: IntLike | None = None,
 ) -> Float[Array, "directions length channels"]:
     """[`lineax_seq.chunked_conv`][] with one shared kernel per direction, all directions
     in one batched pass (`jax.vmap` over directions, `reverse` traced per direction).
@@ -159,10 +159,10 @@ class DirectionalSSM(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
+        dim: IntLike,
         *,
         reverse: bool = False,
-        state_size: int = 64,
+        state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         init: Literal["lin", "inv", "real", "legs"] = "legs",
         dt_min: float = 1e-3,
@@ -192,12 +192,12 @@ class DirectionalSSM(eqx.Module):
         self.reverse = reverse
         self.dim = dim
 
-    def kernel(self, length: int) -> Float[Array, "kc {length}"]:
+    def kernel(self, length: IntLike) -> Float[Array, "kc {length}"]:
         """The convolution kernel `K` at `length` (lag 0 first), shape `(kc, length)`,
         `kc` = 1 (shared) or `dim` (per channel). The skip `D` is not included."""
         return self.kernel_fn(length)
 
-    def impulse_response(self, length: int) -> Float[Array, "kc {length}"]:
+    def impulse_response(self, length: IntLike) -> Float[Array, "kc {length}"]:
         """`K` with the skip `D` added at lag 0: `y = conv(impulse_response, u)`, in
         `K`'s dtype (float32 also for bfloat16 or float16 parameters)."""
         k = self.kernel_fn(length)
