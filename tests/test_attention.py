@@ -292,6 +292,8 @@ def test_attention_bad_input(key):
     mha = ls.MultiHeadAttention(8, 2, kv_dim=3, key=key)
     with pytest.raises(ValueError, match="kv_dim=3"):
         mha(jnp.zeros((2, 8)), jnp.zeros((2, 4)))
+    with pytest.raises(ValueError, match="self-attention .* kv_dim=3 and dim=8.*`context`"):
+        mha(jnp.zeros((2, 8)))
     x, context = jnp.zeros((2, 8)), jnp.zeros((4, 3))
     with pytest.raises(ValueError, match=r"`bias` must have num_heads=2 .*\(3, 2, 4\)"):
         mha(x, context, bias=jnp.zeros((3, 2, 4)))

@@ -474,10 +474,12 @@ def test_bad_input(sh_lm, key):
             layer(jnp.zeros((16, 5)))
         with pytest.raises(ValueError, match=r"`x_t` must have shape \(dim,\)=\(8,\).*\(5,\)"):
             layer.step(layer.init_cache(W), jnp.zeros(5), jnp.asarray(0))
-    with pytest.raises(
-        ValueError, match=r"`x` must have shape \(length, dim\) with dim=8, got shape \(16, 5\)"
-    ):
-        lm.layers[0].ssm(jnp.zeros((16, 5)))
+    ssm = lm.layers[0].ssm
+    expected = r"`x` must have shape \(length, dim\) with dim=8 and length >= 1, got shape "
+    with pytest.raises(ValueError, match=expected + r"\(16, 5\)"):
+        ssm(jnp.zeros((16, 5)))
+    with pytest.raises(ValueError, match=expected + r"\(0, 8\)"):  # as block_ends does
+        ssm(jnp.zeros((0, 8)))
     with pytest.raises(ValueError, match="top_k"):
         ls.generate(lm, jnp.zeros((3,), jnp.int32), 2, key=key, top_k=VOCAB + 1)
     for bad in (float("nan"), float("inf"), -1.0):
@@ -606,6 +608,22 @@ def test_constructor_and_decoding_arguments_named(sh_lm, zoo, key, no_jaxtyping)
             sh_lm.step(cache, bad)
     with pytest.raises(TypeError, match="`token` must hold integer tokens.*float32"):
         sh_lm.step(cache, jnp.array(2.0))
+    with pytest.raises(TypeError, match="`x` must be a floating-point array, got dtype int32"):
+        zoo["sh:s4"].ssm(jnp.zeros((W, DIM), jnp.int32))
+    # Layer steps take what their `__call__` takes (NumPy), and name what they refuse.
+    for name in ("slide", "brect", "sh:s4"):
+        layer = zoo[name]
+        cache, x_t = layer.init_cache(W), np.linspace(-1, 1, DIM, dtype=np.float32)
+        for got, want in zip(
+            layer.step(cache, x_t, 0), layer.step(cache, jnp.asarray(x_t), 0), strict=True
+        ):
+            assert eqx.tree_equal(got, want), name
+        with pytest.raises(TypeError, match="x_t must be a JAX or NumPy array"):
+            layer.step(cache, [0.0] * DIM, 0)
+        with pytest.raises(TypeError, match="`x_t` must be a floating-point array.*int32"):
+            layer.step(cache, jnp.zeros(DIM, jnp.int32), 0)
+    with pytest.raises(TypeError, match="key must be one JAX PRNG key.*key=0"):
+        ls.generate(sh_lm, jnp.zeros((3,), jnp.int32), 2, key=0)
 
 
 def test_narrow_token_dtypes(getkey):

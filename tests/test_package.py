@@ -160,3 +160,92 @@ def test_layers_take_key_like_equinox_layers():
     for layer in layers:
         want = layer(want)
     np.testing.assert_array_equal(eqx.nn.Sequential(layers)(x, key=k), want)
+
+
+def _public_signatures():
+    """`(name, parameter)` for every parameter of every public function, class
+    constructor and public method of a public class."""
+    import inspect
+
+    for name in lineax_seq.__all__:
+        obj = getattr(lineax_seq, name)
+        if inspect.isclass(obj):
+            members = [("__init__", obj.__init__)] + [
+                (m, f)
+                for m, f in vars(obj).items()
+                if (m == "__call__" or not m.startswith("_")) and callable(f)
+            ]
+            members += [
+                (m, vars(obj)[m].__func__)
+                for m in vars(obj)
+                if isinstance(vars(obj)[m], classmethod)
+            ]
+        elif callable(obj):
+            members = [("", obj)]
+        else:
+            continue
+        for member, fn in members:
+            try:
+                params = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            for p in params:
+                yield f"{name}.{member}".rstrip("."), p
+
+
+def test_integer_arguments_take_numpy_integers_in_their_hints():
+    """Sizes, lengths and counts are validated by `check_int`, which takes NumPy integers
+    (a shape entry, `np.int64(8)`), so their hints say `IntLike`: a bare `int` hint made
+    the shape-checked build (jaxtyping + beartype) refuse what the plain one accepts."""
+    import typing
+
+    import numpy as np
+
+    def bare_int(hint) -> bool:
+        """`int` where `np.integer` is not also allowed (alone, or in a union)."""
+        if hint is int:
+            return True
+        args = typing.get_args(hint)
+        if int in args and np.integer in args:
+            args = tuple(a for a in args if a is not int)
+        return any(bare_int(a) for a in args)
+
+    offenders = []
+    for where, p in _public_signatures():
+        hint = p.annotation
+        if isinstance(hint, str) or hint is p.empty:
+            continue
+        if bare_int(hint):
+            offenders.append(f"{where}({p.name}: {hint})")
+    assert not offenders, "hint `int` where `IntLike` is meant:\n" + "\n".join(offenders)
+
+
+def test_constructors_and_sizes_take_numpy_integers():
+    """The same models and outputs from NumPy integer sizes (and layer-index arrays) as
+    from Python ints; run under the suite's jaxtyping hook, so the hints are exercised
+    too (and a size reaching JAX arithmetic unconverted fails strict promotion)."""
+    import equinox as eqx
+    import jax.random as jr
+    import numpy as np
+
+    ls, k = lineax_seq, jr.key(0)
+    builds = {
+        "S4DKernel": lambda n: ls.S4DKernel(n(4), n(2), key=k)(n(6)),
+        "HyenaFilter": lambda n: ls.HyenaFilter(n(2), order=n(4), max_length=n(8), key=k)(n(8)),
+        "sliding_window_mask": lambda n: ls.sliding_window_mask(n(4)),
+        "relative_position_bucket": lambda n: ls.relative_position_bucket(
+            np.arange(-3, 3), bidirectional=False, num_buckets=n(8), max_distance=n(16)
+        ),
+        "BlockStateTransformerLM": lambda n: ls.BlockStateTransformerLM(
+            n(11), n(8), n(2), num_heads=n(2), window=n(4), bst_layers=[n(1)], key=k
+        )(np.arange(8) % 11),
+        "BiGS": lambda n: ls.BiGS(n(11), n(8), n(1), key=k)(np.arange(6) % 11),
+        "bst_variant_config": lambda n: ls.bst_variant_config("BST:SH:S4", n(4)),
+        "MultiHeadAttention": lambda n: ls.MultiHeadAttention(n(8), n(2), kv_dim=n(4), key=k),
+    }
+    for name, build in builds.items():
+        assert eqx.tree_equal(build(np.int64), build(int)), name
+    lm = lambda layers: ls.BlockStateTransformerLM(
+        11, 8, 2, num_heads=2, window=4, bst_layers=layers, key=k
+    )
+    assert eqx.tree_equal(lm(np.array([1])), lm((1,)))

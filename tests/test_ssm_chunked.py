@@ -143,6 +143,17 @@ def test_chunked_conv_bad_inputs(systems):
             ls.chunked_conv(u, abar, cb, reverse=reverse)
 
 
+def test_chunked_conv_refuses_a_complex_skip(systems, no_jaxtyping):
+    """`D` is real: a complex one's imaginary part used to be dropped silently (the
+    annotations refuse it first when jaxtyping checks)."""
+    _, abar, cb = systems[CHANNELS]
+    for dtype in (jnp.complex64, jnp.int32):
+        with pytest.raises(
+            TypeError, match=f"skip must have a real floating dtype.*{dtype.__name__}"
+        ):
+            ls.chunked_conv(jnp.ones((10, CHANNELS)), abar, cb, jnp.ones(abar.shape[0], dtype))
+
+
 # ------------------------------------------------------------------ S4D's conv option
 
 

@@ -10,13 +10,16 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import check_bool, check_int
+from .._checks import IntLike, check_bool, check_int
 
 
-def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+def _check_buckets(
+    num_buckets: IntLike, max_distance: IntLike, bidirectional: bool
+) -> tuple[int, int]:
+    """`(num_buckets, max_distance)` as Python ints, once checked."""
     check_bool("bidirectional", bidirectional)
-    check_int("num_buckets", num_buckets)
-    check_int("max_distance", max_distance)
+    num_buckets = check_int("num_buckets", num_buckets)
+    max_distance = check_int("max_distance", max_distance)
     min_buckets = 4 if bidirectional else 2
     if num_buckets < min_buckets or (bidirectional and num_buckets % 2):
         raise ValueError(
@@ -29,14 +32,15 @@ def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> 
             f"`max_distance` must exceed the exact-bucket range, got {max_distance} "
             f"with num_buckets={num_buckets}."
         )
+    return num_buckets, max_distance
 
 
 def relative_position_bucket(
-    relative_position: Int[Array, "*shape"],
+    relative_position: Int[Array | np.ndarray, "*shape"],
     *,
     bidirectional: bool,
-    num_buckets: int = 32,
-    max_distance: int = 128,
+    num_buckets: IntLike = 32,
+    max_distance: IntLike = 128,
 ) -> Int[Array, "*shape"]:
     """Map relative positions `key_position - query_position` to T5 buckets.
 
@@ -60,7 +64,7 @@ def relative_position_bucket(
     Integer bucket indices in `[0, num_buckets)`, same shape as `relative_position`,
     int32 (int64 for int64 positions).
     """
-    _check_buckets(num_buckets, max_distance, bidirectional)
+    num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
     dtype = jnp.result_type(relative_position)
     if not jnp.issubdtype(dtype, jnp.signedinteger):
         raise TypeError(
@@ -106,10 +110,10 @@ class RelativePositionBias(eqx.Module):
 
     def __init__(
         self,
-        num_heads: int,
+        num_heads: IntLike,
         *,
-        num_buckets: int = 32,
-        max_distance: int = 128,
+        num_buckets: IntLike = 32,
+        max_distance: IntLike = 128,
         bidirectional: bool = False,
         key: PRNGKeyArray,
     ):
@@ -122,8 +126,7 @@ class RelativePositionBias(eqx.Module):
         - `key`: PRNG key for the (small, normal) initialisation.
         """
         num_heads = check_int("num_heads", num_heads)
-        _check_buckets(num_buckets, max_distance, bidirectional)
-        num_buckets, max_distance = int(num_buckets), int(max_distance)
+        num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
         self.embedding = 0.02 * jr.normal(key, (num_buckets, num_heads))
         self.num_heads = num_heads
         self.num_buckets = num_buckets
@@ -131,7 +134,11 @@ class RelativePositionBias(eqx.Module):
         self.bidirectional = bidirectional
 
     def buckets(
-        self, query_length: int, key_length: int, *, query_offset: int | Int[Array, ""] = 0
+        self,
+        query_length: IntLike,
+        key_length: IntLike,
+        *,
+        query_offset: IntLike | Int[Array, ""] = 0,
     ) -> Int[Array, "query_length key_length"]:
         """Bucket index of every (query, key) pair; see `__call__` for the positions.
 
@@ -161,7 +168,11 @@ class RelativePositionBias(eqx.Module):
         )
 
     def __call__(
-        self, query_length: int, key_length: int, *, query_offset: int | Int[Array, ""] = 0
+        self,
+        query_length: IntLike,
+        key_length: IntLike,
+        *,
+        query_offset: IntLike | Int[Array, ""] = 0,
     ) -> Float[Array, "heads query_length key_length"]:
         """Additive attention bias.
 

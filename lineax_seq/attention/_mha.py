@@ -7,7 +7,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_int
+from .._checks import IntLike, as_arrays, check_bool, check_int
 from ._core import attend, check_implementation
 
 
@@ -44,10 +44,10 @@ class MultiHeadAttention(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
+        dim: IntLike,
+        num_heads: IntLike,
         *,
-        kv_dim: int | None = None,
+        kv_dim: IntLike | None = None,
         use_bias: bool = False,
         output_projection: bool = True,
         implementation: str | None = None,
@@ -144,6 +144,12 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
         if context is not None and context.shape[0] == 0 and x.shape[0] > 0:
             raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
+        if context is None and self.kv_dim != self.dim:
+            raise ValueError(
+                f"self-attention (no `context`) needs kv_dim == dim, but this layer has "
+                f"kv_dim={self.kv_dim} and dim={self.dim}: pass the keys' and values' "
+                "`context`."
+            )
         context = x if context is None else context
         if context.shape[-1] != self.kv_dim:
             raise ValueError(

@@ -10,7 +10,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_array, check_int
+from .._checks import IntLike, as_array, check_int
 from ._bias import RelativePositionBias
 from ._core import (
     check_implementation,
@@ -42,7 +42,7 @@ def check_blocks(length: int, window: int, name: str = "x") -> int:
     return length // window
 
 
-def sliding_window_mask(window: int) -> Bool[Array, "w 2*w"]:
+def sliding_window_mask(window: IntLike) -> Bool[Array, "w 2*w"]:
     """Which keys of `[previous block, current block]` each query sees: `(window, 2 * window)`.
 
     Query `r` of a block sits at frame position `window + r`; key `c` (frame position
@@ -60,7 +60,7 @@ def sliding_window_attention(
     k: Float[Array | np.ndarray, "length heads head_dim"],
     v: Float[Array | np.ndarray, "length heads head_dim"],
     *,
-    window: int,
+    window: IntLike,
     bias: Float[Array | np.ndarray, "heads w 2*w"] | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "length heads head_dim"]:
@@ -138,7 +138,7 @@ def _frame_attention(
     q: Float[Array, "length heads head_dim"],
     k: Float[Array, "length heads head_dim"],
     v: Float[Array, "length heads head_dim"],
-    window: int,
+    window: IntLike,
     bias: Float[Array, "heads w 2*w"] | None,
     *,
     implementation: Literal["xla", "cudnn"],
@@ -199,12 +199,12 @@ class SlidingWindowAttention(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
-        window: int,
+        dim: IntLike,
+        num_heads: IntLike,
+        window: IntLike,
         *,
-        num_buckets: int = 32,
-        max_distance: int = 128,
+        num_buckets: IntLike = 32,
+        max_distance: IntLike = 128,
         output_projection: bool = True,
         implementation: str | None = None,
         key: PRNGKeyArray,

@@ -3,8 +3,8 @@
 Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multiple of
 `window`; batch with `jax.vmap`):
 
-* [`lineax_seq.BlockStateTransformerLM`][]`(vocab_size, dim=512, num_layers=12, *,
-  num_heads=8, window=128, mlp_dim=None, bst_layers=None, context="sh"|"mh"|"mf",
+* [`lineax_seq.BlockStateTransformerLM`][]`(vocab_size, dim=1024, num_layers=12, *,
+  num_heads=8, window=512, mlp_dim=None, bst_layers=None, context="sh"|"mh"|"mf",
   ssm="s4"|"unstruct", state_size=16, dt_min=1e-3, dt_max=1e-1, ssm_features=None,
   num_filters=32, recurrent_layers=(), num_states=None, max_length=None,
   tie_embeddings=True, attention_implementation=None, key)`;
@@ -12,7 +12,7 @@ Public API (every layer maps `(length, dim) -> (length, dim)`, `length` a multip
   `lm.init_cache(max_length)`, `lm.step(cache, token) -> (cache, logits)`.
   `bst_layers=None` is the paper's (1, 7, 9) of 12 rescaled to `num_layers`;
   `bst_layers=()` is SLIDE; `bst_layers=(), recurrent_layers=(i,)` is BRECT.
-* `BlockStateTransformerLM.from_variant(variant, vocab_size, dim=512, num_layers=12, *,
+* `BlockStateTransformerLM.from_variant(variant, vocab_size, dim=1024, num_layers=12, *,
   key, **overrides)` with `variant` in `"SLIDE"`, `"BRECT:FIXED:SKIP"` (or `"BRECT"`),
   `"BST:{SH,MH,MF}:{S4,UNSTRUCT}"`; [`lineax_seq.bst_variant_config`][]`(variant,
   num_layers)` returns the constructor keywords.

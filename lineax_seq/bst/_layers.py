@@ -24,7 +24,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, check_int
+from .._checks import IntLike, as_array, check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
@@ -79,9 +79,15 @@ def _check_input(x: Array, window: int, dim: int) -> None:
     check_blocks(x.shape[0], window)
 
 
-def _check_token(x_t: Array, dim: int) -> None:
+def _check_token(x_t: object, dim: int) -> Array:
+    """`x_t` as a JAX array, or an error naming it unless it is a floating array of shape
+    `(dim,)`."""
+    x_t = as_array("x_t", x_t)
     if x_t.shape != (dim,):
         raise ValueError(f"`x_t` must have shape (dim,)=({dim},), got shape {x_t.shape}.")
+    if not jnp.issubdtype(x_t.dtype, jnp.floating):
+        raise TypeError(f"`x_t` must be a floating-point array, got dtype {x_t.dtype}.")
+    return x_t
 
 
 def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
@@ -152,11 +158,11 @@ class SlidingWindowLayer(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
-        window: int,
+        dim: IntLike,
+        num_heads: IntLike,
+        window: IntLike,
         *,
-        mlp_dim: int | None = None,
+        mlp_dim: IntLike | None = None,
         attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
@@ -208,13 +214,13 @@ class SlidingWindowLayer(eqx.Module):
         return {"frame": _init_frame(self.attention)}
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
+        self, cache: Cache, x_t: Float[Array | np.ndarray, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; see the module docstring.
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
-        _check_token(x_t, self.attention.attention.dim)
+        x_t = _check_token(x_t, self.attention.attention.dim)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(
@@ -372,19 +378,19 @@ class BlockStateTransformerLayer(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
-        window: int,
+        dim: IntLike,
+        num_heads: IntLike,
+        window: IntLike,
         *,
         context: str = "sh",
         ssm: str = "s4",
-        state_size: int = 16,
+        state_size: IntLike = 16,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
-        ssm_features: int | None = None,
-        num_filters: int = 32,
-        mlp_dim: int | None = None,
-        max_length: int | None = None,
+        ssm_features: IntLike | None = None,
+        num_filters: IntLike = 32,
+        mlp_dim: IntLike | None = None,
+        max_length: IntLike | None = None,
         attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
@@ -505,14 +511,14 @@ class BlockStateTransformerLayer(eqx.Module):
         }
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
+        self, cache: Cache, x_t: Float[Array | np.ndarray, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`: `O(window + N)` work for `ssm="s4"`.
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`. For
         `ssm="unstruct"`, `t` must be below `init_cache`'s `max_length`.
         """
-        _check_token(x_t, self.self_attention.attention.dim)
+        x_t = _check_token(x_t, self.self_attention.attention.dim)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(
@@ -575,12 +581,12 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
-        window: int,
+        dim: IntLike,
+        num_heads: IntLike,
+        window: IntLike,
         *,
-        num_states: int | None = None,
-        mlp_dim: int | None = None,
+        num_states: IntLike | None = None,
+        mlp_dim: IntLike | None = None,
         attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
@@ -704,13 +710,13 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return {"frame": _init_frame(self.self_attention), **states}
 
     def step(
-        self, cache: Cache, x_t: Float[Array, " dim"], t: Position
+        self, cache: Cache, x_t: Float[Array | np.ndarray, " dim"], t: Position
     ) -> tuple[Cache, Float[Array, " dim"]]:
         """Process the token at position `t`; the states update after a block's last token.
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
-        _check_token(x_t, self.self_attention.attention.dim)
+        x_t = _check_token(x_t, self.self_attention.attention.dim)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(

@@ -17,6 +17,7 @@ from .._checks import (
     check_bool,
     check_ids,
     check_int,
+    check_key,
     check_real,
     host_arrays,
 )
@@ -55,7 +56,7 @@ def _scaled_paper_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted(scaled))
 
 
-def _check_indices(name: str, indices: Sequence[int], num_layers: int) -> tuple[int, ...]:
+def _check_indices(name: str, indices: object, num_layers: int) -> tuple[int, ...]:
     if isinstance(indices, str) or not isinstance(indices, Sequence | np.ndarray):
         raise TypeError(f"`{name}` must be a sequence of layer indices, got {name}={indices!r}.")
     indices = tuple(indices)
@@ -68,7 +69,7 @@ def _check_indices(name: str, indices: Sequence[int], num_layers: int) -> tuple[
     return tuple(int(i) for i in indices)
 
 
-def variant_config(variant: str, num_layers: int = 12) -> dict:
+def variant_config(variant: str, num_layers: IntLike = 12) -> dict:
     """Constructor keywords of [`lineax_seq.BlockStateTransformerLM`][] for a paper variant.
 
     **Arguments:**
@@ -131,24 +132,24 @@ class BlockStateTransformerLM(eqx.Module):
 
     def __init__(
         self,
-        vocab_size: int,
-        dim: int = 1024,
-        num_layers: int = 12,
+        vocab_size: IntLike,
+        dim: IntLike = 1024,
+        num_layers: IntLike = 12,
         *,
-        num_heads: int = 8,
-        window: int = 512,
-        mlp_dim: int | None = None,
-        bst_layers: Sequence[int] | None = None,
+        num_heads: IntLike = 8,
+        window: IntLike = 512,
+        mlp_dim: IntLike | None = None,
+        bst_layers: Sequence[IntLike] | np.ndarray | None = None,
         context: str = "sh",
         ssm: str = "s4",
-        state_size: int = 16,
+        state_size: IntLike = 16,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
-        ssm_features: int | None = None,
-        num_filters: int = 32,
-        recurrent_layers: Sequence[int] = (),
-        num_states: int | None = None,
-        max_length: int | None = None,
+        ssm_features: IntLike | None = None,
+        num_filters: IntLike = 32,
+        recurrent_layers: Sequence[IntLike] | np.ndarray = (),
+        num_states: IntLike | None = None,
+        max_length: IntLike | None = None,
         tie_embeddings: bool = True,
         attention_implementation: str | None = None,
         key: PRNGKeyArray,
@@ -270,9 +271,9 @@ class BlockStateTransformerLM(eqx.Module):
     def from_variant(
         cls,
         variant: str,
-        vocab_size: int,
-        dim: int = 1024,
-        num_layers: int = 12,
+        vocab_size: IntLike,
+        dim: IntLike = 1024,
+        num_layers: IntLike = 12,
         *,
         key: PRNGKeyArray,
         **kwargs,
@@ -422,11 +423,11 @@ def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
 def generate(
     lm: BlockStateTransformerLM,
     prompt: Integer[Array | np.ndarray, " prompt"],
-    steps: int | np.integer,
+    steps: IntLike,
     *,
     key: PRNGKeyArray,
     temperature: RealScalar = 1.0,
-    top_k: int | np.integer | None = None,
+    top_k: IntLike | None = None,
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
@@ -463,6 +464,7 @@ def generate(
     if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
         prompt = prompt.astype(jnp.int32)
     steps = check_int("steps", steps, minimum=0)
+    check_key("key", key)
     if steps == 0:
         return prompt
     temperature = check_real("temperature", temperature, "nonnegative")

@@ -118,15 +118,15 @@ class ContextSSM(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
-        features: int,
-        streams: int,
+        dim: IntLike,
+        features: IntLike,
+        streams: IntLike,
         *,
         ssm: str = "s4",
-        state_size: int = 16,
+        state_size: IntLike = 16,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
-        max_length: int | None = None,
+        max_length: IntLike | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -168,12 +168,15 @@ class ContextSSM(eqx.Module):
         self.ssm = ssm
 
     def _input(self, x: object, name: str, ndim: int = 2) -> Array:
-        """`x` as a JAX array (see `as_array`), or a `ValueError` unless it has `ndim`
-        axes, the last of `dim` features."""
+        """`x` as a JAX array (see `as_array`), or an error naming it unless it is a
+        floating array of `ndim` axes, the last of `dim` features (and, for a sequence,
+        at least one position)."""
         x, dim = as_array(name, x), self.down.in_features
-        if x.ndim != ndim or x.shape[-1] != dim:
-            expected = f"shape {'(length, dim)' if ndim == 2 else '(dim,)'} with dim={dim}"
-            raise ValueError(f"`{name}` must have {expected}, got shape {x.shape}.")
+        if x.ndim != ndim or x.shape[-1] != dim or (ndim == 2 and x.shape[0] < 1):
+            expected = f"(length, dim) with dim={dim} and length >= 1" if ndim == 2 else "(dim,)"
+            raise ValueError(f"`{name}` must have shape {expected}, got shape {x.shape}.")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"`{name}` must be a floating-point array, got dtype {x.dtype}.")
         return x
 
     def _skip(self) -> Float[Array, " channels"]:

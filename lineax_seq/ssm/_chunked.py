@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Complex, Float
 
-from .._checks import as_array, check_int
+from .._checks import IntLike, as_array, check_int
 from ._fft_conv import _work_dtype
 from ._scan import linear_scan
 
@@ -64,7 +64,7 @@ def chunked_conv(
     skip: Float[Array | np.ndarray, " kc"] | None = None,
     *,
     reverse: bool | Bool[Array, ""] = False,
-    chunk: int | None = None,
+    chunk: IntLike | None = None,
 ) -> Float[Array, "length channels"]:
     """Convolve each channel with a diagonal-SSM kernel, exactly, by chunks.
 
@@ -128,6 +128,8 @@ def chunked_conv(
     kc, modes = abar.shape
     if skip is not None and skip.shape != (kc,):
         raise ValueError(f"skip must have shape ({kc},), got skip.shape={skip.shape}")
+    if skip is not None and not jnp.issubdtype(skip.dtype, jnp.floating):
+        raise TypeError(f"skip must have a real floating dtype, got skip.dtype={skip.dtype}")
     if chunk is not None:
         chunk = check_int("chunk", chunk)
     if not isinstance(reverse, bool) and (
@@ -164,7 +166,7 @@ def _chunked_conv(
     skip: Float[Array, " kc"] | None = None,
     *,
     reverse: bool | Bool[Array, ""] = False,
-    chunk: int | None = None,
+    chunk: IntLike | None = None,
 ) -> Float[Array, "length channels"]:
     """`chunked_conv` from `log Abar` (unchecked): for systems known by their log, as
     [`lineax_seq.S4DKernel`][]'s `dt A`, which `log(exp(dt A))` would round (in float32

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import RealScalar, check_int, check_real
+from .._checks import IntLike, RealScalar, check_int, check_real
 from ._fft_conv import _work_dtype
 
 
@@ -54,12 +54,12 @@ class HyenaFilter(eqx.Module):
 
     def __init__(
         self,
-        channels: int,
-        order: int = 64,
-        max_length: int | None = None,
+        channels: IntLike,
+        order: IntLike = 64,
+        max_length: IntLike | None = None,
         *,
-        emb_dim: int = 33,
-        depth: int = 2,
+        emb_dim: IntLike = 33,
+        depth: IntLike = 2,
         frequency: RealScalar = 1.0,
         fast_decay: float = 0.3,
         slow_decay: float = 1.5,
@@ -126,7 +126,7 @@ class HyenaFilter(eqx.Module):
         rate = math.log(1 / self.target)
         return jnp.linspace(rate / self.slow_decay, rate / self.fast_decay, self.channels)
 
-    def positional_encoding(self, length: int) -> Float[Array, "length emb_dim"]:
+    def positional_encoding(self, length: IntLike) -> Float[Array, "length emb_dim"]:
         """The positional features `[tau, cos, -sin]` of positions `0, ..., length - 1`.
 
         **Arguments:**
@@ -150,7 +150,7 @@ class HyenaFilter(eqx.Module):
         work = _work_dtype(self.output.weight.dtype)
         return jnp.arange(length, dtype=work) / jnp.asarray(self.max_length, work)
 
-    def __call__(self, length: int) -> Float[Array, "channels length"]:
+    def __call__(self, length: IntLike) -> Float[Array, "channels length"]:
         """Evaluate the filter.
 
         **Arguments:**

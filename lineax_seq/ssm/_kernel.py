@@ -11,7 +11,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
-from .._checks import check_int, check_real
+from .._checks import IntLike, check_int, check_real
 from ._chunked import _log_abar
 from ._fft_conv import _work_dtype
 
@@ -68,7 +68,7 @@ def _random_init(
 
 
 def check_kernel_options(
-    state_size: int,
+    state_size: IntLike,
     init: str,
     discretization: str,
     dt_min: float,
@@ -149,8 +149,8 @@ class S4DKernel(eqx.Module):
 
     def __init__(
         self,
-        state_size: int = 64,
-        channels: int = 1,
+        state_size: IntLike = 64,
+        channels: IntLike = 1,
         *,
         init: str = "lin",
         discretization: str = "zoh",
@@ -223,7 +223,7 @@ class S4DKernel(eqx.Module):
         log_abar, cb = self._discretize()
         return jnp.exp(log_abar), cb
 
-    def __call__(self, length: int) -> Float[Array, "channels length"]:
+    def __call__(self, length: IntLike) -> Float[Array, "channels length"]:
         """Evaluate the kernel.
 
         **Arguments:**

@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import as_arrays, check_bool, check_int
+from .._checks import IntLike, as_arrays, check_bool, check_int
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -61,10 +61,10 @@ class S4D(eqx.Module):
 
     def __init__(
         self,
-        dim: int,
+        dim: IntLike,
         *,
-        state_size: int = 64,
-        channels: int | None = None,
+        state_size: IntLike = 64,
+        channels: IntLike | None = None,
         bidirectional: bool = False,
         init: str = "lin",
         discretization: str = "zoh",
