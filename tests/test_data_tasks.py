@@ -425,6 +425,35 @@ def test_listops_bad_inputs():
         ls.listops(10, max_args=1)
 
 
+def test_listops_lengths_match_an_enumeration():
+    """The token counts the up-front check allows are exactly those of the grammar,
+    enumerated here over every multiset of argument lengths."""
+    import functools
+    import itertools
+
+    from lineax_seq.data._classification import _listops_lengths
+
+    def enumerate_lengths(max_depth, max_args, branch_prob, max_length):
+        @functools.cache
+        def node(depth):
+            out = {1} if depth > 0 else set()
+            if depth < max_depth and (depth == 0 or branch_prob > 0):
+                for k in range(2, max_args + 1):
+                    for args in itertools.combinations_with_replacement(node(depth + 1), k):
+                        out.add(2 + sum(args))
+            return frozenset(n for n in out if n <= max_length)
+
+        return sorted(node(0))
+
+    for max_depth, max_args, branch_prob in itertools.product((1, 2, 3), (2, 3, 4), (0, 0.5)):
+        got = np.flatnonzero(_listops_lengths(max_depth, max_args, branch_prob, 40)).tolist()
+        assert got == enumerate_lengths(max_depth, max_args, branch_prob, 40)
+    # and the generator's samples have such lengths
+    allowed = set(np.flatnonzero(_listops_lengths(3, 2, 0.5, 60)).tolist())
+    data = ls.listops(50, min_length=4, max_length=60, max_depth=3, max_args=2, branch_prob=0.5)
+    assert {len(data[i]["text"].split()) for i in range(50)} <= allowed
+
+
 def test_listops_checks_its_arguments_up_front():
     for bad, message in (
         ({"seed": -1}, "seed must be an integer >= 0, got seed=-1"),
@@ -443,6 +472,10 @@ def test_listops_checks_its_arguments_up_front():
     ):
         with pytest.raises(ValueError, match=message):
             ls.listops(**{"num_examples": 4, **bad})
+    # A range inside the bound that no expression hits (2 arguments: 4, 7, 10, ... tokens)
+    # is refused up front too, not by a RuntimeError on the first read.
+    with pytest.raises(ValueError, match="no expression .* between min_length=5 and max_len"):
+        ls.listops(1, min_length=5, max_length=6, max_depth=2, max_args=2, branch_prob=0.5)
     # The bound is exact: depth 2 with 2 arguments, [OP [OP d d ] [OP d d ] ], is 10 tokens.
     deepest = ls.listops(2, min_length=10, max_length=10, max_depth=2, max_args=2, branch_prob=0.9)
     assert len(deepest[1]["text"].split()) == 10
