@@ -301,6 +301,27 @@ def test_functions_and_mesh_named_at_construction(data, no_jaxtyping):
             run(**kw)
 
 
+def test_steps_zero_evaluates_the_model_as_given(data):
+    """`steps=0` with `eval_data` is an evaluation only: one record at step 0, the
+    model's own losses (it wrote no record at all)."""
+    model, evals = common.make_model(), data[:3]
+    result = ls.train(
+        model,
+        common.optimizer(),
+        common.loss_fn,
+        data,
+        steps=0,
+        key=jr.key(0),
+        eval_data=evals,
+        progress=False,
+    )
+    (record,) = result.history
+    assert (record["step"], record["split"]) == (0, "eval")
+    losses = [common.loss_fn(model, b, None) for b in evals]
+    np.testing.assert_allclose(record["loss"], np.mean([loss for loss, _ in losses]), rtol=1e-6)
+    assert eqx.tree_equal(result.model, model)
+
+
 def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
     with pytest.raises(ValueError, match=r"steps must be an integer >= 0, got steps=-1"):
@@ -318,8 +339,8 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path / "k", keep_checkpoints=0)
     with pytest.raises(ValueError, match=r"eval_data must be re-iterable .* generator"):
         ls.train(*args, steps=1, key=jr.key(0), eval_data=(b for b in data))
-    # num_epochs=None, also behind worker processes; checked up front (steps=0 never
-    # evaluates).
+    # num_epochs=None, also behind worker processes; checked up front (before steps=0's
+    # evaluation).
     for forever in (_grain_batches(data), _grain_batches(data, num_workers=2)):
         with pytest.raises(ValueError, match=r"eval_data repeats forever .* eval_batches=None"):
             ls.train(*args, steps=0, key=jr.key(0), eval_data=forever)

@@ -648,7 +648,10 @@ def train(
         )
 
     step = start
-    last_eval = last_ckpt = start
+    # A fresh run evaluates at its end even without a step to take (steps=0: evaluate
+    # only); a run resumed at its last step evaluated before that checkpoint.
+    last_eval = start if resumed_from is not None else -1
+    last_ckpt = start
     try:
         while step < steps:
             try:
