@@ -145,6 +145,8 @@ def test_corpus_directory_scan(tmp_path):
 def test_corpus_bad_inputs(tmp_path, corpus_dir):
     with pytest.raises(FileNotFoundError, match="source"):
         ls.text_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="source='' is not a path"):  # not the cwd's files
+        ls.text_corpus("")
     empty = tmp_path / "emptydir"
     empty.mkdir()
     with pytest.raises(ValueError, match="source .* no"):
@@ -628,6 +630,19 @@ def test_encode_names_a_text_that_is_not_a_str(tokenizers, text, got, no_jaxtypi
             tok.encode_batch(["ok", text])
         with pytest.raises(TypeError, match="texts must be a sequence of documents .*texts=3"):
             tok.encode_batch(3)
+
+
+def test_encode_names_half_a_surrogate_pair(tokenizers):
+    """A `str` holding half a surrogate pair has no UTF-8: `encode` says which character,
+    where (BPE raised the Rust library's "TextInputSequence must be str", bytes Python's
+    UnicodeEncodeError); whole emoji are text."""
+    for tok in tokenizers[:2]:
+        assert tok.decode(tok.encode("a\U0001f600b")) == "a\U0001f600b"
+    for tok in tokenizers:
+        with pytest.raises(ValueError, match=r"text holds '\\ud83d' at index 1, half of a"):
+            tok.encode("a\ud83db")
+        with pytest.raises(ValueError, match=r"texts\[1\] holds '\\udc00' at index 0"):
+            tok.encode_batch(["ok", "\udc00"])
 
 
 def test_decode_names_the_id_in_its_own_type(tokenizers):

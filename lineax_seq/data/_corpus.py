@@ -146,6 +146,11 @@ def _read_documents_uncached(source, text_field):
         if not files:
             raise ValueError(f"source=None: found no .py files under the stdlib path {root}")
     else:
+        if not os.fspath(source):  # pathlib reads "" as ".", the working directory
+            raise ValueError(
+                "source='' is not a path: give a file or directory (\".\" for the working "
+                "directory), or None for the stdlib corpus"
+            )
         root = pathlib.Path(source)
         if not root.exists():
             raise FileNotFoundError(f"source {str(source)!r} does not exist")

@@ -25,6 +25,7 @@ import numpy as np
 from jaxtyping import Array, Int, Integer
 
 from .._checks import IntLike, check_int, short_repr
+from ._corpus import LONE_SURROGATE
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
 PAD_ID = 0
@@ -62,11 +63,17 @@ def check_ids(ids: TokenIds, vocab_size: int, name: str = "ids") -> np.ndarray:
 
 def check_text(text: object, name: str = "text") -> str:
     """`text`, or a `TypeError` naming it unless it is a `str` (bytes are not text: a
-    tokenizer would encode their repr, or fail inside)."""
+    tokenizer would encode their repr, or fail inside), or a `ValueError` if it holds
+    half of a surrogate pair (which has no UTF-8 encoding)."""
     if not isinstance(text, str):
         hint = " (decode bytes first, e.g. text.decode('utf-8'))" if isinstance(text, bytes) else ""
         raise TypeError(
             f"{name} must be a str, got {type(text).__name__} {name}={short_repr(text)}{hint}"
+        )
+    if half := LONE_SURROGATE.search(text):
+        raise ValueError(
+            f"{name} holds {half.group()!r} at index {half.start()}, half of a surrogate pair "
+            "(e.g. an emoji cut in two), which is not text"
         )
     return text
 
