@@ -875,7 +875,7 @@ def test_init_std(getkey):
             functools.partial(ls.StackLayer, 8),
             functools.partial(ls.MaskedLMHead, 8, 50),
         ):
-            with pytest.raises(ValueError, match="init_std must be a positive finite number"):
+            with pytest.raises(ValueError, match="init_std must be a positive, finite real number"):
                 make(init_std=bad, key=jr.key(0))
 
 

@@ -12,6 +12,7 @@ from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, jaxtyped
 
 from .._checks import (
     IntLike,
+    RealScalar,
     as_arrays,
     check_bool,
     check_ids,
@@ -190,11 +191,11 @@ class BiGS(eqx.Module):
         state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
-        dropout: float = 0.0,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
+        dropout: RealScalar = 0.0,
         final_norm: bool = True,
-        init_std: float = 0.02,
+        init_std: RealScalar = 0.02,
         key: PRNGKeyArray,
     ):
         """**Arguments:**

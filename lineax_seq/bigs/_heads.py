@@ -8,7 +8,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_array, as_arrays, check_bool, check_int
+from .._checks import IntLike, RealScalar, as_array, as_arrays, check_bool, check_int
 from ._layers import (
     INIT_STD,
     apply_dense,
@@ -73,7 +73,7 @@ class MaskedLMHead(eqx.Module):
         vocab_size: IntLike,
         *,
         tied: bool = True,
-        init_std: float = INIT_STD,
+        init_std: RealScalar = INIT_STD,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -159,8 +159,8 @@ class SequenceClassificationHead(eqx.Module):
         dim: IntLike,
         num_outputs: IntLike,
         *,
-        dropout: float = 0.0,
-        init_std: float = INIT_STD,
+        dropout: RealScalar = 0.0,
+        init_std: RealScalar = INIT_STD,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -218,7 +218,7 @@ class SpanExtractionHead(eqx.Module):
 
     proj: eqx.nn.Linear
 
-    def __init__(self, dim: IntLike, *, init_std: float = INIT_STD, key: PRNGKeyArray):
+    def __init__(self, dim: IntLike, *, init_std: RealScalar = INIT_STD, key: PRNGKeyArray):
         """**Arguments:**
 
         - `dim`: hidden size.
@@ -266,7 +266,12 @@ class MultipleChoiceHead(eqx.Module):
     scorer: SequenceClassificationHead
 
     def __init__(
-        self, dim: IntLike, *, dropout: float = 0.0, init_std: float = INIT_STD, key: PRNGKeyArray
+        self,
+        dim: IntLike,
+        *,
+        dropout: RealScalar = 0.0,
+        init_std: RealScalar = INIT_STD,
+        key: PRNGKeyArray,
     ):
         """**Arguments:**
 

@@ -2,7 +2,6 @@
 
 import itertools
 import math
-import numbers
 from typing import ClassVar, Literal
 
 import equinox as eqx
@@ -13,7 +12,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_arrays, check_int, check_trailing_mask
+from .._checks import IntLike, RealScalar, as_arrays, check_int, check_real, check_trailing_mask
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -28,21 +27,21 @@ INIT_STD = 0.02
 
 
 def check_init_std(init_std: object) -> float:
-    """`init_std` as a Python float; a `ValueError` unless it is a positive finite number."""
-    if (
-        isinstance(init_std, bool)
-        or not isinstance(init_std, numbers.Real)
-        or not 0 < init_std < math.inf
-    ):
-        raise ValueError(f"init_std must be a positive finite number, got init_std={init_std!r}")
-    return float(init_std)
+    """`init_std` as a Python float; a `ValueError` unless it is a positive finite real
+    number (Python, NumPy or a concrete JAX scalar)."""
+    return check_real("init_std", init_std)
 
 
 def check_dropout(dropout: object) -> float:
-    """`dropout` as a Python float; a `ValueError` unless it is a rate in `[0, 1)`."""
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+    """`dropout` as a Python float; a `ValueError` unless it is a real rate in `[0, 1)`
+    (Python, NumPy or a concrete JAX scalar)."""
+    try:
+        rate = check_real("dropout", dropout, "nonnegative")
+    except ValueError:
+        rate = math.nan
+    if not 0 <= rate < 1:
         raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
-    return float(dropout)
+    return rate
 
 
 def check_dropout_key(
@@ -199,10 +198,10 @@ class _Layer(eqx.Module):
         state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
-        dropout: float = 0.0,
-        init_std: float = INIT_STD,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
+        dropout: RealScalar = 0.0,
+        init_std: RealScalar = INIT_STD,
         key: PRNGKeyArray,
     ):
         """**Arguments:**

@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_arrays, check_bool, check_int, check_trailing_mask
+from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int, check_trailing_mask
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -165,8 +165,8 @@ class DirectionalSSM(eqx.Module):
         state_size: IntLike = 64,
         kernel: Literal["shared", "per_channel"] = "shared",
         init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**

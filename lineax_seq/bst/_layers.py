@@ -24,7 +24,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_array, check_int
+from .._checks import IntLike, RealScalar, as_array, check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
@@ -385,8 +385,8 @@ class BlockStateTransformerLayer(eqx.Module):
         context: str = "sh",
         ssm: str = "s4",
         state_size: IntLike = 16,
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
         ssm_features: IntLike | None = None,
         num_filters: IntLike = 32,
         mlp_dim: IntLike | None = None,

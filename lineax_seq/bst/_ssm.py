@@ -10,7 +10,7 @@ import numpy as np
 from einops import rearrange, repeat
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import IntLike, as_array, check_int, check_optional_int, host_arrays
+from .._checks import IntLike, RealScalar, as_array, check_int, check_optional_int, host_arrays
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -124,8 +124,8 @@ class ContextSSM(eqx.Module):
         *,
         ssm: str = "s4",
         state_size: IntLike = 16,
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
         max_length: IntLike | None = None,
         key: PRNGKeyArray,
     ):

@@ -61,9 +61,9 @@ class HyenaFilter(eqx.Module):
         emb_dim: IntLike = 33,
         depth: IntLike = 2,
         frequency: RealScalar = 1.0,
-        fast_decay: float = 0.3,
-        slow_decay: float = 1.5,
-        target: float = 1e-2,
+        fast_decay: RealScalar = 0.3,
+        slow_decay: RealScalar = 1.5,
+        target: RealScalar = 1e-2,
         key: PRNGKeyArray,
     ):
         """**Arguments:**

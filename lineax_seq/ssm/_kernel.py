@@ -11,7 +11,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
-from .._checks import IntLike, check_int, check_real
+from .._checks import IntLike, RealScalar, check_int, check_real
 from ._chunked import _log_abar
 from ._fft_conv import _work_dtype
 
@@ -71,8 +71,8 @@ def check_kernel_options(
     state_size: IntLike,
     init: str,
     discretization: str,
-    dt_min: float,
-    dt_max: float,
+    dt_min: RealScalar,
+    dt_max: RealScalar,
     *,
     init_name: str = "init",
 ) -> tuple[float, float]:
@@ -154,8 +154,8 @@ class S4DKernel(eqx.Module):
         *,
         init: str = "lin",
         discretization: str = "zoh",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
         key: PRNGKeyArray,
     ):
         """**Arguments:**

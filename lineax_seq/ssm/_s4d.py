@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_arrays, check_bool, check_int
+from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -68,8 +68,8 @@ class S4D(eqx.Module):
         bidirectional: bool = False,
         init: str = "lin",
         discretization: str = "zoh",
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: RealScalar = 1e-3,
+        dt_max: RealScalar = 1e-1,
         activation: Callable[[Array], Array] | None = None,
         glu: bool = False,
         conv: Literal["auto", "fft", "chunked"] = "auto",

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray, Scalar
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import (
     IntLike,
@@ -53,7 +53,7 @@ class DynamicalSystem(eqx.Module):
 
     @abc.abstractmethod
     def vector_field(
-        self, t: Scalar | float, x: Float[Array, " state_dim"], args: Array | None
+        self, t: RealScalar, x: Float[Array, " state_dim"], args: Array | None
     ) -> Float[Array, " state_dim"]:
         """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
@@ -284,7 +284,7 @@ SYSTEMS: dict[str, type[DynamicalSystem]] = {
 are the paper's parameters. [`lineax_seq.get_system`][] builds one."""
 
 
-def get_system(name: str, **params: float) -> DynamicalSystem:
+def get_system(name: str, **params: RealScalar) -> DynamicalSystem:
     """The system called `name` (one of `SYSTEMS`) with the paper's parameters, except
     those given as keywords, e.g. `get_system("pendulum", g=1.0)` (checked as the class
     checks them; an unknown name is an error that lists the system's parameters)."""
