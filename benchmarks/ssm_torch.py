@@ -13,8 +13,10 @@ depend on; without it the script says so and skips. `benchmarks/ssm.py` compares
 the issue's figures for the reference instead.
 
     python benchmarks/ssm_torch.py
+    python benchmarks/ssm_torch.py --quick    # smoke run (L = 256, 1k; not the committed JSON)
 """
 
+import argparse
 import math
 import pathlib
 import statistics
@@ -77,7 +79,11 @@ def reference_layer(dim: int, state_size: int):
     return S4DReference().eval()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    args = parser.parse_args(argv)
+    lengths, rounds = ((256, 1024), 2) if args.quick else (LENGTHS, ROUNDS)
     if torch is None:
         print("skipped: PyTorch is not installed (pip install torch==2.13.0)")
         return 0
@@ -89,7 +95,7 @@ def main() -> int:
     full = ls.S4D(DIM, state_size=STATE, activation=jax.nn.gelu, glu=True, key=jr.key(0))
     forward = eqx.filter_jit(lambda layer, x: jax.vmap(layer)(x))
     rows = []
-    for length in LENGTHS:
+    for length in lengths:
         x = jr.normal(jr.key(1), (BATCH, length, DIM))
         u = torch.randn(BATCH, DIM, length, device=device)
 
@@ -104,7 +110,7 @@ def main() -> int:
             "layer_gelu_glu": lambda x=x: forward(full, x),
             "pytorch_reference": run_reference,
         }
-        times, _ = interleaved_times(calls, rounds=ROUNDS)
+        times, _ = interleaved_times(calls, rounds=rounds)
         ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
         ratios = {
             f"pytorch_reference_over_{name}": paired_ratio(times, "pytorch_reference", name)
@@ -113,9 +119,15 @@ def main() -> int:
         rows.append({"length": length, "ms": ms, "ratios": ratios})
         print(f"L={length:6d} {ms} {ratios}", flush=True)
     path = save(
-        "ssm_torch",
+        "ssm_torch_quick" if args.quick else "ssm_torch",
         {
-            "config": {"batch": BATCH, "dim": DIM, "state_size": STATE, "rounds": ROUNDS},
+            "config": {
+                "batch": BATCH,
+                "dim": DIM,
+                "state_size": STATE,
+                "rounds": rounds,
+                "quick": args.quick,
+            },
             "torch": torch.__version__,
             "torch_device": str(device),
             "torch_threads": torch.get_num_threads(),

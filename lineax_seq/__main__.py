@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from lineax_seq.experiments._cli import UsageError
+from lineax_seq.experiments._cli import HelpFormatter, UsageError
 
 _COMMANDS = {
     "demo": ("_demo", "Train small models end to end: S4D memory task, Koopman Duffing, ..."),
@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None
     for name, (module_name, help_text) in _COMMANDS.items():
-        command_parser = parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = parsers[name] = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=HelpFormatter
+        )
         if name != chosen:
             continue
         try:

@@ -836,8 +836,12 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
         (["--train", "{t}/tiny.csv", "--batch-size", "4"], r"--batch-size 4: --train gives only"),
         (["--train", "{t}/nan.csv"], r"numbers but for \['nan'\].* --regression"),
         (["--train", "{t}/tiny.csv", "--length", "2"], r"--length 2: an example needs at least"),
-        (["--task", "listops", "--train", "{t}/tiny.csv"], r"--task listops: --train apply"),
-        (["--task", "listops", "--regression"], r"--task listops: --regression apply"),
+        (["--task", "listops", "--train", "{t}/tiny.csv"], r"--task listops: --train applies to"),
+        (["--task", "listops", "--regression"], r"--task listops: --regression applies to"),
+        (
+            ["--task", "listops", "--train", "{t}/tiny.csv", "--regression"],
+            r"--task listops: --train and --regression apply to --task file only",
+        ),
     ):
         argv = [*ft, *(a.format(t=tmp_path) for a in extra)]
         err = _cli_error(argv, capsys)

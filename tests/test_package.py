@@ -42,6 +42,34 @@ def test_cli_help():
     assert "demo" in out.stdout
 
 
+@pytest.mark.parametrize("command", ["demo", "koopman", "bst", "bigs"])
+def test_cli_help_gives_every_default(command, capsys):
+    """Every option with a default says what it is in `--help` (the docs promise it;
+    `koopman --lr` showed only the paper's 1e-4, not the 3e-3 it uses)."""
+    import argparse
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])  # builds the command's parser, as a user runs it
+    parsers = [argparse.ArgumentParser(formatter_class=lineax_seq.experiments._cli.HelpFormatter)]
+    module = {"demo": "_demo", "koopman": "_koopman", "bst": "_bst", "bigs": "_bigs"}[command]
+    getattr(lineax_seq.experiments, module).add_arguments(parsers[0])
+    for action in parsers[0]._actions:  # and bigs' subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            parsers += list(action.choices.values())
+    missing = []
+    for parser in parsers:
+        formatter = parser._get_formatter()
+        assert isinstance(formatter, lineax_seq.experiments._cli.HelpFormatter), parser.prog
+        for action in parser._actions:
+            has_default = not any(action.default is x for x in (None, False, argparse.SUPPRESS))
+            if action.option_strings and has_default:
+                text = formatter._get_help_string(action) if action.help else ""
+                if "default" not in text:
+                    missing.append(f"{parser.prog} {action.option_strings[0]}")
+    assert not missing, missing
+    assert "--lr LR" in capsys.readouterr().out or command != "koopman"
+
+
 @pytest.mark.slow
 def test_demo_runs_again_into_the_same_directory(tmp_path):
     # A rerun must replace an earlier run's outputs, not refuse to start: the BiGS section
@@ -193,31 +221,35 @@ def _public_signatures():
                 yield f"{name}.{member}".rstrip("."), p
 
 
-def test_integer_arguments_take_numpy_integers_in_their_hints():
+def test_number_arguments_take_numpy_numbers_in_their_hints():
     """Sizes, lengths and counts are validated by `check_int`, which takes NumPy integers
-    (a shape entry, `np.int64(8)`), so their hints say `IntLike`: a bare `int` hint made
-    the shape-checked build (jaxtyping + beartype) refuse what the plain one accepts."""
+    (`np.int64(8)`), so their hints say `IntLike`; real numbers are validated by
+    `check_real`, which takes ints and NumPy numbers, so theirs say `RealScalar` (or at
+    least `float | int`). A bare `int` or `float` hint made the shape-checked build
+    (jaxtyping + beartype) refuse what the plain one accepts."""
     import typing
 
     import numpy as np
 
-    def bare_int(hint) -> bool:
-        """`int` where `np.integer` is not also allowed (alone, or in a union)."""
-        if hint is int:
+    def bare(hint, kind, partner) -> bool:
+        """`kind` where `partner` is not also allowed (alone, or in a union)."""
+        if hint is kind:
             return True
         args = typing.get_args(hint)
-        if int in args and np.integer in args:
-            args = tuple(a for a in args if a is not int)
-        return any(bare_int(a) for a in args)
+        if kind in args and partner in args:
+            args = tuple(a for a in args if a is not kind)
+        return any(bare(a, kind, partner) for a in args)
 
     offenders = []
     for where, p in _public_signatures():
         hint = p.annotation
         if isinstance(hint, str) or hint is p.empty:
             continue
-        if bare_int(hint):
+        if bare(hint, int, np.integer) or bare(hint, float, int):
             offenders.append(f"{where}({p.name}: {hint})")
-    assert not offenders, "hint `int` where `IntLike` is meant:\n" + "\n".join(offenders)
+    assert not offenders, "hint `int` or `float` where `IntLike` / `RealScalar` is meant:\n" + (
+        "\n".join(offenders)
+    )
 
 
 def test_constructors_and_sizes_take_numpy_integers():
@@ -245,6 +277,18 @@ def test_constructors_and_sizes_take_numpy_integers():
     }
     for name, build in builds.items():
         assert eqx.tree_equal(build(np.int64), build(int)), name
+    # Real hyper-parameters as ints and NumPy floats (exactly representable values).
+    reals = {
+        "S4DKernel": lambda r: ls.S4DKernel(4, dt_min=r(0.125), dt_max=r(1), key=k),
+        "HyenaFilter": lambda r: ls.HyenaFilter(2, max_length=8, slow_decay=r(2), key=k),
+        "BiGS": lambda r: ls.BiGS(11, 8, 1, dropout=r(0), init_std=r(0.5), key=k),
+    }
+    for name, build in reals.items():
+        want = build(float)
+        assert eqx.tree_equal(build(np.float32), want), name
+        assert eqx.tree_equal(build(lambda v: int(v) if v == int(v) else v), want), name
+    for g in (10, np.float32(10), np.int64(10)):  # parameters are leaves, kept as given
+        assert float(ls.get_system("pendulum", g=g).g) == 10.0
     lm = lambda layers: ls.BlockStateTransformerLM(
         11, 8, 2, num_heads=2, window=4, bst_layers=layers, key=k
     )

@@ -65,6 +65,7 @@ from ._bigs_train import (
     ssm_learning_rate,
 )
 from ._cli import (
+    HelpFormatter,
     UsageError,
     corpus_errors,
     dropout_rate,
@@ -159,7 +160,8 @@ def _finetune_problem(args: argparse.Namespace) -> str | None:
         given = [f for f, v in (("--train", args.train), ("--eval", args.eval)) if v is not None]
         given += ["--regression"] if args.regression else []
         if given:
-            return f"--task listops: {' and '.join(given)} apply to --task file only"
+            verb = "apply" if given[1:] else "applies"
+            return f"--task listops: {' and '.join(given)} {verb} to --task file only"
     if args.length < _MIN_LENGTH:
         return (
             f"--length {args.length}: an example needs at least {_MIN_LENGTH} "
@@ -562,8 +564,10 @@ def kernels(args: argparse.Namespace) -> pathlib.Path:
 
 def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) -> None:
     g = parser.add_argument_group("model (ignored with --init-from/--resume: the checkpoint's)")
-    g.add_argument("--architecture", choices=("gated", "stack"), default="gated")
-    g.add_argument("--routing", choices=("ssm", "attention"), default="ssm")
+    g.add_argument(
+        "--architecture", choices=("gated", "stack"), default="gated", help="GATED or STACK block"
+    )
+    g.add_argument("--routing", choices=("ssm", "attention"), default="ssm", help="token mixing")
     _size_arguments(g, layers=layers, dim=dim)
     g.add_argument(
         "--inner", type=positive_int, default=None, help="inner width (default 3d gated, 4d stack)"
@@ -574,7 +578,7 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
     g.add_argument(
         "--state-size", type=positive_int, default=64, help="SSM state size N (default 64)"
     )
-    g.add_argument("--dropout", type=dropout_rate, default=0.1)
+    g.add_argument("--dropout", type=dropout_rate, default=0.1, help="dropout rate")
 
 
 def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
@@ -608,9 +612,7 @@ def _optim_arguments(
         "--steps", type=positive_int, default=steps, help=f"optimiser steps (default {steps})"
     )
     g.add_argument("--batch-size", type=positive_int, default=batch, help=f"default {batch}")
-    g.add_argument(
-        "--length", type=positive_int, default=length, help=f"sequence length ({length})"
-    )
+    g.add_argument("--length", type=positive_int, default=length, help="sequence length")
     g.add_argument(
         "--lr", type=positive_float, default=lr, help=f"peak learning rate (default {lr:g})"
     )
@@ -621,12 +623,19 @@ def _optim_arguments(
         help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
         "capped at --lr; 0 means --lr (default 1e-3)",
     )
-    g.add_argument("--weight-decay", type=non_negative_float, default=0.01)
     g.add_argument(
-        "--warmup", type=fraction, default=warmup, help=f"warmup fraction of the steps ({warmup:g})"
+        "--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay"
     )
-    g.add_argument("--schedule", choices=("cosine", "linear"), default=schedule)
-    g.add_argument("--seed", type=non_negative_int, default=0)
+    g.add_argument("--warmup", type=fraction, default=warmup, help="warmup fraction of the steps")
+    g.add_argument(
+        "--schedule",
+        choices=("cosine", "linear"),
+        default=schedule,
+        help="learning-rate decay after the warmup",
+    )
+    g.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of weights, data and masks"
+    )
     g.add_argument(
         "--eval-every", type=non_negative_int, default=0, help="evaluate every N steps (0: end)"
     )
@@ -641,7 +650,9 @@ def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
 _BYTE_VOCAB = ls.ByteTokenizer().vocab_size  # the least BPE vocabulary: specials + bytes
 
 
-def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> None:
+def _corpus_arguments(
+    parser: argparse.ArgumentParser, *, tokenizer: str, from_checkpoint: bool = False
+) -> None:
     g = parser.add_argument_group("corpus")
     g.add_argument(
         "--corpus",
@@ -649,19 +660,19 @@ def _corpus_arguments(parser: argparse.ArgumentParser, *, tokenizer: str) -> Non
         default=None,
         help="a text file or a directory of text files (default: the stdlib .py sources)",
     )
-    g.add_argument("--max-files", type=positive_int, default=400, help="use at most N files (400)")
-    ignored = " (pretrain: ignored with --init-from/--resume, the checkpoint's)"
+    g.add_argument("--max-files", type=positive_int, default=400, help="use at most N files")
+    ignored = " (ignored with --init-from/--resume: the checkpoint's)" if from_checkpoint else ""
     g.add_argument(
         "--tokenizer",
         choices=("bpe", "byte"),
         default=tokenizer,
-        help=f"default {tokenizer}{ignored}",
+        help=f"subword (BPE, trained on the corpus) or byte tokens{ignored}",
     )
     g.add_argument(
         "--vocab-size",
         type=int_at_least(_BYTE_VOCAB, "7 special tokens + 256 bytes"),
         default=2048,
-        help=f"BPE vocabulary, at least {_BYTE_VOCAB} (2048); at most what the corpus "
+        help=f"BPE vocabulary, at least {_BYTE_VOCAB}; at most what the corpus "
         f"gives (a note says so){ignored}",
     )
 
@@ -676,10 +687,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     pre = sub.add_parser(
         "pretrain",
+        formatter_class=HelpFormatter,
         help="masked-LM pretraining on a text corpus",
         description="Masked-LM pretraining (15% masking, 80/10/10, no NSP).",
     )
-    _corpus_arguments(pre, tokenizer="bpe")
+    _corpus_arguments(pre, tokenizer="bpe", from_checkpoint=True)
     _model_arguments(pre, layers=4, dim=128)
     _optim_arguments(pre, lr=1e-3, steps=2000, batch=32, length=128)
     _path(
@@ -707,11 +719,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     fin = sub.add_parser(
         "finetune",
+        formatter_class=HelpFormatter,
         help="classification/regression from a pretrained checkpoint",
         description="Fine-tune a pretrained BiGS on a (text, label) file or on ListOps.",
     )
     _path(fin, "--checkpoint", "a `bigs pretrain --out` directory", required=True)
-    fin.add_argument("--task", choices=("file", "listops"), default="file")
+    fin.add_argument(
+        "--task",
+        choices=("file", "listops"),
+        default="file",
+        help="a (text, label) file (--train) or generated ListOps",
+    )
     _path(
         fin,
         "--train",
@@ -731,7 +749,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and shortening the longer text of a pair first (BERT's, the default), or cutting "
         "the encoded example at the end",
     )
-    fin.add_argument("--listops-examples", type=positive_int, default=4000)
+    fin.add_argument(
+        "--listops-examples", type=positive_int, default=4000, help="ListOps training rows"
+    )
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")
     _path(
         fin,
@@ -743,6 +763,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     abl = sub.add_parser(
         "ablation",
+        formatter_class=HelpFormatter,
         help="the Table 1 ablation at small scale",
         description="GATED/SSM, STACK/SSM, GATED/ATT, STACK/ATT at matched parameters and "
         "tokens: held-out MLM loss and a fine-tuning accuracy. The defaults (d=64, 4 layers, "
@@ -768,8 +789,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ListOps (default), or a corpus pair task: continuation (does B continue A?) "
         "or match (is B a copy of A, after a distractor of varying length?)",
     )
-    g.add_argument("--finetune-steps", type=positive_int, default=DEFAULT_FINETUNE_STEPS)
-    g.add_argument("--finetune-lr", type=positive_float, default=1e-3)
+    g.add_argument(
+        "--finetune-steps", type=positive_int, default=DEFAULT_FINETUNE_STEPS, help="train steps"
+    )
+    g.add_argument("--finetune-lr", type=positive_float, default=1e-3, help="peak learning rate")
     g.add_argument("--finetune-examples", type=positive_int, default=4000, help="training rows")
     abl.add_argument(
         "--quick",
@@ -789,6 +812,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     ker = sub.add_parser(
         "kernels",
+        formatter_class=HelpFormatter,
         help="Figure 3: forward/backward kernel heat map of a checkpoint",
         description="Heat map of every layer's forward/backward SSM kernel over relative "
         "positions -radius..radius (min-max scaled |K| per layer).",

@@ -78,6 +78,21 @@ def existing_path(text: str) -> pathlib.Path:
     return path
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """`--help` with every option's default: appended as `(default: X)` unless the help
+    text already speaks of its default, or there is none to show (a flag, `None`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
+            or "default" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 class UsageError(ValueError):
     """A user's input (an option's value, a file, a checkpoint) that the run cannot use,
     found before training: `python -m lineax_seq` reports it as a usage error (exit

@@ -684,7 +684,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lr", type=positive_float, default=3e-3, help="paper: 1e-4 (longer runs)")
     parser.add_argument("--dynamics-lr", type=positive_float, default=3e-3, help="paper: 1e-5")
-    parser.add_argument("--weight-decay", type=non_negative_float, default=1e-4)
+    parser.add_argument(
+        "--weight-decay", type=non_negative_float, default=1e-4, help="AdamW weight decay"
+    )
     parser.add_argument(
         "--prediction",
         type=non_negative_float,
@@ -722,7 +724,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"tiny models and data (smoke test): {small}; explicit options still win",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of data, weights and batches")
     parser.add_argument(
         "--out",
         type=pathlib.Path,
