@@ -16,7 +16,7 @@ text_corpus(source=None, *, split="train"|"valid"|"test"|"all", valid_fraction=0
 
 # tokenizers: specials at the same ids everywhere:
 #   PAD_ID=0, BOS_ID=1, EOS_ID=2, UNK_ID=3, CLS_ID=4, SEP_ID=5, MASK_ID=6
-Tokenizer            # Protocol: vocab_size, special_ids, pad_id..mask_id,
+Tokenizer            # Protocol: vocab_size, special_ids, pad/bos/eos/cls/sep/mask_id,
                      #           encode(str)->int32 array, encode_batch, decode
 ByteTokenizer()      # vocab 263: byte b -> b + 7
 BPETokenizer.train(texts, *, vocab_size=32_000, min_frequency=2); .save(path);

@@ -106,7 +106,8 @@ class Tokenizer(Protocol):
 
     Implemented by [`lineax_seq.ByteTokenizer`][], [`lineax_seq.BPETokenizer`][] and
     [`lineax_seq.ListOpsTokenizer`][]. All three put the special tokens at ids 0-6
-    (`pad, bos, eos, unk, cls, sep, mask`), so the `*_id` attributes agree.
+    (`pad, bos, eos, unk, cls, sep, mask`), so the `*_id` attributes agree (the three
+    also have `unk_id`, 3, which the pipelines do not need).
     """
 
     @property
@@ -244,6 +245,17 @@ class BPETokenizer(_SpecialIds):
     """
 
     def __init__(self, tokenizer):
+        """**Arguments:**
+
+        - `tokenizer`: a `tokenizers.Tokenizer` with the special tokens `<pad>`, `<bos>`,
+          `<eos>`, `<unk>`, `<cls>`, `<sep>`, `<mask>` at ids 0-6 (as `train` makes
+          them); it is copied.
+
+        **Raises:**
+
+        `TypeError` for anything else than a `tokenizers.Tokenizer`; `ValueError` if a
+        special token is missing or at another id.
+        """
         from tokenizers import Tokenizer as _HFTokenizer
 
         if not isinstance(tokenizer, _HFTokenizer):

@@ -41,11 +41,27 @@ def split_trajectories(
     test_fraction: RealLike,
     split_seed: IntLike = 0,
 ) -> np.ndarray:
-    """Sorted indices (int, shape `(num_in_split,)`) of the trajectories in `split`.
+    """Sorted indices of the trajectories in `split`.
 
     A fixed permutation (`np.random.default_rng(split_seed)`) puts the first
     `round(valid_fraction * N)` trajectories in `"valid"`, the next
     `round(test_fraction * N)` in `"test"` and the rest in `"train"`.
+
+    **Arguments:**
+
+    - `num_trajectories`: `N`, the number of trajectories (>= 0).
+    - `split`: `"train"`, `"valid"`, `"test"` or `"all"`.
+    - `valid_fraction`, `test_fraction`: the held-out fractions, each in `[0, 1)`,
+        summing to less than 1.
+    - `split_seed`: seed of the permutation (>= 0).
+
+    **Returns:**
+
+    Integer indices, shape `(num_in_split,)`, sorted.
+
+    **Raises:**
+
+    `ValueError` for bad arguments, and for a split that gets no trajectory.
     """
     num_trajectories = check_int("num_trajectories", num_trajectories, minimum=0)
     split_seed = check_int("split_seed", split_seed, minimum=0)

@@ -88,10 +88,12 @@ class ParabolicAttractor(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        """`(mu x1, lam (x2 - x1^2))`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([self.mu * x[0], self.lam * (x[1] - x[0] ** 2)])
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 2)`: `x1, x2 ~ U[-1, 1]`."""
         num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=-1.0, maxval=1.0)
 
@@ -107,10 +109,12 @@ class Duffing(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        """`(x', x - x^3)`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([x[1], x[0] - x[0] ** 3])
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 2)`: `x ~ U[-2, 2]`, `x' ~ U[-1, 1]`."""
         num = check_int("num", num, minimum=0)
         lo = jnp.array([-2.0, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
@@ -134,6 +138,7 @@ class LotkaVolterra(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        """`(alpha x1 - beta x1 x2, delta x1 x2 - gamma x2)`, shape `(2,)`."""
         x, _ = self._check(x, args)
         x1, x2 = x[0], x[1]
         return jnp.stack(
@@ -141,6 +146,7 @@ class LotkaVolterra(DynamicalSystem):
         )
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 2)`: `x1, x2 ~ U[0.02, 3]`."""
         num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
 
@@ -179,10 +185,13 @@ class Pendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        """`(omega, -(g / length) sin(theta))`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0])])
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 2)` released at rest: `theta` uniform within `max_offset_deg`
+        of `release_deg`, `omega = 0`."""
         num = check_int("num", num, minimum=0)
         # Array fields are traced under jit.
         offset, centre = jnp.deg2rad(self.max_offset_deg), jnp.deg2rad(self.release_deg)
@@ -218,6 +227,8 @@ class ControlledPendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(self, t, x, args):
+        """`(omega, -(g / length) sin(theta) - damping omega + u)` with the torque
+        `u = args[0]` (`args` of shape `(1,)`, or `None`: no torque), shape `(2,)`."""
         if args is not None and jnp.shape(args) != (self.action_dim,):
             raise ValueError(
                 f"args is the torque u, shape ({self.action_dim},) (or None: no torque), "
@@ -228,6 +239,7 @@ class ControlledPendulum(DynamicalSystem):
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 2)`: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`."""
         num = check_int("num", num, minimum=0)
         lo = jnp.array([-math.pi, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
@@ -257,6 +269,7 @@ class Lorenz63(DynamicalSystem):
     dt: RealScalar = 0.02
 
     def vector_field(self, t, x, args):
+        """`(sigma (y - x), x (rho - z) - y, x y - beta z)`, shape `(3,)`."""
         x, _ = self._check(x, args)
         return jnp.stack(
             [
@@ -267,6 +280,7 @@ class Lorenz63(DynamicalSystem):
         )
 
     def sample_initial(self, key, num):
+        """`num` states `(num, 3)`: `(0, 1, 1.05) + N(0, 1)`."""
         num = check_int("num", num, minimum=0)
         return jnp.array([0.0, 1.0, 1.05]) + jr.normal(key, (num, 3))
 
@@ -285,9 +299,24 @@ are the paper's parameters. [`lineax_seq.get_system`][] builds one."""
 
 
 def get_system(name: str, **params: RealScalar) -> DynamicalSystem:
-    """The system called `name` (one of `SYSTEMS`) with the paper's parameters, except
-    those given as keywords, e.g. `get_system("pendulum", g=1.0)` (checked as the class
-    checks them; an unknown name is an error that lists the system's parameters)."""
+    """The system called `name` with the paper's parameters, except those given as
+    keywords, e.g. `get_system("pendulum", g=1.0)`.
+
+    **Arguments:**
+
+    - `name`: one of `SYSTEMS` (`"parabolic"`, `"pendulum"`, `"duffing"`,
+        `"lotka_volterra"`, `"lorenz"`, `"controlled_pendulum"`).
+    - `**params`: the system's parameters to override (its dataclass fields, e.g. `dt`).
+
+    **Returns:**
+
+    A [`lineax_seq.DynamicalSystem`][].
+
+    **Raises:**
+
+    `TypeError` / `ValueError` for a name that is not a system, a keyword that is not one
+    of its parameters (the error lists them), or a value the class refuses.
+    """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, one of {sorted(SYSTEMS)}; got name={name!r}")
     if name not in SYSTEMS:

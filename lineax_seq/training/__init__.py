@@ -35,7 +35,7 @@ result = train(model, optimizer, loss_fn, data, *, steps, key, opt_state=None,
 # TrainResult(model, opt_state, step, key, history: list[dict], resumed_from)
 # out_dir/metrics.jsonl (step, split, loss, grad_norm, aux..., lr, samples_per_s|tokens_per_s),
 # out_dir/checkpoints/step_XXXXXXXX/, out_dir/curves.png
-plot_metrics(history_or_jsonl_path, path=None, *, keys=None) -> Figure
+plot_metrics(history, path=None, *, keys=None) -> Figure   # history: records or a JSONL path
 NonFiniteError                                 # raised on NaN/inf loss, names step + quantity
 ```
 
@@ -44,7 +44,7 @@ Checkpoints (atomic: temp dir + fsync + rename; arrays via `eqx.tree_serialise_l
 ```python
 save_checkpoint(directory, step, *, model, opt_state=None, key=None, data_state=None,
                 extra=None, keep=3) -> Path
-load_checkpoint(path_or_directory, *, model, opt_state=None) -> Checkpoint
+load_checkpoint(path, *, model, opt_state=None) -> Checkpoint  # a checkpoint or its directory
 load_latest_checkpoint(directory, *, model, opt_state=None) -> Checkpoint | None
 list_checkpoints(directory) -> list[Path]
 # Checkpoint(path, step, model, opt_state, key, data_state, extra); CheckpointError
