@@ -1002,3 +1002,16 @@ def test_half_precision_keeps_the_precision_of_reencode_dt(model):
     )
     got = run(half, x0.astype("bfloat16"), ts.astype("bfloat16"))
     np.testing.assert_allclose(np.asarray(got, np.float32), run(model, x0, ts), atol=2e-2)
+
+
+def test_half_precision_times_closed_over_under_jit_are_concrete(model):
+    """Times closed over in `jit` are concrete for a half-precision model too, as for a
+    float32 one: no `num_segments` needed (the float32 cast of the times, traced, was
+    passed on, and the call asked for num_segments)."""
+    half = jax.tree.map(lambda a: a.astype("bfloat16") if eqx.is_inexact_array(a) else a, model)
+    x0 = jnp.array([0.5, -0.4], jnp.bfloat16)
+    ts = jnp.linspace(0, 0.05, 6, dtype=jnp.bfloat16)
+    run = lambda: ls.unroll_continuous(half, x0, ts, reencode_dt=0.02, exact=True)
+    got = eqx.filter_jit(run)()
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, run())

@@ -618,10 +618,14 @@ def unroll_continuous(
         # Half precision resolves neither the times nor an ODE tolerance: the model
         # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
         single = lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a
+        if ts_host is not None:  # kept on the host: concrete for the call below, under jit too
+            ts_single = ts_host.astype(ts.dtype).astype(np.float32)
+        else:
+            ts_single = single(ts)
         return unroll_continuous(
             jax.tree.map(single, model),
             single(x0),
-            single(ts),
+            ts_single,
             reencode_dt=given_reencode_dt,
             num_segments=num_segments,
             exact=exact,
