@@ -420,6 +420,10 @@ def test_inference_mode_disables_dropout(mods, getkey):
     for call in (lambda: model(tokens), lambda: layer(x), lambda: cls(x), lambda: mc(x[None])):
         with pytest.raises(ValueError, match="key is required for dropout.*inference=True"):
             call()
+    # A rate held as an array (Dropout.p is a leaf) is not read as a bool when a key is given.
+    traced = eqx.tree_at(lambda h: h.dropout.p, cls, jnp.asarray(0.1))
+    out = eqx.filter_jit(lambda h, x, k: h(x, key=k, inference=False))(traced, x, key)
+    assert out.shape == (3,) and bool(jnp.all(jnp.isfinite(out)))
 
 
 def test_dropout_is_off_by_default():

@@ -51,11 +51,14 @@ def check_dropout_key(
     a `key` (Equinox's own error names neither the argument nor the way out)."""
     if inference is None:
         inference = dropout.inference
-    if not inference and dropout.p > 0 and key is None:
-        raise ValueError(
-            "key is required for dropout (dropout > 0) unless inference=True or the "
-            "model is in eqx.nn.inference_mode"
-        )
+    if inference or key is not None:
+        return
+    if isinstance(dropout.p, int | float) and dropout.p == 0:  # (a rate may be an array)
+        return
+    raise ValueError(
+        "key is required for dropout (dropout > 0) unless inference=True or the "
+        "model is in eqx.nn.inference_mode"
+    )
 
 
 def dense(
