@@ -322,6 +322,40 @@ def test_steps_zero_evaluates_the_model_as_given(data):
     assert eqx.tree_equal(result.model, model)
 
 
+def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_path):
+    """The final checkpoint follows the final evaluation: a run that dies evaluating
+    resumes from the previous checkpoint and evaluates (the checkpoint at the last step
+    used to come first, and the resumed run, finding it, never evaluated)."""
+
+    class Killed(Exception):
+        pass
+
+    def dying_eval(model, batch, key):
+        raise Killed
+
+    run = lambda eval_fn: ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        data[:4],
+        steps=4,
+        key=jr.key(0),
+        eval_data=data[:2],
+        eval_fn=eval_fn,
+        out_dir=tmp_path,
+        checkpoint_every=2,
+        progress=False,
+    )
+    with pytest.raises(Killed):
+        run(dying_eval)
+    assert [c.name for c in ls.list_checkpoints(tmp_path / "checkpoints")] == ["step_00000002"]
+    result = run(None)
+    assert result.resumed_from == 2
+    assert [(r["step"], r["split"]) for r in result.history if r["split"] == "eval"] == [
+        (4, "eval")
+    ]
+
+
 def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
     with pytest.raises(ValueError, match=r"steps must be an integer >= 0, got steps=-1"):

@@ -649,7 +649,7 @@ def train(
 
     step = start
     # A fresh run evaluates at its end even without a step to take (steps=0: evaluate
-    # only); a run resumed at its last step evaluated before that checkpoint.
+    # only); a run resumed from its final checkpoint has evaluated (see the end below).
     last_eval = start if resumed_from is not None else -1
     last_ckpt = start
     try:
@@ -684,12 +684,14 @@ def train(
                 evaluate(step)
                 last_eval = step
                 window["time"] = time.perf_counter()  # throughput excludes evaluation
-            if checkpoint_every and step % checkpoint_every == 0:
+            if checkpoint_every and step % checkpoint_every == 0 and step < steps:
                 flush()  # never checkpoint a non-finite state
                 checkpoint(step)
                 last_ckpt = step
                 window["time"] = time.perf_counter()
         flush()
+        # The final evaluation comes before the final checkpoint, so that a run killed
+        # between the two evaluates again when resumed.
         if eval_data is not None and last_eval != step:
             evaluate(step)
         if checkpoint_every and last_ckpt != step:
