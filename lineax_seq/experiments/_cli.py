@@ -83,14 +83,14 @@ class HelpFormatter(argparse.HelpFormatter):
     text already speaks of its default, or there is none to show (a flag, `None`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
+        text = action.help
         if (
             not action.option_strings
             or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
             or "default" in text
         ):
             return text
-        return f"{text} (default: %(default)s)".lstrip()
+        return f"{text} (default: %(default)s)"
 
 
 class UsageError(ValueError):

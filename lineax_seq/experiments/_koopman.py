@@ -661,13 +661,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         type=_variant_list,
         default=VARIANTS,
-        help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated",
+        help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated "
+        f"(default: {','.join(VARIANT_NAMES)})",
     )
     parser.add_argument(
-        "--periods", type=_int_list("--periods"), default=PERIODS, help="reencoding periods"
+        "--periods",
+        type=_int_list("--periods"),
+        default=PERIODS,
+        help=f"reencoding periods (default: {','.join(map(str, PERIODS))})",
     )
     parser.add_argument(
-        "--horizons", type=_int_list("--horizons"), default=HORIZONS, help="evaluation horizons"
+        "--horizons",
+        type=_int_list("--horizons"),
+        default=HORIZONS,
+        help=f"evaluation horizons (default: {','.join(map(str, HORIZONS))})",
     )
     parser.add_argument("--steps", type=positive_int, help=_sized("train steps per model", "steps"))
     parser.add_argument(
