@@ -173,7 +173,8 @@ class ContextSSM(eqx.Module):
         at least one position)."""
         x, dim = as_array(name, x), self.down.in_features
         if x.ndim != ndim or x.shape[-1] != dim or (ndim == 2 and x.shape[0] < 1):
-            expected = f"(length, dim) with dim={dim} and length >= 1" if ndim == 2 else "(dim,)"
+            length = " and length >= 1" if ndim == 2 else ""
+            expected = f"{'(length, dim)' if ndim == 2 else '(dim,)'} with dim={dim}{length}"
             raise ValueError(f"`{name}` must have shape {expected}, got shape {x.shape}.")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"`{name}` must be a floating-point array, got dtype {x.dtype}.")
