@@ -575,19 +575,13 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
     g.add_argument(
         "--heads", type=positive_int, default=4, help="attention heads (routing=attention)"
     )
-    g.add_argument(
-        "--state-size", type=positive_int, default=64, help="SSM state size N (default 64)"
-    )
+    g.add_argument("--state-size", type=positive_int, default=64, help="SSM state size N")
     g.add_argument("--dropout", type=dropout_rate, default=0.1, help="dropout rate")
 
 
 def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
-    group.add_argument(
-        "--dim", type=positive_int, default=dim, help=f"hidden size d (default {dim})"
-    )
-    group.add_argument(
-        "--layers", type=positive_int, default=layers, help=f"layers (default {layers})"
-    )
+    group.add_argument("--dim", type=positive_int, default=dim, help="hidden size d")
+    group.add_argument("--layers", type=positive_int, default=layers, help="layers")
     group.add_argument(
         "--init-std",
         type=positive_float,
@@ -608,20 +602,16 @@ def _optim_arguments(
     schedule: str = "cosine",
 ) -> None:
     g = parser.add_argument_group("optimisation (AdamW, beta2 0.98, eps 1e-6)")
-    g.add_argument(
-        "--steps", type=positive_int, default=steps, help=f"optimiser steps (default {steps})"
-    )
-    g.add_argument("--batch-size", type=positive_int, default=batch, help=f"default {batch}")
+    g.add_argument("--steps", type=positive_int, default=steps, help="optimiser steps")
+    g.add_argument("--batch-size", type=positive_int, default=batch, help="sequences per batch")
     g.add_argument("--length", type=positive_int, default=length, help="sequence length")
-    g.add_argument(
-        "--lr", type=positive_float, default=lr, help=f"peak learning rate (default {lr:g})"
-    )
+    g.add_argument("--lr", type=positive_float, default=lr, help="peak learning rate")
     g.add_argument(
         "--ssm-lr",
         type=non_negative_float,
         default=1e-3,
         help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
-        "capped at --lr; 0 means --lr (default 1e-3)",
+        "capped at --lr; 0 means --lr",
     )
     g.add_argument(
         "--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay"
@@ -705,7 +695,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mask-rate",
         type=positive_fraction,
         default=0.15,
-        help="fraction of the tokens masked, in (0, 1] (default 0.15)",
+        help="fraction of the tokens masked, in (0, 1]",
     )
     init = pre.add_mutually_exclusive_group()
     init.add_argument(
@@ -822,7 +812,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--radius",
         type=positive_int,
         default=KERNEL_RADIUS,
-        help=f"largest |relative position| shown (default {KERNEL_RADIUS})",
+        help="largest |relative position| shown",
     )
     _path(
         ker,
