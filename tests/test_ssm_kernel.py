@@ -441,3 +441,6 @@ def test_half_precision_parameters(getkey):
     state, y0 = half.step(half.init_state(), x[0].astype(jnp.bfloat16))
     assert state.dtype == jnp.complex64 and y0.dtype == jnp.bfloat16
     np.testing.assert_allclose(y0.astype(jnp.float32), y[0].astype(jnp.float32), atol=0.05)
+    kernel = half.kernel(16)  # as documented: float32, close to the float32 kernel
+    assert kernel.dtype == jnp.float32
+    np.testing.assert_allclose(kernel, layer.kernel(16), atol=0.05)

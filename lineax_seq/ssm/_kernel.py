@@ -228,11 +228,13 @@ class S4DKernel(eqx.Module):
 
         **Arguments:**
 
-        - `length`: kernel length `L` (any positive Python integer, fixed at trace time).
+        - `length`: kernel length `L` (any positive integer, fixed at trace time).
 
         **Returns:**
 
-        The real kernel `K`, of shape `(channels, length)`.
+        The real kernel `K`, of shape `(channels, length)`: float32 (float64 for float64
+        parameters), also for half-precision parameters, whose powers `Abar^l` are
+        computed in float32.
         """
         length = check_int("length", length)
         log_abar, cb = self._discretize()
