@@ -472,7 +472,9 @@ def test_bad_input(sh_lm, key):
     for layer in lm.layers:  # a BST layer and a sliding-window layer
         with pytest.raises(ValueError, match="dim=8 features, got shape \\(16, 5\\)"):
             layer(jnp.zeros((16, 5)))
-        with pytest.raises(ValueError, match=r"`x_t` must have shape \(dim,\)=\(8,\).*\(5,\)"):
+        with pytest.raises(
+            ValueError, match=r"`x_t` must have shape \(dim,\) with dim=8, got shape \(5,\)"
+        ):
             layer.step(layer.init_cache(W), jnp.zeros(5), jnp.asarray(0))
     ssm = lm.layers[0].ssm
     expected = r"`x` must have shape \(length, dim\) with dim=8 and length >= 1, got shape "

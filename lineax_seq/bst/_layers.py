@@ -24,12 +24,19 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_array, check_int
+from .._checks import IntLike, RealScalar, check_int
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
 from ..ssm._fft_conv import _work_dtype
-from ._ssm import ContextSSM, Position, check_cache, check_position, held_positions
+from ._ssm import (
+    ContextSSM,
+    Position,
+    check_cache,
+    check_features,
+    check_position,
+    held_positions,
+)
 
 CONTEXTS = ("sh", "mh", "mf")
 Cache = dict
@@ -77,17 +84,6 @@ def _check_input(x: Array, window: int, dim: int) -> None:
     if x.shape[-1] != dim:
         raise ValueError(f"`x` must have dim={dim} features, got shape {x.shape}.")
     check_blocks(x.shape[0], window)
-
-
-def _check_token(x_t: object, dim: int) -> Array:
-    """`x_t` as a JAX array, or an error naming it unless it is a floating array of shape
-    `(dim,)`."""
-    x_t = as_array("x_t", x_t)
-    if x_t.shape != (dim,):
-        raise ValueError(f"`x_t` must have shape (dim,)=({dim},), got shape {x_t.shape}.")
-    if not jnp.issubdtype(x_t.dtype, jnp.floating):
-        raise TypeError(f"`x_t` must be a floating-point array, got dtype {x_t.dtype}.")
-    return x_t
 
 
 def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
@@ -220,7 +216,7 @@ class SlidingWindowLayer(eqx.Module):
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
-        x_t = _check_token(x_t, self.attention.attention.dim)
+        x_t = check_features("x_t", x_t, self.attention.attention.dim, ndim=1)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(
@@ -518,7 +514,7 @@ class BlockStateTransformerLayer(eqx.Module):
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`. For
         `ssm="unstruct"`, `t` must be below `init_cache`'s `max_length`.
         """
-        x_t = _check_token(x_t, self.self_attention.attention.dim)
+        x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(
@@ -716,7 +712,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
-        x_t = _check_token(x_t, self.self_attention.attention.dim)
+        x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
         return self._step(cache, x_t, _check_step(self, cache, t))
 
     def _step(

@@ -87,6 +87,19 @@ def check_position(name: str, t: Position | None, held: int | None = None) -> In
     return jnp.asarray(array, jnp.int32)
 
 
+def check_features(name: str, x: object, dim: int, ndim: int = 2) -> Array:
+    """`x` as a JAX array (see `as_array`), or an error naming it unless it is a floating
+    array of shape `(length, dim)` with `length >= 1` (`ndim=2`) or `(dim,)` (`ndim=1`)."""
+    x = as_array(name, x)
+    if x.ndim != ndim or x.shape[-1] != dim or (ndim == 2 and x.shape[0] < 1):
+        length = " and length >= 1" if ndim == 2 else ""
+        expected = f"{'(length, dim)' if ndim == 2 else '(dim,)'} with dim={dim}{length}"
+        raise ValueError(f"`{name}` must have shape {expected}, got shape {x.shape}.")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"`{name}` must be a floating-point array, got dtype {x.dtype}.")
+    return x
+
+
 class ContextSSM(eqx.Module):
     """Long-range context sublayer of a BST layer.
 
@@ -167,19 +180,6 @@ class ContextSSM(eqx.Module):
         self.features = features
         self.ssm = ssm
 
-    def _input(self, x: object, name: str, ndim: int = 2) -> Array:
-        """`x` as a JAX array (see `as_array`), or an error naming it unless it is a
-        floating array of `ndim` axes, the last of `dim` features (and, for a sequence,
-        at least one position)."""
-        x, dim = as_array(name, x), self.down.in_features
-        if x.ndim != ndim or x.shape[-1] != dim or (ndim == 2 and x.shape[0] < 1):
-            length = " and length >= 1" if ndim == 2 else ""
-            expected = f"{'(length, dim)' if ndim == 2 else '(dim,)'} with dim={dim}{length}"
-            raise ValueError(f"`{name}` must have shape {expected}, got shape {x.shape}.")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"`{name}` must be a floating-point array, got dtype {x.dtype}.")
-        return x
-
     def _skip(self) -> Float[Array, " channels"]:
         return self.kernel.bias if self.skip is None else self.skip
 
@@ -197,7 +197,7 @@ class ContextSSM(eqx.Module):
         The SSM outputs, shape `(length, streams, features)`; position `t` depends on
         `x[: t + 1]` only.
         """
-        x = self._input(x, "x")
+        x = check_features("x", x, self.down.in_features)
         length = x.shape[0]
         u = x @ self.down.weight.T + self.down.bias
         if self.ssm == "s4" and self.streams == 1:
@@ -239,7 +239,7 @@ class ContextSSM(eqx.Module):
 
         Shape `(length // window, streams, features)`.
         """
-        x = self._input(x, "x")
+        x = check_features("x", x, self.down.in_features)
         length = x.shape[0]
         window = check_int("window", window)
         if length % window:
@@ -306,7 +306,7 @@ class ContextSSM(eqx.Module):
 
         `(state, y_t)` with `y_t` of shape `(streams, features)`.
         """
-        x_t = self._input(x_t, "x_t", ndim=1)
+        x_t = check_features("x_t", x_t, self.down.in_features, ndim=1)
         held = held_positions(state)
         check_cache("state", state, self.init_state, held)
         return self._step(state, x_t, check_position("t", t, held))
