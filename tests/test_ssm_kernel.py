@@ -202,6 +202,28 @@ def test_long_kernel_finite_and_accurate(init, getkey):
     np.testing.assert_allclose(np.asarray(k)[:, positions], expected, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("discretization", DISCRETIZATIONS)
+def test_small_dt_long_kernel_accurate_in_float32(discretization, getkey):
+    """At dt ~ 1e-4 the decay per step is 1 - O(1e-4): a float32 `Abar` (or bilinear
+    quotient) rounded before its log would err by ~1e-4 relative at 65k steps."""
+    length = 65_536
+    kernel = ls.S4DKernel(
+        16, 2, discretization=discretization, dt_min=1e-4, dt_max=2e-4, key=getkey()
+    )
+    k = jax.jit(lambda m: m(length))(kernel)
+    a, b, c, dt = _continuous(kernel)
+    if discretization == "zoh":
+        log_abar = dt * a
+        cb = c * np.expm1(dt * a) / a * b
+    else:
+        log_abar = np.log((1 + dt * a / 2) / (1 - dt * a / 2))
+        cb = c * dt * b / (1 - dt * a / 2)
+    positions = np.array([0, 1, 1000, 30_000, length - 1])
+    expected = 2 * np.real(np.einsum("cn,cnl->cl", cb, np.exp(log_abar[..., None] * positions)))
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(np.asarray(k)[:, positions], expected, atol=3e-6 * scale)
+
+
 def test_kernel_grads(getkey):
     kernel = ls.S4DKernel(4, 2, discretization="bilinear", key=getkey())
     params, static = eqx.partition(kernel, eqx.is_array)

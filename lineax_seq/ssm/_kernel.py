@@ -12,7 +12,6 @@ import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
 from .._checks import IntLike, RealScalar, check_int, check_real
-from ._chunked import _log_abar
 from ._fft_conv import _work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
@@ -204,7 +203,11 @@ class S4DKernel(eqx.Module):
             bbar = jnp.expm1(dta) / a * b
         else:
             half = dta / 2
-            log_abar = _log_abar((1 + half) / (1 - half))  # dt A = -2: Abar = 0
+            # log((1 + h) / (1 - h)) without rounding the quotient (1 + O(dt)) first;
+            # dt A = -2 maps to Abar = 0 (see `_log_abar`).
+            zero = half == -1
+            safe = jnp.where(zero, 0, half)
+            log_abar = jnp.where(zero, -1e4, jnp.log1p(safe) - jnp.log1p(-safe))
             bbar = dt * b / (1 - half)
         return log_abar, c * bbar
 
