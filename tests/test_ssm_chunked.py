@@ -232,6 +232,19 @@ def test_context_ssm_block_ends_equal_full_output(ssm, window, getkey):
         assert ends.dtype == full.dtype == jnp.float32
 
 
+def test_context_ssm_block_ends_accurate_over_long_sequences(getkey):
+    """Block ends over 32 blocks of 512 agree with the full output to float32 rounding:
+    powers `Abar^e` from repeated products compounded their rounding (1e-5 relative)."""
+    from lineax_seq.bst._ssm import ContextSSM
+
+    length, window = 16_384, 512
+    module = ContextSSM(8, 4, 1, ssm="s4", state_size=16, key=getkey())
+    x = jr.normal(getkey(), (length, 8))
+    full, ends = eqx.filter_jit(lambda m, x: (m(x), m.block_ends(x, window)))(module, x)
+    want = np.asarray(full[window - 1 :: window])
+    np.testing.assert_allclose(ends, want, atol=2e-6 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("streams", [1, 3])
 def test_context_ssm_equals_direct_convolution(streams, getkey):
     """One stream (SH, by `chunked_conv`) and several (MH / MF, one shared FFT of the

@@ -246,23 +246,23 @@ class ContextSSM(eqx.Module):
             raise ValueError(f"length={length} must be a multiple of window={window}")
         if self.ssm != "s4":
             return self(x)[window - 1 :: window]
-        abar, cb = self.kernel.discretize()  # (channels, modes), channel = stream * f + feature
+        # (channels, modes), channel = stream * f + feature
+        log_abar, cb = self.kernel._discretize()
         split = lambda a: rearrange(a, "(s f) m -> f s m", s=self.streams)
-        abar, cb = split(abar), split(cb)
+        log_abar, cb = split(log_abar), split(cb)
         u = x @ self.down.weight.T + self.down.bias  # (length, features)
         blocks = rearrange(u, "(n w) f -> f n w", w=window)
-        # Abar^(W-1-j), j < W, by repeated doubling [1, A] -> [1, A, A^2, A^3] -> ... in
-        # real arithmetic: XLA's CPU complex exp and multiply are not vectorised.
-        times = lambda a, b: (a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
-        base = (abar.real, abar.imag)
-        power = (jnp.ones_like(base[0])[None], jnp.zeros_like(base[1])[None])
-        while power[0].shape[0] < window:
-            power = tuple(map(jnp.concatenate, zip(power, times(power, base), strict=True)))
-            base = times(base, base)
-        decay = jax.lax.complex(*times(tuple(p[window - 1] for p in power), (abar.real, abar.imag)))
-        power = [rearrange(p[:window][::-1], "w f s m -> f w (s m)") for p in power]
+        # Abar^e = exp(e log Abar), exact in e (repeated products would compound their
+        # rounding), in real arithmetic: XLA's CPU complex exp is not vectorised.
+        e = jnp.arange(window - 1, -1, -1, dtype=log_abar.real.dtype)[:, None, None, None]
+        magnitude = jnp.exp(e * log_abar.real)
+        power = [magnitude * jnp.cos(e * log_abar.imag), magnitude * jnp.sin(e * log_abar.imag)]
+        power = [rearrange(p, "w f s m -> f w (s m)") for p in power]
+        decay = jnp.exp(window * log_abar)
         # One real batched product (over features) per part: (n, W) @ (W, streams * modes).
-        inflow = lambda part: jnp.einsum("fnw,fwc->fnc", blocks, part)
+        inflow = lambda part: jnp.einsum(
+            "fnw,fwc->fnc", blocks, part, precision=jax.lax.Precision.HIGHEST
+        )
         states = rearrange(jax.lax.complex(inflow(power[0]), inflow(power[1])), "f n c -> n (f c)")
         decay = jnp.broadcast_to(decay.reshape(-1), states.shape).astype(states.dtype)
         states = linear_scan(decay, states).reshape(-1, *cb.shape)  # (n, f, s, m)
