@@ -215,6 +215,9 @@ def _check_unroll(
     return x0, actions, steps, reencode_every
 
 
+# Jitted once per model structure, shapes, `steps`, `reencode_every` and `method` (not
+# per call: the scans' bodies are fresh closures, which eager JAX would compile anew).
+@eqx.filter_jit
 def _latents(model: KoopmanAutoencoder, x0, actions, steps, reencode_every, method) -> Array:
     vs = None if actions is None else jax.vmap(model.encode_action)(actions)
     return _latent_rollout(model, model.encode(x0), vs, steps, reencode_every, method)
@@ -288,12 +291,17 @@ def unroll(
     x0, actions, steps, reencode_every = _check_unroll(
         model, x0, actions, steps, reencode_every, method
     )
+    if isinstance(model, MLPBaseline) and reencode_every is not None:
+        raise ValueError(
+            f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
+            "(it has no latent space): pass None"
+        )
+    return _unroll(model, x0, actions, steps, reencode_every, method)
+
+
+@eqx.filter_jit  # as `_latents`
+def _unroll(model, x0, actions, steps, reencode_every, method) -> Array:
     if isinstance(model, MLPBaseline):
-        if reencode_every is not None:
-            raise ValueError(
-                f"reencode_every={reencode_every} is meaningless for an MLPBaseline "
-                "(it has no latent space): pass None"
-            )
 
         def one(x, u):
             x = model(x, u)
@@ -652,44 +660,22 @@ def unroll_continuous(
         taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
 
     if exact:
-        generator = model.dynamics.generator().astype(ts.dtype)  # a half model's: float32
-        expm = jax.vmap(lambda s: jsl.expm(s * generator))
         if ts_host is None:
             # One exponential per output time and per segment.
-            offsets = ts - taus[seg]
-            jumps = expm(taus[1:] - taus[:-1])
+            offsets, index = ts - taus[seg], None
+            steps, jump_index = taus[1:] - taus[:-1], jnp.arange(num)
         else:
             # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
             # Offsets closer than half a unit in the last place of max |ts| (in ts's
             # dtype) share one: below the resolution of the largest times.
             finfo = np.finfo(ts_host.dtype)
             resolution = max(float(np.max(np.abs(ts_host))) * float(finfo.eps) / 2, finfo.tiny)
-            host_offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)
-            offsets = jnp.asarray(host_offsets, ts.dtype)
+            offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)
             steps, jump_index = _distinct(np.diff(host_taus), resolution)
-            jumps = expm(jnp.asarray(steps, ts.dtype))[jump_index]
+            offsets, steps = jnp.asarray(offsets, ts.dtype), jnp.asarray(steps, ts.dtype)
+        reencode = reencode_dt is not None
+        return _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode)
 
-        def advance(z, jump):
-            z_end = jump @ z
-            z_next = model.encode(model.decode(z_end)) if reencode_dt is not None else z_end
-            return z_next, z
-
-        _, starts = jax.lax.scan(advance, model.encode(x0), jumps, length=num)
-        # z(ts[i]) = exp(offset_i K) z(tau_seg[i]); a linear decoder is folded into the
-        # flows, psi(z(ts[i])) = (W exp(offset_i K)) z(tau_seg[i]) + b.
-        flows = expm(offsets)
-        fused = isinstance(model.decoder, UnitNormLinear)
-        if fused:
-            flows = jnp.einsum("dn,unm->udm", model.decoder.normalized_weight(), flows)
-        if ts_host is None:
-            out = jnp.einsum("tij,tj->ti", flows, starts[seg])
-        else:
-            out = jnp.einsum("uij,sj->usi", flows, starts)[index, seg]
-        return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
-
-    # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
-    # sees them as inputs to differentiate.
-    term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
     if isinstance(stepsize_controller, diffrax.StepTo) and num > 1:
         raise ValueError(
             f"stepsize_controller=StepTo(...) cannot be used with reencoding (each of the "
@@ -708,9 +694,6 @@ def unroll_continuous(
         dt0 = model.dynamics.dt
     if isinstance(dt0, jax.Array):
         dt0 = dt0.astype(ts.dtype)  # traced: in the dtype of the times, as diffrax needs
-    extra = {} if adjoint is None else {"adjoint": adjoint}
-    if progress_meter is not None:
-        extra["progress_meter"] = progress_meter
 
     if ts_host is None:
         # Every segment saves at all of ts (shapes cannot depend on ts).
@@ -721,6 +704,64 @@ def unroll_continuous(
         save_ts, host_position = _segment_times(host_taus, host_seg, ts_host)
         save_ts = jnp.asarray(save_ts, ts.dtype)
         position = jnp.asarray(host_position)
+
+    options = (solver, stepsize_controller, dt0, max_steps, adjoint, progress_meter, throw)
+    return _solve(model, x0, taus, save_ts, seg, position, reencode_dt is not None, *options)
+
+
+@eqx.filter_jit  # as `_latents`
+def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: bool) -> Array:
+    """`unroll_continuous(exact=True)` from its grid: `steps` between reencoding times
+    (`steps[jump_index]` in order), the distinct `offsets` of the output times from the
+    start of their segment `seg` (`offsets[index]` in order; `index=None`: one each)."""
+    generator = model.dynamics.generator().astype(offsets.dtype)  # a half model's: float32
+    expm = jax.vmap(lambda s: jsl.expm(s * generator))
+
+    def advance(z, jump):
+        z_end = jump @ z
+        z_next = model.encode(model.decode(z_end)) if reencode else z_end
+        return z_next, z
+
+    _, starts = jax.lax.scan(advance, model.encode(x0), expm(steps)[jump_index])
+    # z(ts[i]) = exp(offset_i K) z(tau_seg[i]); a linear decoder is folded into the
+    # flows, psi(z(ts[i])) = (W exp(offset_i K)) z(tau_seg[i]) + b.
+    flows = expm(offsets)
+    fused = isinstance(model.decoder, UnitNormLinear)
+    if fused:
+        flows = jnp.einsum("dn,unm->udm", model.decoder.normalized_weight(), flows)
+    if index is None:
+        out = jnp.einsum("tij,tj->ti", flows, starts[seg])
+    else:
+        out = jnp.einsum("uij,sj->usi", flows, starts)[index, seg]
+    return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
+
+
+@eqx.filter_jit  # as `_latents`
+def _solve(
+    model,
+    x0,
+    taus,
+    save_ts,
+    seg,
+    position,
+    reencode: bool,
+    solver,
+    stepsize_controller,
+    dt0,
+    max_steps,
+    adjoint,
+    progress_meter,
+    throw: bool,
+) -> Array:
+    """`unroll_continuous`'s ODE path from its grid: segment `j` is solved from
+    `taus[j]` to `taus[j + 1]`, saving at `save_ts[j]`; `ts[i]` is `save_ts[seg[i],
+    position[i]]`."""
+    # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
+    # sees them as inputs to differentiate.
+    term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
+    extra = {} if adjoint is None else {"adjoint": adjoint}
+    if progress_meter is not None:
+        extra["progress_meter"] = progress_meter
 
     def segment(z, inputs):
         t0, t1, saves = inputs
@@ -745,7 +786,7 @@ def unroll_continuous(
         )
         zs = sol.ys
         z_end = zs[-1]
-        z_next = model.encode(model.decode(z_end)) if reencode_dt is not None else z_end
+        z_next = model.encode(model.decode(z_end)) if reencode else z_end
         if not throw:
             # A failed solve leaves its unreached states inf, which ReLU layers can map
             # back to finite values (relu(-inf) = 0): NaN from the failure on.
@@ -754,6 +795,6 @@ def unroll_continuous(
             z_next = jnp.where(ok, z_next, jnp.nan)
         return z_next, zs
 
-    _, zs = jax.lax.scan(segment, model.encode(x0), (taus[:-1], taus[1:], save_ts), length=num)
+    _, zs = jax.lax.scan(segment, model.encode(x0), (taus[:-1], taus[1:], save_ts))
     z_at_ts = zs[seg, position]
     return jax.vmap(model.decode)(z_at_ts)
