@@ -269,6 +269,27 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4"])
+def test_layers_compute_in_the_dtype_of_params_and_input_together(variant, zoo, getkey):
+    """A bfloat16 layer fed float32 `x` computes in float32, as the float32 layer with the
+    same (rounded) weights; under x64 a float32 layer fed float64 computes in float64.
+    BRECT's recurrent states failed both (its scan's carry kept the parameters' dtype).
+    `step` refuses an `x_t` whose keys would not fit the cache, by name."""
+    x = jr.normal(getkey(), (L, DIM))
+    half = _bfloat16(zoo[variant])
+    single = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, half)
+    with jax.numpy_dtype_promotion("standard"):
+        got, want = eqx.filter_jit(lambda a, b, x: (a(x), b(x)))(half, single, x)
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)  # bfloat16 param-only ops
+        with pytest.raises(ValueError, match="`x_t` has dtype float32.*pass x_t in bfloat16"):
+            half.step(half.init_cache(L), x[0], 0)
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        y = zoo[variant](np.asarray(x, np.float64))
+        assert y.dtype == jnp.float64
+        np.testing.assert_allclose(y, want, rtol=1e-2, atol=1e-2)  # bfloat16 weights
+
+
 def test_pre_layer_norm_in_bfloat16_is_float32_accurate(zoo, getkey):
     """The layers' LayerNorm of a bfloat16 residual stream with an offset (mean 30,
     std 1) is as accurate as `eqx.nn.LayerNorm`'s (float32 inside), not off by about

@@ -86,11 +86,21 @@ def _check_input(x: Array, window: int, dim: int) -> None:
     check_blocks(x.shape[0], window)
 
 
-def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
-    """`t` as an int32 scalar, once `cache` and `t` are checked as `step` takes them
-    (see the module docstring)."""
+def _check_step(layer: eqx.Module, cache: Cache, x_t: Array, t: Position) -> Int[Array, ""]:
+    """`t` as an int32 scalar, once `cache`, `x_t` and `t` are checked as `step` takes
+    them (see the module docstring)."""
     held = held_positions(cache)
     check_cache("cache", cache, layer.init_cache, held)
+    # The cache holds keys in the parameters' dtype; an `x_t` that promotes them (float32
+    # into a bfloat16 layer, as `__call__` allows) would give keys that do not fit it.
+    dtype = cache["frame"]["k"].dtype
+    computed = jnp.promote_types(x_t.dtype, dtype)
+    if computed != dtype:
+        raise ValueError(
+            f"`x_t` has dtype {x_t.dtype}: with the layer's {dtype} parameters its keys "
+            f"and values would be {computed}, but the cache (from init_cache) holds "
+            f"{dtype} ones: pass x_t in {dtype}."
+        )
     return check_position("t", t, held)
 
 
@@ -217,7 +227,7 @@ class SlidingWindowLayer(eqx.Module):
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         x_t = check_features("x_t", x_t, self.attention.attention.dim, ndim=1)
-        return self._step(cache, x_t, _check_step(self, cache, t))
+        return self._step(cache, x_t, _check_step(self, cache, x_t, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
@@ -515,7 +525,7 @@ class BlockStateTransformerLayer(eqx.Module):
         `ssm="unstruct"`, `t` must be below `init_cache`'s `max_length`.
         """
         x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
-        return self._step(cache, x_t, _check_step(self, cache, t))
+        return self._step(cache, x_t, _check_step(self, cache, x_t, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
@@ -686,7 +696,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=w)
         # (ks, vs)[b]: the keys/values of the states that block b's tokens read, i.e. the
         # states before block b's update.
-        _, (ks, vs) = jax.lax.scan(update, self.initial_state, (blocks(k), blocks(v)))
+        # The states in the dtype the update computes in (float32 for a bfloat16 layer
+        # fed float32 `x`, as the token side): the scan's carry keeps one dtype.
+        init = self.initial_state.astype(jnp.result_type(self.initial_state, k))
+        _, (ks, vs) = jax.lax.scan(update, init, (blocks(k), blocks(v)))
         q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
         cross = block_attention(q, ks, vs, implementation=mha.implementation)
         cross = rearrange(cross, "n w h d -> (n w) h d")
@@ -713,7 +726,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
-        return self._step(cache, x_t, _check_step(self, cache, t))
+        return self._step(cache, x_t, _check_step(self, cache, x_t, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
