@@ -983,6 +983,20 @@ def test_unroll_continuous_refuses_multi_term_solvers(model):
             ls.unroll_continuous(model, x0, ts, solver=solver)
 
 
+def test_unroll_continuous_implicit_solver_in_float32():
+    """The implicit solver the docstring suggests, with the root finder it recommends for
+    float32, agrees with the exact path (on a model where diffrax's default VeryChord
+    rejected steps until max_steps)."""
+    import optimistix as optx
+
+    model = ls.KoopmanAutoencoder(2, 4, width=8, encoder_layers=2, dt=0.1, key=jr.key(1))
+    x0, ts = jnp.array([0.3, -0.2]), jnp.linspace(0.0, 2.0, 11)
+    solver = diffrax.Kvaerno5(root_finder=optx.Chord(rtol=1e-5, atol=1e-6))
+    got = ls.unroll_continuous(model, x0, ts, reencode_dt=0.5, solver=solver)
+    want = ls.unroll_continuous(model, x0, ts, reencode_dt=0.5, exact=True)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 def test_unroll_continuous_traced_dt0(model):
     """`dt0` may be traced, as in diffrax (e.g. `vmap` over step sizes for a convergence
     study; it was refused as "not known when tracing"), and is checked at run time."""

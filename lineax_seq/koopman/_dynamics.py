@@ -68,10 +68,12 @@ class AbstractLatentDynamics(eqx.Module):
     def vector_field(
         self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
     ) -> Float[Array, " latent"]:
-        """`dz/dt = (delta / dt) f(z, v)` in the data's time units (for diffrax).
+        """`dz/dt = (delta / dt) f(z, v)` in the data's time units.
 
         Same arguments as `__call__`: `v` is required exactly when the dynamics are
-        controlled.
+        controlled. A diffrax term calls `(t, y, args)`: wrap it, e.g.
+        `diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))` with
+        `args=dynamics` (as [`lineax_seq.unroll_continuous`][] does).
         """
         self._check(z, v)
         return (self.delta / self.dt) * self.rate(z, v)

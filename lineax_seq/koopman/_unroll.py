@@ -486,7 +486,8 @@ def _check_solver(solver: diffrax.AbstractSolver) -> None:
         raise ValueError(
             f"solver={type(solver).__name__}() needs several terms (an IMEX, SDE or split "
             "solver), but the latent ODE is one diffrax.ODETerm: pass an ODE solver, e.g. "
-            "diffrax.Tsit5(), or diffrax.Kvaerno5() (implicit)"
+            "diffrax.Tsit5(), or diffrax.Kvaerno5() (implicit; see unroll_continuous's "
+            "solver argument for its tolerances in float32)"
         )
 
 
@@ -547,7 +548,8 @@ def unroll_continuous(
     of the span for a NumPy or JAX `reencode_dt` of float32 precision; a Python number
     is exact) is decoded *before* reencoding, as in [`unroll`][lineax_seq.unroll], and
     the reencoding happens at that time. Differentiable (diffrax's adjoint, default
-    recursive checkpointing), so models can be trained through it.
+    recursive checkpointing), so models can be trained through it; with
+    `diffrax.BacksolveAdjoint` not with respect to a traced `ts` (diffrax's limitation).
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) (delta / dt) K) z(tau_j)`: the oracle for the ODE path. With concrete
@@ -571,7 +573,11 @@ def unroll_continuous(
         error); with concrete `ts` it must equal that count.
     - `exact`: use the matrix exponential instead of an ODE solver (a bool).
     - `solver` (any solver of one `ODETerm`; not the IMEX, SDE or split ones, which need
-        several terms), `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
+        several terms; in float32 an implicit solver's default root finder,
+        `diffrax.VeryChord` at the controller's tolerances, can judge its iterations
+        divergent at rounding level and reject steps until `max_steps`: give it e.g.
+        `root_finder=optimistix.Chord(rtol=1e-5, atol=1e-6)`),
+        `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
         under `vmap` over step sizes), `max_steps` (positive, or `None`; per segment),
         `adjoint`, `progress_meter`, `throw`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
