@@ -35,6 +35,11 @@ class DynamicalSystem(eqx.Module):
     one of `"positive"`, `"nonnegative"`, `"finite"`; by default `{"dt": "positive"}`)
     are checked at construction to be real and finite, of that sign; a value traced
     inside a JAX transform (a system built under `vmap`) cannot be, and is not.
+
+    Parameters given as Python numbers (the defaults) are static, as in Equinox:
+    `eqx.filter_jit` compiles once per value and `eqx.filter_grad` does not
+    differentiate them. For parameter sweeps or system identification pass JAX arrays,
+    e.g. `Pendulum(g=jnp.asarray(9.81))`: traced, differentiable, one compilation.
     """
 
     state_dim: ClassVar[int]
