@@ -141,6 +141,29 @@ def test_multi_head_attention_half_precision_under_jit(getkey):
         np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_minus_infinity_bias_blocks_like_the_mask(getkey, dtype):
+    """`-inf` in `bias` blocks a key as `mask` does, also for a query whose keys are all
+    blocked (it was NaN, with NaN gradients everywhere)."""
+    mha = ls.MultiHeadAttention(8, 2, key=getkey())
+    mha = jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, mha)
+    x = jr.normal(getkey(), (5, 8)).astype(dtype)
+    mask = jnp.ones((5, 5), bool).at[2].set(False).at[:, 4].set(False)
+    bias = jnp.where(mask, 0.0, -jnp.inf)[None].repeat(2, 0).astype(dtype)
+
+    @jax.jit
+    def run(x):
+        loss = lambda x, **kw: jnp.sum(mha(x, **kw).astype(jnp.float32))
+        return mha(x, bias=bias), mha(x, mask=mask), jax.grad(lambda x: loss(x, bias=bias))(x)
+
+    with jax.numpy_dtype_promotion("standard"):  # bfloat16 attention promotes inside
+        by_bias, by_mask, grad = run(x)
+    np.testing.assert_allclose(
+        np.asarray(by_bias, np.float32), np.asarray(by_mask, np.float32), rtol=1e-6
+    )
+    assert np.all(np.isfinite(np.asarray(grad, np.float32)))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_multi_head_attention_fully_masked_row(getkey, dtype):
     """A query that sees no key gets the plain mean of the values, and (float64 added

@@ -1,6 +1,7 @@
 """Multi-head (self- and cross-) attention on `jax.nn.dot_product_attention`."""
 
 import equinox as eqx
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from beartype import beartype
@@ -131,7 +132,8 @@ class MultiHeadAttention(eqx.Module):
           `(heads, q, k)`. Every query should see at least one key: a query that sees
           none gets the plain mean of all values (its logits are all masked alike).
         - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
-          [`lineax_seq.RelativePositionBias`][]).
+          [`lineax_seq.RelativePositionBias`][]); `-inf` blocks a key as `mask` does (a
+          query with every key blocked gets the mean of the values, not NaN).
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
@@ -172,6 +174,11 @@ class MultiHeadAttention(eqx.Module):
                     f"`{name}` must have num_heads={self.num_heads} heads on its first "
                     f"axis, got shape {value.shape}."
                 )
+        if bias is not None:
+            # -inf as the masks' -1e30 (finite in float32 / bfloat16): a row of -inf
+            # would make the softmax 0 / 0.
+            wide = jnp.float64 if bias.dtype == jnp.float64 else jnp.float32
+            bias = jnp.maximum(bias.astype(wide), -1e30)
         q = self.queries(x)
         k, v = self.keys_values(context)
         out = attend(q, k, v, bias=bias, mask=mask, implementation=self.implementation)
