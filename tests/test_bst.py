@@ -221,6 +221,30 @@ def test_generate_greedy_matches_forward(sh_lm, getkey):
     np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
 
 
+def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getkey):
+    """Prompts of 3-9 tokens and 2-7 steps (totals 9-16) share one compilation; a sample
+    with more steps extends the one with fewer (each position has its own key)."""
+    compiles = []
+
+    def listen(name, duration, fun_name="", **kwargs):
+        compiles.extend([fun_name] if "backend_compile" in name else [])
+
+    key, tokens = getkey(), jr.randint(getkey(), (9,), 0, VOCAB)
+    first = ls.generate(sh_lm, tokens[:3], 7, key=key)  # total 10: compiles for 16
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        longer = [ls.generate(sh_lm, tokens[:3], steps, key=key) for steps in (10, 13)]
+        other = [ls.generate(sh_lm, tokens[:n], 16 - n, key=key) for n in (5, 9)]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert "jit(_generate)" not in compiles
+    for out in longer:
+        np.testing.assert_array_equal(out[:10], first)
+    for n, out in zip((5, 9), other, strict=True):
+        assert out.shape == (16,)
+        np.testing.assert_array_equal(out[:n], tokens[:n])
+
+
 def test_generate_narrow_prompt_dtypes(getkey):
     """Samples are not wrapped to the prompt's dtype and fed back: a uint8 prompt to a
     model of 300 tokens whose head always picks token 299 continues with 299."""

@@ -392,32 +392,39 @@ class BlockStateTransformerLM(eqx.Module):
 
 
 @eqx.filter_jit
-def _generate(lm, prompt, steps: int, key, temperature, greedy: bool, top_k):
-    # The prompt is checked once; sampled tokens are in range by construction, so the
-    # per-token check of `step` is left out of the loop. `temperature` is traced (one
-    # compilation serves every value); only greedy-or-not and `top_k` are static.
-    cache = lm.init_cache(prompt.shape[0] + steps)
-    cache, logits = jax.lax.scan(lambda c, token: lm._step(c, token), cache, prompt)
-    logits = logits[-1]
+def _generate(lm, buffer, prompt_length, total, key, temperature, greedy: bool, top_k):
+    """`buffer[:total]`: `buffer` holds the prompt in `[:prompt_length]`; the rest is
+    sampled. One compilation per buffer size (a power of two), not per prompt length and
+    `steps`: the lengths are traced. The prompt is checked once; sampled tokens are in
+    range by construction, so the per-token check of `step` is left out of the loop.
+    `temperature` is traced too; only greedy-or-not and `top_k` are static."""
 
-    def sample(carry, k):
-        cache, logits = carry
+    def sample(logits, i):
         if top_k is not None:  # exactly top_k candidates, ties or not
             _, keep = jax.lax.top_k(logits, top_k)
             logits = jnp.full_like(logits, -jnp.inf).at[keep].set(logits[keep])
         if greedy:
-            token = jnp.argmax(logits)
-        else:
-            # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
-            # (greedy in the limit) instead of overflowing every logit to inf or NaN.
-            work = jnp.promote_types(logits.dtype, jnp.float32)
-            shifted = logits.astype(work) - jnp.max(logits).astype(work)
-            token = jr.categorical(k, shifted / temperature.astype(work))
-        cache, logits = lm._step(cache, token)
-        return (cache, logits), token
+            return jnp.argmax(logits).astype(buffer.dtype)
+        # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
+        # (greedy in the limit) instead of overflowing every logit to inf or NaN.
+        work = jnp.promote_types(logits.dtype, jnp.float32)
+        shifted = logits.astype(work) - jnp.max(logits).astype(work)
+        # The key of position i + 1: more steps extend a sample, they do not redraw it.
+        token = jr.categorical(jr.fold_in(key, i), shifted / temperature.astype(work))
+        return token.astype(buffer.dtype)
 
-    _, tokens = jax.lax.scan(sample, (cache, logits), jr.split(key, steps))
-    return jnp.concatenate([prompt, tokens.astype(prompt.dtype)])
+    def feed(i, carry):
+        cache, buffer = carry
+        cache, logits = lm._step(cache, buffer[i])
+        # Inside the prompt the next token is given; after it, sampled.
+        token = jax.lax.cond(
+            i + 1 < prompt_length, lambda: buffer[i + 1], lambda: sample(logits, i)
+        )
+        return cache, buffer.at[i + 1].set(token)
+
+    cache = lm.init_cache(buffer.shape[0])
+    _, buffer = jax.lax.fori_loop(0, total - 1, feed, (cache, buffer))
+    return buffer
 
 
 def generate(
@@ -431,12 +438,15 @@ def generate(
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
-    The prompt is fed token by token through `lm.step` (a `lax.scan`), then each new
+    The prompt is fed token by token through `lm.step` (one loop), then each new
     token is sampled from the last logits and fed back. Every token costs `O(window + N)`
     per layer (attention frame of two blocks, S4D recurrent state, BRECT states),
     except `ssm="unstruct"` BST layers, whose filters have no recurrence: they keep the
-    inputs and convolve directly, `O(prompt + steps)` per token. The prompt may have
-    any length.
+    inputs and convolve directly, `O(T)` per token, with `T` the power of two
+    `>= prompt + steps`. The prompt may have any length. One compilation serves every
+    prompt length and `steps` with the same `T` (and `top_k`, greedy or not), and the
+    token at each position is drawn with its own key, `jax.random.fold_in(key,
+    position - 1)`: more `steps` extend a sample without redrawing it.
 
     **Arguments:**
 
@@ -479,4 +489,10 @@ def generate(
     tiny = float(np.finfo(np.float32).tiny)
     greedy = temperature < tiny
     temperature = min(temperature, 1e37)
-    return _generate(lm, prompt, steps, key, jnp.asarray(temperature), greedy, top_k)
+    total = prompt.shape[0] + steps
+    size = 1 << (total - 1).bit_length()  # the power of two >= total
+    buffer = np.zeros(size, prompt.dtype)
+    buffer[: prompt.shape[0]] = prompt
+    lengths = jnp.asarray(prompt.shape[0], jnp.int32), jnp.asarray(total, jnp.int32)
+    temperature = jnp.asarray(temperature)
+    return _generate(lm, buffer, *lengths, key, temperature, greedy, top_k)[:total]
