@@ -211,36 +211,65 @@ def test_causality_of_every_layer_and_decoding_matches_forward(stack, getkey):
     np.testing.assert_allclose(_decode(stack, tokens), full, rtol=1e-4, atol=1e-4)
 
 
-def test_generate_greedy_matches_forward(sh_lm, getkey):
-    prompt = jr.randint(getkey(), (5,), 0, VOCAB)
+def test_prefill_then_decoding_matches_forward(stack, getkey):
+    """`prefill` feeds whole blocks in one parallel pass: its logits are the forward's,
+    and stepping on from its cache continues them, for every layer kind. A cache taken
+    after fewer blocks than given (generate's padded prefix) ignores the later tokens."""
+    tokens = jr.randint(getkey(), (L,), 0, VOCAB)
+    junk = tokens.at[W:].set((tokens[W:] + 1) % VOCAB)
+    full = _forward_pair(stack, jnp.stack([tokens, tokens]))[0]
+
+    @eqx.filter_jit
+    def run(lm, tokens, junk):
+        decode = lambda cache, tokens: jax.lax.scan(lambda c, t: lm.step(c, t), cache, tokens)[1]
+        cache, logits = lm.prefill(tokens[: 2 * W], L)
+        after_one, _ = lm._prefill(junk, jnp.asarray(1, jnp.int32), L)
+        return logits, decode(cache, tokens[2 * W :]), decode(after_one, tokens[W:])
+
+    logits, rest, later = run(stack, tokens, junk)
+    np.testing.assert_allclose(logits, full[: 2 * W], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rest, full[2 * W :], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(later, full[W:], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="multiple of"):
+        stack.prefill(tokens[: W + 1], L)
+    with pytest.raises(
+        ValueError, match=r"`max_length`=4 must be at least the number of tokens, 8"
+    ):
+        stack.prefill(tokens[: 2 * W], W)
+
+
+@pytest.mark.parametrize("length", [5, 2 * W])  # whole blocks and a remainder, or none
+def test_generate_greedy_matches_forward(sh_lm, getkey, length):
+    prompt = jr.randint(getkey(), (length,), 0, VOCAB)
     # top_k=1 makes sampling greedy, whatever the temperature.
-    out = ls.generate(sh_lm, prompt, L - 5, key=getkey(), temperature=1.0, top_k=1)
+    out = ls.generate(sh_lm, prompt, L - length, key=getkey(), temperature=1.0, top_k=1)
     assert out.shape == (L,)
-    np.testing.assert_array_equal(out[:5], prompt)
+    np.testing.assert_array_equal(out[:length], prompt)
     logits = _forward_pair(sh_lm, jnp.stack([out, out]))[0]
-    np.testing.assert_array_equal(out[5:], jnp.argmax(logits[4:-1], axis=-1))
+    np.testing.assert_array_equal(out[length:], jnp.argmax(logits[length - 1 : -1], axis=-1))
 
 
 def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getkey):
-    """Prompts of 3-9 tokens and 2-7 steps (totals 9-16) share one compilation; a sample
-    with more steps extends the one with fewer (each position has its own key)."""
+    """Prompts of 5-7 tokens (one whole block) and 3-11 steps (totals 9-16) share one
+    compilation; a sample with more steps extends the one with fewer (each position has
+    its own key)."""
     compiles = []
 
     def listen(name, duration, fun_name="", **kwargs):
         compiles.extend([fun_name] if "backend_compile" in name else [])
 
     key, tokens = getkey(), jr.randint(getkey(), (9,), 0, VOCAB)
-    first = ls.generate(sh_lm, tokens[:3], 7, key=key)  # total 10: compiles for 16
+    first = ls.generate(sh_lm, tokens[:5], 5, key=key)  # total 10: compiles for 16
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        longer = [ls.generate(sh_lm, tokens[:3], steps, key=key) for steps in (10, 13)]
-        other = [ls.generate(sh_lm, tokens[:n], 16 - n, key=key) for n in (5, 9)]
+        longer = [ls.generate(sh_lm, tokens[:5], steps, key=key) for steps in (8, 11)]
+        other = [ls.generate(sh_lm, tokens[:n], 16 - n, key=key) for n in (6, 7)]
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert "jit(_generate)" not in compiles
     for out in longer:
         np.testing.assert_array_equal(out[:10], first)
-    for n, out in zip((5, 9), other, strict=True):
+    for n, out in zip((6, 7), other, strict=True):
         assert out.shape == (16,)
         np.testing.assert_array_equal(out[:n], tokens[:n])
 

@@ -145,6 +145,18 @@ def _self_attention_step(
     return frame, out[0]
 
 
+def _prefill_frame(attention: SlidingWindowAttention, h: Array, blocks: Int[Array, ""]) -> Cache:
+    """The attention frame after the first `blocks` blocks of `h`: their last block's
+    keys/values in its second half (the first is shifted out by the next token)."""
+    w = attention.window
+    k, v = attention.attention.keys_values(h)
+    last = lambda a: jax.lax.dynamic_slice_in_dim(a, jnp.maximum(blocks - 1, 0) * w, w)
+    return {
+        name: jnp.concatenate([jnp.zeros_like(last(a)), last(a)])
+        for name, a in (("k", k), ("v", v))
+    }
+
+
 # --------------------------------------------------------------------------- SLIDE
 
 
@@ -237,6 +249,14 @@ class SlidingWindowLayer(eqx.Module):
         )
         x_t = x_t + self.attention.attention.merge_heads(heads[None])[0]
         return {"frame": frame}, x_t + self.mlp(_norm(self.mlp_norm, x_t))
+
+    def _prefill(
+        self, x: Float[Array, "length dim"], blocks: Int[Array, ""], max_length: int
+    ) -> tuple[Cache, Float[Array, "length dim"]]:
+        """`(cache, self(x))`: the cache as after `step` through the first `blocks`
+        blocks of `x` (the later positions, if any, do not reach it)."""
+        h = _norm(self.attention_norm, x)
+        return {"frame": _prefill_frame(self.attention, h, blocks)}, self(x)
 
 
 # --------------------------------------------------------------------------- context states
@@ -541,6 +561,22 @@ class BlockStateTransformerLayer(eqx.Module):
         cache = {"frame": frame, "ssm": ssm_state, "context": context}
         return cache, x_t + self.mlp(_norm(self.mlp_norm, x_t))
 
+    def _prefill(
+        self, x: Float[Array, "length dim"], blocks: Int[Array, ""], max_length: int
+    ) -> tuple[Cache, Float[Array, "length dim"]]:
+        """As `SlidingWindowLayer._prefill`."""
+        h = _norm(self.attention_norm, x)
+        context = self.context.init_cache(self.window, self.self_attention.attention.head_dim)
+        if self.context_kind == "mf":  # the next block's context: this one's last output
+            last = self.ssm.block_ends(h, self.window)[jnp.maximum(blocks - 1, 0)]
+            context = {**context, "last": last.astype(context["last"].dtype)}
+        cache = {
+            "frame": _prefill_frame(self.self_attention, h, blocks),
+            "ssm": self.ssm._prefill_state(h, self.window, blocks, max_length),
+            "context": context,
+        }
+        return cache, self(x)
+
 
 # --------------------------------------------------------------------------- BRECT
 
@@ -678,6 +714,12 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         """
         x = jnp.asarray(x)
         _check_input(x, self.window, self.self_attention.attention.dim)
+        return self._forward(x)[0]
+
+    def _forward(
+        self, x: Float[Array, "length dim"]
+    ) -> tuple[Float[Array, "length dim"], Float[Array, "blocks states dim"]]:
+        """`self(x)`, and the states after each block's update."""
         w = self.window
         mha = self.self_attention.attention
         # Everything on the token side is block-parallel: projections, the sliding-window
@@ -691,7 +733,8 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         def update(states, kv_b):
             s, (ks, vs) = self._state_kv(states)
-            return self._update_states(states, s, ks, vs, *kv_b), (ks, vs)
+            new = self._update_states(states, s, ks, vs, *kv_b)
+            return new, (ks, vs, new)
 
         blocks = lambda a: rearrange(a, "(n w) h d -> n w h d", w=w)
         # (ks, vs)[b]: the keys/values of the states that block b's tokens read, i.e. the
@@ -699,11 +742,11 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         # The states in the dtype the update computes in (float32 for a bfloat16 layer
         # fed float32 `x`, as the token side): the scan's carry keeps one dtype.
         init = self.initial_state.astype(jnp.result_type(self.initial_state, k))
-        _, (ks, vs) = jax.lax.scan(update, init, (blocks(k), blocks(v)))
+        _, (ks, vs, after) = jax.lax.scan(update, init, (blocks(k), blocks(v)))
         q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
         cross = block_attention(q, ks, vs, implementation=mha.implementation)
         cross = rearrange(cross, "n w h d -> (n w) h d")
-        return self._mix(x, self_heads, cross)
+        return self._mix(x, self_heads, cross), after
 
     def _mix(self, x, self_heads, cross):
         mixed = jnp.concatenate([_merge(self_heads), _merge(cross)], axis=-1)
@@ -743,3 +786,15 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: (states, s, (ks, vs)))
         return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, out
+
+    def _prefill(
+        self, x: Float[Array, "length dim"], blocks: Int[Array, ""], max_length: int
+    ) -> tuple[Cache, Float[Array, "length dim"]]:
+        """As `SlidingWindowLayer._prefill`."""
+        y, after = self._forward(x)
+        last = after[jnp.maximum(blocks - 1, 0)].astype(self.initial_state.dtype)
+        states = jnp.where(blocks > 0, last, self.initial_state)
+        s, (ks, vs) = self._state_kv(states)
+        h = _norm(self.attention_norm, x)
+        frame = _prefill_frame(self.self_attention, h, blocks)
+        return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, y

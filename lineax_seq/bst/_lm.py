@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, Integer, PRNGKeyArray, jaxtyped
+from jaxtyping import Array, Float, Int, Integer, PRNGKeyArray, jaxtyped
 
 from .._checks import (
     IntLike,
@@ -335,6 +335,47 @@ class BlockStateTransformerLM(eqx.Module):
             x = layer(x)
         return self._logits(x)
 
+    def prefill(
+        self, tokens: Integer[Array | np.ndarray, " length"], max_length: IntLike
+    ) -> tuple[dict, Float[Array, "length vocab"]]:
+        """Feed a prompt in one parallel pass: the decoding cache and logits as `step`
+        would give them token by token, at the cost of the forward pass.
+
+        **Arguments:**
+
+        - `tokens`: integer tokens in `[0, vocab_size)`, shape `(length,)`, `length` a
+          multiple of `window`.
+        - `max_length`: the cache's capacity, as in `init_cache`; at least `length`.
+
+        **Returns:**
+
+        `(cache, logits)`: the cache after `tokens` (`step` continues from position
+        `length`) and `self(tokens)`, shape `(length, vocab_size)`.
+        """
+        (tokens,) = host_arrays(tokens)
+        check_blocks(tokens.shape[0], self.window, "tokens")
+        max_length = check_int("max_length", max_length)
+        if max_length < tokens.shape[0]:
+            raise ValueError(
+                f"`max_length`={max_length} must be at least the number of tokens, "
+                f"{tokens.shape[0]}."
+            )
+        blocks = jnp.asarray(tokens.shape[0] // self.window, jnp.int32)
+        cache, x = self._prefill(self._check_tokens(tokens), blocks, max_length)
+        return cache, self._logits(x)
+
+    def _prefill(
+        self, tokens: Integer[Array, " length"], blocks: Int[Array, ""], max_length: int
+    ) -> tuple[dict, Float[Array, "length dim"]]:
+        """The cache after the first `blocks` blocks of `tokens` (later ones, if any, do
+        not reach it) and the final hidden states of all of `tokens`."""
+        x = self.embedding.weight[tokens]
+        caches = []
+        for layer in self.layers:
+            cache, x = layer._prefill(x, blocks, max_length)
+            caches.append(cache)
+        return {"t": blocks * self.window, "layers": tuple(caches)}, x
+
     def init_cache(self, max_length: IntLike) -> dict:
         """Empty decoding cache for up to `max_length` tokens (see `step`).
 
@@ -392,12 +433,14 @@ class BlockStateTransformerLM(eqx.Module):
 
 
 @eqx.filter_jit
-def _generate(lm, buffer, prompt_length, total, key, temperature, greedy: bool, top_k):
+def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy: bool, top_k):
     """`buffer[:total]`: `buffer` holds the prompt in `[:prompt_length]`; the rest is
-    sampled. One compilation per buffer size (a power of two), not per prompt length and
-    `steps`: the lengths are traced. The prompt is checked once; sampled tokens are in
-    range by construction, so the per-token check of `step` is left out of the loop.
-    `temperature` is traced too; only greedy-or-not and `top_k` are static."""
+    sampled. The prompt's whole blocks are fed in one parallel pass (`prefix`: the prompt
+    padded to a power-of-two number of blocks), the rest token by token. One compilation
+    per pair of power-of-two sizes, not per prompt length and `steps`: the lengths are
+    traced. The prompt is checked once; sampled tokens are in range by construction, so
+    the per-token check of `step` is left out of the loop. `temperature` is traced too;
+    only greedy-or-not and `top_k` are static."""
 
     def sample(logits, i):
         if top_k is not None:  # exactly top_k candidates, ties or not
@@ -413,17 +456,21 @@ def _generate(lm, buffer, prompt_length, total, key, temperature, greedy: bool, 
         token = jr.categorical(jr.fold_in(key, i), shifted / temperature.astype(work))
         return token.astype(buffer.dtype)
 
+    def next_token(i, logits, buffer):
+        """The token at position `i + 1`: given inside the prompt, else sampled."""
+        return jax.lax.cond(i + 1 < prompt_length, lambda: buffer[i + 1], lambda: sample(logits, i))
+
     def feed(i, carry):
         cache, buffer = carry
         cache, logits = lm._step(cache, buffer[i])
-        # Inside the prompt the next token is given; after it, sampled.
-        token = jax.lax.cond(
-            i + 1 < prompt_length, lambda: buffer[i + 1], lambda: sample(logits, i)
-        )
-        return cache, buffer.at[i + 1].set(token)
+        return cache, buffer.at[i + 1].set(next_token(i, logits, buffer))
 
-    cache = lm.init_cache(buffer.shape[0])
-    _, buffer = jax.lax.fori_loop(0, total - 1, feed, (cache, buffer))
+    blocks = prompt_length // lm.window
+    cache, hidden = lm._prefill(prefix, blocks, buffer.shape[0])
+    start = blocks * lm.window  # the first position left to feed
+    logits = lm._logits(hidden[jnp.maximum(start - 1, 0)])
+    buffer = buffer.at[start].set(next_token(start - 1, logits, buffer))  # start 0: prompt[0]
+    _, buffer = jax.lax.fori_loop(start, total - 1, feed, (cache, buffer))
     return buffer
 
 
@@ -438,13 +485,15 @@ def generate(
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
-    The prompt is fed token by token through `lm.step` (one loop), then each new
-    token is sampled from the last logits and fed back. Every token costs `O(window + N)`
+    The prompt's whole blocks are fed in one parallel pass (`lm.prefill`), the rest of it
+    token by token through `lm.step`, then each new token is sampled from the last
+    logits and fed back. Every token after the prefill costs `O(window + N)`
     per layer (attention frame of two blocks, S4D recurrent state, BRECT states),
     except `ssm="unstruct"` BST layers, whose filters have no recurrence: they keep the
     inputs and convolve directly, `O(T)` per token, with `T` the power of two
     `>= prompt + steps`. The prompt may have any length. One compilation serves every
-    prompt length and `steps` with the same `T` (and `top_k`, greedy or not), and the
+    prompt length and `steps` with the same `T` and the same power of two `>=` the
+    prompt's number of whole blocks (and `top_k`, greedy or not), and the
     token at each position is drawn with its own key, `jax.random.fold_in(key,
     position - 1)`: more `steps` extend a sample without redrawing it.
 
@@ -489,10 +538,14 @@ def generate(
     tiny = float(np.finfo(np.float32).tiny)
     greedy = temperature < tiny
     temperature = min(temperature, 1e37)
+    pow2 = lambda n: 1 << (n - 1).bit_length()  # the power of two >= n
     total = prompt.shape[0] + steps
-    size = 1 << (total - 1).bit_length()  # the power of two >= total
-    buffer = np.zeros(size, prompt.dtype)
-    buffer[: prompt.shape[0]] = prompt
+    host = np.asarray(prompt)
+    buffer = np.zeros(pow2(total), host.dtype)
+    buffer[: host.shape[0]] = host
+    whole = host.shape[0] // lm.window * lm.window  # the prompt's whole blocks
+    prefix = np.zeros(lm.window * pow2(max(whole // lm.window, 1)), host.dtype)
+    prefix[:whole] = host[:whole]
     lengths = jnp.asarray(prompt.shape[0], jnp.int32), jnp.asarray(total, jnp.int32)
     temperature = jnp.asarray(temperature)
-    return _generate(lm, buffer, *lengths, key, temperature, greedy, top_k)[:total]
+    return _generate(lm, prefix, buffer, *lengths, key, temperature, greedy, top_k)[:total]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from einops import rearrange, repeat
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Complex, Float, Int, PRNGKeyArray
 
 from .._checks import IntLike, RealScalar, as_array, check_int, check_optional_int, host_arrays
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
@@ -246,11 +246,24 @@ class ContextSSM(eqx.Module):
             raise ValueError(f"length={length} must be a multiple of window={window}")
         if self.ssm != "s4":
             return self(x)[window - 1 :: window]
+        u = x @ self.down.weight.T + self.down.bias  # (length, features)
+        states, cb = self._end_states(u, window)  # (n, f, s, m)
+        y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
+        skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
+        y = y + skip * u[window - 1 :: window, :, None]
+        return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
+
+    def _end_states(
+        self, u: Float[Array, "length features"], window: int
+    ) -> tuple[
+        Complex[Array, "blocks features streams modes"], Complex[Array, "features streams modes"]
+    ]:
+        """`"s4"`: the recurrent states `s_t` at every block's last position, and `C Bbar`,
+        from the down-projected input `u`."""
         # (channels, modes), channel = stream * f + feature
         log_abar, cb = self.kernel._discretize()
         split = lambda a: rearrange(a, "(s f) m -> f s m", s=self.streams)
         log_abar, cb = split(log_abar), split(cb)
-        u = x @ self.down.weight.T + self.down.bias  # (length, features)
         blocks = rearrange(u, "(n w) f -> f n w", w=window)
         # Abar^e = exp(e log Abar), exact in e (repeated products would compound their
         # rounding), in real arithmetic: XLA's CPU complex exp is not vectorised.
@@ -265,11 +278,23 @@ class ContextSSM(eqx.Module):
         )
         states = rearrange(jax.lax.complex(inflow(power[0]), inflow(power[1])), "f n c -> n (f c)")
         decay = jnp.broadcast_to(decay.reshape(-1), states.shape).astype(states.dtype)
-        states = linear_scan(decay, states).reshape(-1, *cb.shape)  # (n, f, s, m)
-        y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
-        skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
-        y = y + skip * u[window - 1 :: window, :, None]
-        return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
+        return linear_scan(decay, states).reshape(-1, *cb.shape), cb
+
+    def _prefill_state(
+        self, x: Float[Array, "length dim"], window: int, blocks: Int[Array, ""], max_length: int
+    ) -> dict[str, Array]:
+        """The `step` state after the first `blocks` blocks of `x` (`length` a multiple
+        of `window`; later positions are ignored), as if stepped through them."""
+        u = x @ self.down.weight.T + self.down.bias
+        empty = self.init_state(max_length)
+        if self.ssm == "s4":
+            states, _ = self._end_states(u, window)
+            last = rearrange(states[jnp.maximum(blocks - 1, 0)], "f s m -> (s f) m")
+            return {"s4": jnp.where(blocks > 0, last, 0).astype(empty["s4"].dtype)}
+        rows = min(u.shape[0], max_length)
+        seen = jnp.arange(rows) < blocks * window
+        inputs = jnp.where(seen[:, None], u[:rows], 0).astype(empty["inputs"].dtype)
+        return {**empty, "inputs": empty["inputs"].at[:rows].set(inputs)}
 
     def init_state(self, max_length: IntLike) -> dict[str, Array]:
         """Zero state for `step`, for decoding up to `max_length` tokens.
