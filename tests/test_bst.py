@@ -274,6 +274,18 @@ def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getk
         np.testing.assert_array_equal(out[:n], tokens[:n])
 
 
+def test_generate_with_cudnn_attention_where_it_cannot_run(getkey):
+    """A model built for cuDNN's attention still generates where that kernel cannot run
+    (here: float32 on CPU): the prompt then goes token by token, as XLA's model's."""
+    kw = dict(num_heads=HEADS, window=W, bst_layers=(0,), key=jr.key(7))
+    fused = ls.BlockStateTransformerLM(VOCAB, DIM, 2, attention_implementation="cudnn", **kw)
+    plain = ls.BlockStateTransformerLM(VOCAB, DIM, 2, **kw)
+    prompt, key = jr.randint(getkey(), (2 * W + 1,), 0, VOCAB), getkey()
+    np.testing.assert_array_equal(
+        ls.generate(fused, prompt, 3, key=key), ls.generate(plain, prompt, 3, key=key)
+    )
+
+
 def test_generate_narrow_prompt_dtypes(getkey):
     """Samples are not wrapped to the prompt's dtype and fed back: a uint8 prompt to a
     model of 300 tokens whose head always picks token 299 continues with 299."""

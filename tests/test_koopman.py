@@ -118,6 +118,10 @@ def test_eager_unroll_compiles_once(model, controlled):
         lambda x: jax.vmap(lambda x: ls.unroll(model, x, steps=STEPS))(jnp.stack([x, -x])),
         lambda x: ls.unroll_continuous(model, x, jnp.linspace(0, 1, 5), reencode_dt=0.5),
         lambda x: ls.unroll_continuous(model, x, np.linspace(0, 1, 5), exact=True),
+        # A new fixed step size (x0 > 0: 0.05, else 0.1) compiles nothing new either.
+        lambda x: ls.unroll_continuous(
+            model, x, jnp.linspace(0, 1, 5), solver=diffrax.Heun(), dt0=0.05 * (1 + float(x[0] < 0))
+        ),
     ]
     for call in calls:
         call(x0)

@@ -37,7 +37,8 @@ def fused_attention(
     implementation: Literal["xla", "cudnn"],
 ) -> Float[Array, "*batch q heads d"]:
     """`jax.nn.dot_product_attention` with the given `implementation`, at most one
-    leading batch axis; `bias` is cast to the inputs' dtype (cuDNN's requirement).
+    leading batch axis; `bias` is cast to the inputs' dtype (cuDNN's requirement) and
+    clipped at half its lowest value.
 
     `"cudnn"` takes float16 / bfloat16 inputs only: others raise a `TypeError` here,
     before JAX's own lowering error. Under `jax.vmap`, JAX's cuDNN rule takes only
@@ -52,7 +53,9 @@ def fused_attention(
         )
     if implementation == "cudnn":
         q, k, v = (jnp.ravel(a).reshape(a.shape) for a in (q, k, v))
-    bias = None if bias is None else bias.astype(q.dtype)
+    if bias is not None:
+        # A blocked key's -1e30 is -inf in float16: kept finite (a row of -inf is 0 / 0).
+        bias = jnp.maximum(bias.astype(q.dtype), jnp.finfo(q.dtype).min / 2)
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, implementation=implementation
     )

@@ -21,6 +21,7 @@ from .._checks import (
     check_real,
     host_arrays,
 )
+from ..attention import MultiHeadAttention
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
 from ..ssm._kernel import check_kernel_options
@@ -181,8 +182,8 @@ class BlockStateTransformerLM(eqx.Module):
           initialised with standard deviation 0.02, as in GPT-2).
         - `attention_implementation`: the attention kernel of the parallel forward pass,
           `None` / `"xla"` or `"cudnn"` (cuDNN flash attention: NVIDIA GPUs, float16 /
-          bfloat16 weights; see [`lineax_seq.MultiHeadAttention`][]); `generate`'s
-          decoding steps always use XLA.
+          bfloat16 weights; see [`lineax_seq.MultiHeadAttention`][]), also in `prefill`;
+          `step` and `generate`'s decoding steps always use XLA.
         - `key`: PRNG key.
         """
         vocab_size = check_int("vocab_size", vocab_size)
@@ -432,6 +433,17 @@ class BlockStateTransformerLM(eqx.Module):
         return {"t": t + 1, "layers": tuple(new)}, self._logits(x)
 
 
+def _parallel_pass_runs(lm: BlockStateTransformerLM) -> bool:
+    """Whether `lm`'s forward pass runs here: its cuDNN attention, if any, needs an
+    NVIDIA GPU and half-precision activations (decoding steps always use XLA's)."""
+    is_mha = lambda node: isinstance(node, MultiHeadAttention)
+    modules = jax.tree.leaves(lm, is_leaf=is_mha)
+    if not any(is_mha(m) and m.implementation == "cudnn" for m in modules):
+        return True
+    half = lm.embedding.weight.dtype in (jnp.float16, jnp.bfloat16)
+    return half and jax.default_backend() == "gpu"
+
+
 @eqx.filter_jit
 def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy: bool, top_k):
     """`buffer[:total]`: `buffer` holds the prompt in `[:prompt_length]`; the rest is
@@ -465,10 +477,14 @@ def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy
         cache, logits = lm._step(cache, buffer[i])
         return cache, buffer.at[i + 1].set(next_token(i, logits, buffer))
 
-    blocks = prompt_length // lm.window
-    cache, hidden = lm._prefill(prefix, blocks, buffer.shape[0])
-    start = blocks * lm.window  # the first position left to feed
-    logits = lm._logits(hidden[jnp.maximum(start - 1, 0)])
+    if _parallel_pass_runs(lm):
+        blocks = prompt_length // lm.window
+        cache, hidden = lm._prefill(prefix, blocks, buffer.shape[0])
+        start = blocks * lm.window  # the first position left to feed
+        logits = lm._logits(hidden[jnp.maximum(start - 1, 0)])
+    else:  # the whole prompt token by token
+        cache, start = lm.init_cache(buffer.shape[0]), jnp.zeros((), jnp.int32)
+        logits = jnp.zeros(lm.vocab_size, lm.embedding.weight.dtype)  # (unused)
     buffer = buffer.at[start].set(next_token(start - 1, logits, buffer))  # start 0: prompt[0]
     _, buffer = jax.lax.fori_loop(start, total - 1, feed, (cache, buffer))
     return buffer
@@ -485,8 +501,9 @@ def generate(
 ) -> Integer[Array, " total"]:
     """Sample `steps` tokens after `prompt` with the incremental decoder.
 
-    The prompt's whole blocks are fed in one parallel pass (`lm.prefill`), the rest of it
-    token by token through `lm.step`, then each new token is sampled from the last
+    The prompt's whole blocks are fed in one parallel pass (`lm.prefill`; token by token
+    where the model's cuDNN attention cannot run: off NVIDIA GPUs, or in float32), the
+    rest of it token by token through `lm.step`, then each new token is sampled from the last
     logits and fed back. Every token after the prefill costs `O(window + N)`
     per layer (attention frame of two blocks, S4D recurrent state, BRECT states),
     except `ssm="unstruct"` BST layers, whose filters have no recurrence: they keep the

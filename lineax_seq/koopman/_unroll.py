@@ -698,8 +698,10 @@ def unroll_continuous(
         # The data's sampling interval: Euler steps of MLP dynamics are then the steps
         # of the discrete unroll.
         dt0 = model.dynamics.dt
-    if isinstance(dt0, jax.Array):
-        dt0 = dt0.astype(ts.dtype)  # traced: in the dtype of the times, as diffrax needs
+    if dt0 is not None:
+        # In the dtype of the times, as diffrax needs; an array, so that `_solve` traces it
+        # (a new value, e.g. in a convergence study, compiles nothing new).
+        dt0 = jnp.asarray(dt0, ts.dtype)
 
     if ts_host is None:
         # Every segment saves at all of ts (shapes cannot depend on ts).
