@@ -274,6 +274,18 @@ def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getk
         np.testing.assert_array_equal(out[:n], tokens[:n])
 
 
+def test_generate_batches_under_vmap_and_runs_under_jit(sh_lm, getkey):
+    """Batched sampling is `jax.vmap` over prompts and keys, equal to one call each
+    (the prompt is traced there); `jax.jit` of a call works too."""
+    prompts = jr.randint(getkey(), (3, W + 2), 0, VOCAB)
+    keys = jr.split(getkey(), 3)
+    sample = lambda prompt, key: ls.generate(sh_lm, prompt, 5, key=key)
+    batched = jax.vmap(sample)(prompts, keys)
+    for prompt, key, got in zip(prompts, keys, batched, strict=True):
+        np.testing.assert_array_equal(got, sample(prompt, key))
+    np.testing.assert_array_equal(jax.jit(sample)(prompts[0], keys[0]), batched[0])
+
+
 def test_generate_with_cudnn_attention_where_it_cannot_run(getkey):
     """A model built for cuDNN's attention still generates where that kernel cannot run
     (here: float32 on CPU): the prompt then goes token by token, as XLA's model's."""

@@ -557,12 +557,11 @@ def generate(
     temperature = min(temperature, 1e37)
     pow2 = lambda n: 1 << (n - 1).bit_length()  # the power of two >= n
     total = prompt.shape[0] + steps
-    host = np.asarray(prompt)
-    buffer = np.zeros(pow2(total), host.dtype)
-    buffer[: host.shape[0]] = host
-    whole = host.shape[0] // lm.window * lm.window  # the prompt's whole blocks
-    prefix = np.zeros(lm.window * pow2(max(whole // lm.window, 1)), host.dtype)
-    prefix[:whole] = host[:whole]
+    # Padded with JAX (not NumPy): `prompt` may be traced, e.g. under `vmap` over prompts.
+    buffer = jnp.pad(prompt, (0, pow2(total) - prompt.shape[0]))
+    whole = prompt.shape[0] // lm.window * lm.window  # the prompt's whole blocks
+    prefix_size = lm.window * pow2(max(whole // lm.window, 1))
+    prefix = jnp.pad(prompt[:whole], (0, prefix_size - whole))
     lengths = jnp.asarray(prompt.shape[0], jnp.int32), jnp.asarray(total, jnp.int32)
     temperature = jnp.asarray(temperature)
     return _generate(lm, prefix, buffer, *lengths, key, temperature, greedy, top_k)[:total]
