@@ -295,3 +295,31 @@ def test_constructors_and_sizes_take_numpy_integers():
         11, 8, 2, num_heads=2, window=4, bst_layers=layers, key=k
     )
     assert eqx.tree_equal(lm(np.array([1])), lm((1,)))
+
+
+def test_repeated_eager_calls_compile_nothing():
+    """Models are often called outside `jit` (the README does): a repeated call with the
+    same shapes compiles nothing. BiGS's scan over layers and BRECT's over blocks have
+    fresh closures as bodies, which eager JAX compiled again on every call (~0.4 s)."""
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    key = jr.key(0)
+    x, ids = jr.normal(key, (8, 8)), jnp.arange(8) % 5
+    bigs = lineax_seq.BiGS(10, 8, 2, key=key)
+    brect = lineax_seq.BlockRecurrentTransformerLayer(8, 2, 4, num_states=3, key=key)
+    calls = [lambda: bigs(ids, inference=True), lambda: brect(x)]
+    compiles = []
+
+    def listen(name, duration, fun_name="", **kwargs):
+        compiles.extend([fun_name] if "backend_compile" in name else [])
+
+    for call in calls:
+        call()
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for call in calls:
+            call()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []

@@ -118,6 +118,21 @@ def _build(
     )
 
 
+# Jitted, so that an eager call compiles the scan over the layers once per structure and
+# shape (its body is a fresh closure, which eager JAX would compile anew on every call).
+@eqx.filter_jit
+def _run_layers(layers, h, mask, layer_keys, inference):
+    """`h` through the stacked `layers` in order, one `lax.scan`."""
+    params, static = eqx.partition(layers, eqx.is_array)
+
+    def step(h, xs):
+        layer_params, layer_key = xs
+        layer = eqx.combine(layer_params, static)
+        return layer._masked_apply(h, mask, layer_key, inference), None
+
+    return jax.lax.scan(step, h, (params, layer_keys))[0]
+
+
 class BiGS(eqx.Module):
     """Bidirectional encoder: BiGS (GATED/SSM), STACK/SSM, GATED/ATT or BERT (STACK/ATT).
 
@@ -440,15 +455,8 @@ class BiGS(eqx.Module):
         h = self.dropout(apply_norm(self.embedding_norm, h), key=keys[0], inference=inference)
         if mask is not None:
             h = jnp.where(mask[:, None], h, 0)
-        params, static = eqx.partition(self.layers, eqx.is_array)
         layer_keys = None if keys[1] is None else jr.split(keys[1], self.num_layers)
-
-        def step(h, xs):
-            layer_params, layer_key = xs
-            layer = eqx.combine(layer_params, static)
-            return layer._masked_apply(h, mask, layer_key, inference), None
-
-        h, _ = jax.lax.scan(step, h, (params, layer_keys))
+        h = _run_layers(self.layers, h, mask, layer_keys, inference)
         if self.final_norm is not None:
             h = apply_norm(self.final_norm, h)
             if mask is not None:

@@ -714,7 +714,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         """
         x = jnp.asarray(x)
         _check_input(x, self.window, self.self_attention.attention.dim)
-        return self._forward(x)[0]
+        return _jitted_forward(self, x)[0]
 
     def _forward(
         self, x: Float[Array, "length dim"]
@@ -798,3 +798,8 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         h = _norm(self.attention_norm, x)
         frame = _prefill_frame(self.self_attention, h, blocks)
         return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, y
+
+
+# Jitted, so that an eager call compiles the scan over blocks once per structure and shape
+# (its body is a fresh closure, which eager JAX would compile anew on every call).
+_jitted_forward = eqx.filter_jit(BlockRecurrentTransformerLayer._forward)
