@@ -298,9 +298,10 @@ def test_constructors_and_sizes_take_numpy_integers():
 
 
 def test_repeated_eager_calls_compile_nothing():
-    """Models are often called outside `jit` (the README does): a repeated call with the
-    same shapes compiles nothing. BiGS's scan over layers and BRECT's over blocks have
-    fresh closures as bodies, which eager JAX compiled again on every call (~0.4 s)."""
+    """Models are often called outside `jit` (the README does), and decoding loops written
+    in Python call `step`: a repeated call with the same shapes compiles nothing. BiGS's
+    scan over layers, BRECT's over blocks and the steps' `lax.cond` take fresh closures,
+    which eager JAX compiled again on every call (0.2-0.5 s each)."""
     import jax.numpy as jnp
     import jax.random as jr
 
@@ -308,7 +309,12 @@ def test_repeated_eager_calls_compile_nothing():
     x, ids = jr.normal(key, (8, 8)), jnp.arange(8) % 5
     bigs = lineax_seq.BiGS(10, 8, 2, key=key)
     brect = lineax_seq.BlockRecurrentTransformerLayer(8, 2, 4, num_states=3, key=key)
-    calls = [lambda: bigs(ids, inference=True), lambda: brect(x)]
+    lm = lineax_seq.BlockStateTransformerLM(
+        11, 8, 2, num_heads=2, window=4, context="mf", bst_layers=(0,), recurrent_layers=(1,),
+        num_states=3, state_size=4, key=key,
+    )  # fmt: skip
+    cache = lm.init_cache(8)
+    calls = [lambda: bigs(ids, inference=True), lambda: brect(x), lambda: lm.step(cache, 3)]
     compiles = []
 
     def listen(name, duration, fun_name="", **kwargs):

@@ -420,7 +420,7 @@ class BlockStateTransformerLM(eqx.Module):
         held = held_positions(cache)
         check_cache("cache", cache, self.init_cache, held)
         check_position("cache['t']", cache["t"], held)
-        return self._step(cache, self._check_tokens(token, "token"))
+        return _jitted_step(self, cache, self._check_tokens(token, "token"))
 
     def _step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
         """`step` for a token known to be in range (as `generate`'s are)."""
@@ -431,6 +431,11 @@ class BlockStateTransformerLM(eqx.Module):
             layer_cache, x = layer._step(layer_cache, x, t)
             new.append(layer_cache)
         return {"t": t + 1, "layers": tuple(new)}, self._logits(x)
+
+
+# Jitted, so that `step` called eagerly (a Python decoding loop) compiles once per model
+# structure: its layers' `lax.cond` branches are fresh closures, compiled anew otherwise.
+_jitted_step = eqx.filter_jit(lambda lm, cache, token: lm._step(cache, token))
 
 
 def _parallel_pass_runs(lm: BlockStateTransformerLM) -> bool:
