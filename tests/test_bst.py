@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from _compiles import compilations
 from _devices import needs_cuda
 from jax.flatten_util import ravel_pytree
 
@@ -252,20 +253,12 @@ def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getk
     """Prompts of 5-7 tokens (one whole block) and 3-11 steps (totals 9-16) share one
     compilation; a sample with more steps extends the one with fewer (each position has
     its own key)."""
-    compiles = []
-
-    def listen(name, duration, fun_name="", **kwargs):
-        compiles.extend([fun_name] if "backend_compile" in name else [])
-
     key, tokens = getkey(), jr.randint(getkey(), (9,), 0, VOCAB)
     first = ls.generate(sh_lm, tokens[:5], 5, key=key)  # total 10: compiles for 16
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compilations() as compiled:
         longer = [ls.generate(sh_lm, tokens[:5], steps, key=key) for steps in (8, 11)]
         other = [ls.generate(sh_lm, tokens[:n], 16 - n, key=key) for n in (6, 7)]
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert "jit(_generate)" not in compiles
+    assert "jit(_generate)" not in compiled
     for out in longer:
         np.testing.assert_array_equal(out[:10], first)
     for n, out in zip((6, 7), other, strict=True):

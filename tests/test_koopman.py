@@ -10,6 +10,7 @@ import jax.scipy.linalg as jsl
 import jaxtyping
 import numpy as np
 import pytest
+from _compiles import compilations
 
 import lineax_seq as ls
 
@@ -104,11 +105,6 @@ def test_unroll_vmaps_over_initial_conditions(model):
 def test_eager_unroll_compiles_once(model, controlled):
     """Called outside `jit`, as in the README, the unrolls compile once per configuration,
     not on every call (their scans' bodies are fresh closures)."""
-    compiles = []
-
-    def listen(name, duration, **kwargs):
-        compiles.extend([name] if "backend_compile" in name else [])
-
     x0 = jnp.array([0.3, -0.2])
     actions = jnp.ones((STEPS, 1))
     calls = [
@@ -125,13 +121,10 @@ def test_eager_unroll_compiles_once(model, controlled):
     ]
     for call in calls:
         call(x0)
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compilations() as compiled:
         for call in calls:
             call(-x0)  # new values, same configuration
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert compiles == []
+    assert compiled == []
 
 
 def test_bilinear_converges_to_expm_as_delta_shrinks():

@@ -4,6 +4,7 @@ from types import ModuleType
 
 import jax
 import pytest
+from _compiles import compilations
 
 import lineax_seq
 from lineax_seq.__main__ import main
@@ -315,17 +316,9 @@ def test_repeated_eager_calls_compile_nothing():
     )  # fmt: skip
     cache = lm.init_cache(8)
     calls = [lambda: bigs(ids, inference=True), lambda: brect(x), lambda: lm.step(cache, 3)]
-    compiles = []
-
-    def listen(name, duration, fun_name="", **kwargs):
-        compiles.extend([fun_name] if "backend_compile" in name else [])
-
     for call in calls:
         call()
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compilations() as compiled:
         for call in calls:
             call()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert compiles == []
+    assert compiled == []
