@@ -377,3 +377,15 @@ def test_merging_into_a_committed_table(tmp_path):
     notes = [line for line in table.splitlines() if line.startswith("[^")]
     assert notes[0].startswith("[^1]: variants=koopman/linear,koopman/mlp,mlp/linear,mlp/mlp, ")
     assert notes[1].startswith("[^2]: variants=koopman/linear, steps=3000: ")
+
+
+def test_discretization_option(key):
+    assert _parse().discretization == "bilinear"
+    args = _parse("--small", "--discretization", "exact")
+    build = lambda kind: kx.build_model(
+        kind, 2, 0.01, latent=4, width=8, discretization=args.discretization, key=key
+    )
+    assert build(("koopman", "linear")).dynamics.discretization == "exact"
+    assert isinstance(build(("mlp", "linear")).dynamics, ls.MLPDynamics)  # Euler steps
+    with pytest.raises(SystemExit):
+        _parse("--discretization", "zoh")
