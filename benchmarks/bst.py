@@ -77,8 +77,7 @@ MELIAD_LAYER = {
     "recurrent": "128 states; gate_type 'bias' (fixed learned gates) and skip_ffn (no FFN "
     "on the state path); per window the states' own K, V, Q, Q2, self-attention over the "
     "states, cross-attention to the window's 2 W keys, one dense + gates. Ours: same, "
-    "except the states read the block's own W keys and the candidate passes one more "
-    "E x E projection with tanh (W_z; about 4% of BRECT's FLOPs).",
+    "except the states read the block's own W keys.",
     "dtype": "DTYPE = 'bfloat16' in base_htrans.gin ('For training on TPU'); ours float32",
     "note": "The meliad seconds are the issue's figures, not measured by this script (flax "
     "and gin are not installed here). 22 ms for SLIDE at 1k is 318 GFLOP/s at our 7.0 "

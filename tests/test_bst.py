@@ -159,10 +159,8 @@ def _block_loop_reference(layer, x):
             sq2 = split(_dense(layer.state_cross_query, s))
             s_cross = _softmax_attention(sq2, k[block], v[block], everything(len(s), W), 0.0)
             mixed = jnp.concatenate([s_self.reshape(len(s), DIM), s_cross.reshape(len(s), DIM)], -1)
-            z = jnp.tanh(_dense(layer.state_gate_input, _dense(layer.state_output, mixed)))
-            states = (
-                jax.nn.sigmoid(layer.forget_bias) * states + jax.nn.sigmoid(layer.input_bias) * z
-            )
+            g = 1 / (1 + jnp.exp(-layer.gate_bias))
+            states = g * states + (1 - g) * _dense(layer.state_output, mixed)
         elif not bst:
             out = x[block] + jax.vmap(mha.output_proj)(heads.reshape(W, DIM))
         else:

@@ -590,13 +590,12 @@ class BlockRecurrentTransformerLayer(eqx.Module):
     - tokens (vertical): `x + Out([SWA(LN x) ; CrossAttn(LN x, states_b)])`, then
       `x + MLP(LN x)`;
     - states (horizontal): with `s = LN(states_b) + state_ids`,
-      `h = Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)])`, `z = tanh(W_z h + b_z)` and the
-      fixed (input independent, learned) gates of Hutchins et al. (2022),
-      `states_{b+1} = sigmoid(f) * states_b + sigmoid(i) * z` (`f` starts at `+1`, `i`
-      at `-1`); no MLP in this direction ("skip"). (Meliad's `"bias"` gate, the
-      reference code's, is the special case `i = -f`, `sigmoid(i) = 1 - sigmoid(f)`,
-      without the `tanh(W_z .)` candidate; here the two gates sum to one at
-      initialisation only.)
+      `z = Out_s([Attn(s, s) ; CrossAttn(s, LN x_b)])` and the fixed gate of Hutchins et
+      al. (2022), a learned, input-independent convex combination:
+      `states_{b+1} = g * states_b + (1 - g) * z` with `g = sigmoid(gate_bias)` per
+      feature (`gate_bias` starts at `N(0, 0.1^2)`, so `g` near 1/2, as the `"bias"`
+      gate of their reference code, google-research/meliad); no MLP in this direction
+      ("skip").
 
     Keys/values are shared between directions: the tokens' keys/values serve both the
     sliding-window self-attention and the states' cross-attention; the states'
@@ -613,11 +612,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
     state_attention: MultiHeadAttention
     state_cross_query: eqx.nn.Linear
     state_output: eqx.nn.Linear
-    state_gate_input: eqx.nn.Linear
     initial_state: Float[Array, "states dim"]
     state_ids: Float[Array, "states dim"]
-    forget_bias: Float[Array, " dim"]
-    input_bias: Float[Array, " dim"]
+    gate_bias: Float[Array, " dim"]
     window: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
 
@@ -670,11 +667,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         )
         self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
         self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
-        self.state_gate_input = eqx.nn.Linear(dim, dim, key=keys[9])
         self.initial_state = jr.normal(keys[7], (num_states, dim))
         self.state_ids = 0.02 * jr.normal(keys[8], (num_states, dim))
-        self.forget_bias = jnp.ones((dim,))
-        self.input_bias = -jnp.ones((dim,))
+        self.gate_bias = 0.1 * jr.normal(keys[9], (dim,))
         self.window = window
         self.num_heads = num_heads
 
@@ -691,8 +686,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
         s_cross = attend(q_cross, k_tokens, v_tokens)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
-        z = jnp.tanh(_dense(self.state_gate_input, _dense(self.state_output, mixed)))
-        return jax.nn.sigmoid(self.forget_bias) * states + jax.nn.sigmoid(self.input_bias) * z
+        z = _dense(self.state_output, mixed)
+        g = jax.nn.sigmoid(self.gate_bias)
+        return g * states + (1 - g) * z
 
     def _tokens_out(self, x, self_heads, h, ks, vs):
         q = _heads(_dense(self.cross_query, h), self.num_heads)

@@ -167,7 +167,7 @@ class BlockStateTransformerLM(eqx.Module):
 
           The defaults are the paper's language models (Table 2.1): 12 layers, width
           1024, 8 heads of 128, MLP 4096, `W = 512` (with its 32k vocabulary, SLIDE has
-          184M parameters and BRECT 194M; the paper: 190M, 196M).
+          184M parameters and BRECT 193M; the paper: 190M, 196M).
         - `bst_layers`: 0-based indices of the BST layers; `None` means the paper's
           `(1, 7, 9)` of 12 (sections 2.4.1 and A) rescaled to `num_layers`; `()` gives
           SLIDE. The paper is not consistent about where it counts from: it also puts an
