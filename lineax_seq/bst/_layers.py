@@ -582,7 +582,7 @@ class BlockStateTransformerLayer(eqx.Module):
 
 
 class BlockRecurrentTransformerLayer(eqx.Module):
-    """Block-Recurrent Transformer layer, fixed gates, skip (BRECT:FIXED:SKIP).
+    """Block-Recurrent Transformer layer, fixed gate, skip (BRECT:FIXED:SKIP).
 
     `num_states` recurrent state vectors are carried across blocks sequentially
     (`jax.lax.scan` over blocks). For block `b`:
