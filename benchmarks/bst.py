@@ -46,7 +46,7 @@ WINDOW = 128
 STATE_SIZE = 16
 BRECT_STATES = 128
 VARIANTS = ("BST:SH", "BST:MH", "BST:MF", "SLIDE", "BRECT")
-# google-research/meliad on this machine's CPU (fixed gates, skip FFN, 128 states,
+# google-research/meliad on this machine's CPU (fixed gate, skip FFN, 128 states,
 # W 128, E 512, batch 1): forward seconds by sequence length.
 MELIAD_CPU = {
     "SLIDE": {1024: 0.022, 16384: 0.424},
@@ -74,9 +74,9 @@ MELIAD_LAYER = {
     "causal sliding mask); the windows are a Python-unrolled loop "
     "(max_unrolled_windows = -1); token-side projections and FFN run over the whole "
     "sequence outside the loop (ours: all blocks batched, no loop)",
-    "recurrent": "128 states; gate_type 'bias' (fixed learned gates) and skip_ffn (no FFN "
+    "recurrent": "128 states; gate_type 'bias' (one fixed learned gate) and skip_ffn (no FFN "
     "on the state path); per window the states' own K, V, Q, Q2, self-attention over the "
-    "states, cross-attention to the window's 2 W keys, one dense + gates. Ours: same, "
+    "states, cross-attention to the window's 2 W keys, one dense + gate. Ours: same, "
     "except the states read the block's own W keys.",
     "dtype": "DTYPE = 'bfloat16' in base_htrans.gin ('For training on TPU'); ours float32",
     "note": "The meliad seconds are the issue's figures, not measured by this script (flax "

@@ -117,7 +117,7 @@ def _block_loop_reference(layer, x):
     """Each block on its own, keys gathered explicitly, plain softmax attention.
 
     BRECT: the states are carried through the Python loop one block at a time (read by
-    the block's tokens, then updated from the block's keys/values with the fixed gates).
+    the block's tokens, then updated from the block's keys/values with the fixed gate).
     """
     bst = isinstance(layer, ls.BlockStateTransformerLayer)
     brect = isinstance(layer, ls.BlockRecurrentTransformerLayer)

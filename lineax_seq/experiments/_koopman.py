@@ -21,8 +21,8 @@ parameters (paper: 1e-4, dynamics 1e-5), the prediction loss switched on (paper:
 `K` initialised at 0 (so `Kbar = I`), width 64, batch 128 windows. The linear dynamics
 step with the bilinear discretisation, as the paper does with control inputs; without
 them the paper solves the latent ODE, which `--discretization exact` does in closed form
-(the two differ by `O((dt |lambda|)^3)` per step; on Duffing, over three seeds, the
-choice moved the errors less than the seed did). The data sizes, windows, horizons,
+(the two differ by `O((dt |lambda|)^3)` per step; on Duffing, exact was lower on the
+mean over three seeds, but not in every seed). The data sizes, windows, horizons,
 periods and test protocol are the paper's. Longer training windows buy most of the
 remaining accuracy: `--window 50 --batch-size 512 --steps 6000` (about 11 minutes per
 model) matches the paper's periodic column on Duffing, and with `--steps 12000` on
