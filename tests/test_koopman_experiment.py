@@ -19,11 +19,22 @@ from lineax_seq.experiments import _koopman as kx
 from lineax_seq.experiments._cli import output_problem
 
 
-def test_cli_tiny_run(tmp_path, capsys):
+def test_cli_tiny_run(tmp_path, capsys, monkeypatch):
     argv = ["koopman", "--system", "duffing", "--small", "--variants", "koopman/linear"]
     argv += ["--periods", "1,5,50", "--horizons", "20,50", "--out", str(tmp_path)]
-    argv += ["--system-param", "dt=0.02"]
+    argv += ["--system-param", "dt=0.02", "--discretization", "exact"]
+    built, build = [], kx.build_model
+
+    def recording_build(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(kx, "build_model", recording_build)
     assert main(argv) == 0
+    # --discretization reaches the Koopman model (the baseline has no latent dynamics).
+    assert [m.dynamics.discretization for m in built if isinstance(m, ls.KoopmanAutoencoder)] == [
+        "exact"
+    ]
     printed = capsys.readouterr().out
     assert "| duffing (dt=0.02) |" in printed and "MSE over 50 steps" in printed
 
