@@ -241,6 +241,40 @@ def test_window_as_long_as_the_trajectories_is_usable():
     assert kx._windows(np.zeros((2, 41, 3)), 40).shape == (2, 41, 3)
 
 
+def test_a_variant_subset_draws_what_the_full_run_draws(tmp_path, monkeypatch):
+    """`--variants` picks rows, not random numbers: a subset trains on the same data and
+    builds and trains each model from the same keys as a run of every variant."""
+    seen = {}  # variant set -> kind -> (init key, train key, training data)
+
+    def recording_build(kind, *args, key, **kwargs):
+        seen[run_of][kind] = [jr.key_data(key)]
+        return kind
+
+    def diverging_train(kind, xs, *, key, **kwargs):
+        seen[run_of][kind] += [jr.key_data(key), xs]
+        raise FloatingPointError("not trained in this test")  # skips the evaluation
+
+    monkeypatch.setattr(kx, "build_model", recording_build)
+    monkeypatch.setattr(kx, "train_model", diverging_train)
+    monkeypatch.setattr(kx, "plot_portraits", lambda *a, **k: tmp_path / "p.png")
+    monkeypatch.setattr(kx, "plot_curves", lambda *a, **k: tmp_path / "c.png")
+    args = _parse("--small", "--horizons", "10")
+    floors = {}
+    for run_of in (kx.VARIANTS, kx.VARIANTS[3:], kx.VARIANTS[1:3][::-1]):
+        seen[run_of] = {}
+        res = kx.run_system("duffing", args, kx.system_key(0, "duffing"), tmp_path, variants=run_of)
+        floors[run_of] = res["floor"]  # from the test states
+        assert list(seen[run_of]) == [*run_of, "baseline"]
+    full = seen.pop(kx.VARIANTS)
+    for run_of, drawn in seen.items():
+        assert floors[run_of] == floors[kx.VARIANTS]
+        for kind, arrays in drawn.items():
+            for a, b in zip(arrays, full[kind], strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{kind} in a run of {run_of}")
+    # Each model draws its own keys.
+    assert len({bytes(np.asarray(v[0])) for v in full.values()}) == len(full)
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     return kx.parse_args(list(argv))
 

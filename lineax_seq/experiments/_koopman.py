@@ -325,10 +325,15 @@ def _standardiser(train_xs: np.ndarray, normalize: bool):
 
 
 def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=VARIANTS):
-    """Train and evaluate the variants and the baseline on one system; save its plots."""
+    """Train and evaluate the variants and the baseline on one system; save its plots.
+    `key` draws the data and each model's initialisation and batches by the model's name,
+    so a subset of `variants` reproduces those rows of a run of all of them."""
     start = time.perf_counter()
     periods, horizons = tuple(args.periods), tuple(args.horizons)
-    data_key, *model_keys = jr.split(key, len(variants) + 2)
+    # Keys by name from the full list, so a `variants` subset trains on the same data and
+    # builds and trains each of its models from the same keys as the full run.
+    data_key, *model_keys = jr.split(key, len(VARIANTS) + 2)
+    model_keys = dict(zip((*VARIANTS, "baseline"), model_keys, strict=True))
     system, train_xs, test_xs = make_data(
         system_name,
         data_key,
@@ -352,8 +357,8 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     parts = "; ".join(f"@{h}: {_fmt(v)}" for h, v in results["floor"]["horizons"].items())
     print(f"  [{system_name}] exact dynamics, initial states off by {FLOOR_EPS:g} std: {parts}")
     kept = {}
-    for kind, mkey in zip((*variants, "baseline"), model_keys, strict=True):
-        init_key, train_key = jr.split(mkey)
+    for kind in (*variants, "baseline"):
+        init_key, train_key = jr.split(model_keys[kind])
         model = build_model(
             kind,
             system.state_dim,
@@ -682,7 +687,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         type=_variant_list,
         default=VARIANTS,
-        help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated "
+        help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated; "
+        "a subset gives the same rows as a run of all of them "
         f"(default: {','.join(VARIANT_NAMES)})",
     )
     parser.add_argument(
@@ -924,6 +930,12 @@ def _command_line(args) -> list[str]:
     return words
 
 
+def system_key(seed: int, name: str) -> jax.Array:
+    """The key of `name`'s row for `--seed`: one key per system, by name, so `--system X`
+    reproduces X's row of `--all`."""
+    return jr.fold_in(jr.key(seed), SYSTEM_NAMES.index(name))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs.
     The options and `--out` are checked first (usage errors, before any training)."""
@@ -931,12 +943,10 @@ def run(args: argparse.Namespace) -> int:
     if problem := options_problem(args) or output_problem("--out", args.out):
         raise UsageError(problem)
     names = SYSTEM_NAMES if args.all else (args.system,)
-    key = jr.key(args.seed)
     all_results = {}
     for name in names:
-        # One key per system (by name), so `--system X` reproduces X's row of `--all`.
-        skey = jr.fold_in(key, SYSTEM_NAMES.index(name))
         print(f"== {name} ==", flush=True)
+        skey = system_key(args.seed, name)
         all_results[name] = run_system(name, args, skey, args.out, variants=args.variants)
         print(f"   done in {all_results[name]['seconds']:.0f} s", flush=True)
         save_results({name: all_results[name]}, args, args.out)  # keep finished systems
@@ -950,11 +960,13 @@ def run(args: argparse.Namespace) -> int:
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     """A short Duffing run: the linear Koopman autoencoder and the MLP baseline; prints the
     table row (none / every step / periodic) and saves a phase portrait, MSE curves and
-    `koopman_metrics.json` (the row's numbers and config; the key is `jr.key(0)`, not the
-    `koopman` command's, so no command line reproduces it)."""
+    `koopman_metrics.json` (the row's numbers and config). The row is that of
+    `python -m lineax_seq koopman --system duffing --variants koopman/linear --steps 1500`
+    (`--small` with `small`)."""
     argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
     args = parse_args(argv + (["--small"] if small else ["--steps", "1500"]))
-    res = run_system("duffing", args, jr.key(0), out_dir, variants=args.variants)
+    key = system_key(args.seed, "duffing")
+    res = run_system("duffing", args, key, out_dir, variants=args.variants)
     entry = res["variants"][LABELS[VARIANTS[0]]]["horizons"]
     base = res["variants"][BASELINE]["horizons"]
     print("Duffing, MSE x100 (paper: Koopman/linear dec none | periodic | MLP):")
