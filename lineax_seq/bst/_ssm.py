@@ -109,8 +109,7 @@ class ContextSSM(eqx.Module):
     sequence with its own kernel by FFT (as [`lineax_seq.fft_conv`][], but the down-projected
     input is transformed once and shared by all streams), plus a per-channel skip `D * u`.
     A single `"s4"` stream (SH) is convolved by [`lineax_seq.chunked_conv`][] instead:
-    the same numbers, from matrix products (on CPU at 1k-16k: forward 0.9-1.4x, gradient
-    1.2-2.9x the FFT's speed).
+    the same numbers, from matrix products.
 
     - `"s4"`: [`lineax_seq.S4DKernel`][] kernels, generated for the actual length, so the
       layer runs at any length and has an exact `O(N)` recurrent step mode.
