@@ -321,7 +321,14 @@ def test_demo_settings_and_metrics(tmp_path, monkeypatch, capsys):
         },
         "figures": ["a.png", "b.png"],
     }
-    monkeypatch.setattr(kx, "run_system", lambda name, args, *a, **k: seen.append(args) or fake)
+    def fake_run(name, args, key, *a, **k):
+        seen.append(args)
+        # The key of `koopman --system duffing --seed 0`, so that command reproduces it.
+        want = jr.key_data(kx.system_key(0, "duffing"))
+        assert name == "duffing" and np.array_equal(jr.key_data(key), want)
+        return fake
+
+    monkeypatch.setattr(kx, "run_system", fake_run)
     kx.demo(tmp_path, small=False)
     kx.demo(tmp_path, small=True)
     sizes = [{k: getattr(a, k) for k in kx.SIZES} for a in seen]

@@ -162,7 +162,7 @@ class BiGS(eqx.Module):
     0.02, the paper's), biases zero. 0.02 is tuned to widths near 1,024: a pre-activation
     `W x` of a unit-variance `x` has std `init_std * sqrt(d)`, and the GATED layer
     multiplies several such small branches, so at `d = 64` a fresh BiGS layer changes its
-    input by ~1e-7 of its norm and GATED/ATT by ~1e-12 (its attention then hardly
+    input by ~1e-7 of its norm and GATED/ATT by ~1e-10 (its attention then hardly
     trains), against ~5e-3 and ~1e-4 at `d = 1024`. `init_std = 0.02 * sqrt(1024 / d)`
     gives a small model the paper's scales (0.08 at `d = 64`).
     """

@@ -962,7 +962,7 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     table row (none / every step / periodic) and saves a phase portrait, MSE curves and
     `koopman_metrics.json` (the row's numbers and config). The row is that of
     `python -m lineax_seq koopman --system duffing --variants koopman/linear --steps 1500`
-    (`--small` with `small`)."""
+    (with `small`: `... --variants koopman/linear --small`)."""
     argv = ["--variants", "koopman/linear", "--out", str(out_dir)]
     args = parse_args(argv + (["--small"] if small else ["--steps", "1500"]))
     key = system_key(args.seed, "duffing")
