@@ -321,6 +321,7 @@ def test_demo_settings_and_metrics(tmp_path, monkeypatch, capsys):
         },
         "figures": ["a.png", "b.png"],
     }
+
     def fake_run(name, args, key, *a, **k):
         seen.append(args)
         # The key of `koopman --system duffing --seed 0`, so that command reproduces it.
