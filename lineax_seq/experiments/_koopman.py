@@ -326,8 +326,9 @@ def _standardiser(train_xs: np.ndarray, normalize: bool):
 
 def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=VARIANTS):
     """Train and evaluate the variants and the baseline on one system; save its plots.
-    `key` draws the data and each model's initialisation and batches by the model's name,
-    so a subset of `variants` reproduces those rows of a run of all of them."""
+    `key` is split once into the data's key and one key per model of the full list
+    (`VARIANTS` and the baseline); each model takes its key by name, so a subset of
+    `variants` reproduces those rows of a run of all of them."""
     start = time.perf_counter()
     periods, horizons = tuple(args.periods), tuple(args.horizons)
     # Keys by name from the full list, so a `variants` subset trains on the same data and
