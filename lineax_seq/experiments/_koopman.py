@@ -27,8 +27,8 @@ periods and test protocol are the paper's. Longer training windows buy most of t
 remaining accuracy: `--window 50 --batch-size 512 --steps 6000` (about 18 minutes per
 model) beats the paper's periodic column on the parabolic attractor and on Duffing at
 100 steps, and is within 1.4x of it on Duffing at 1,000 steps; twice the steps beat it
-on Duffing and Lotka-Volterra at both horizons. The chaotic Lorenz system keeps 10-step windows
-(`--batch-size 512 --steps 12000` beats the paper there at both horizons).
+on Duffing and Lotka-Volterra at both horizons. The chaotic Lorenz system keeps 10-step
+windows (`--batch-size 512 --steps 12000` beats the paper there at both horizons).
 """
 
 import argparse
