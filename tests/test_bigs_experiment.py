@@ -585,7 +585,10 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     # The SSM group's rate as used: --ssm-lr (1e-3) capped at the fine-tuning --lr.
     assert (result["ssm_lr"], result["ssm_lr_used"]) == (1e-3, result["lr"]) != (1e-3, 1e-3)
     ids = _bigs_ablation.write_rows([(t, int(y[1])) for t, y in rows], tmp_path / "ids.csv")
-    with pytest.raises(ValueError, match="has class names .* but --train .* has class ids"):
+    with pytest.raises(
+        ValueError,
+        match="--eval .*held.jsonl: .*class names .* where the training file has class ids",
+    ):
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(ids),
                                "--eval", str(held), "--out", str(tmp_path / "ft2")]))  # fmt: skip
     png = _bigs.kernels(
@@ -821,6 +824,15 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
         "binary.csv": b"text,label\n\xff\xfe\x00a,1\n",
         "tiny.csv": b"text,label\na,1\nb,0\nc,1\n",
         "nan.csv": b"text,label\na,0.1\nb,0.2\nc,nan\nd,0.4\n",
+        "spaced.csv": b"text, label\na, 1\nb, 0\n",
+        "ones.csv": b"text,label\na,1\nb,1\nc,1\n",
+        "ints.csv": b"text,label\na,1\nb,0\nc,1\nd,0\n",
+        "three.csv": b"text,label\na,2\n",
+        "named.csv": b"text,label\na,pos\n",
+        "pairs.csv": b"text,text_pair,label\na,b,1\n",
+        "row.csv": b"text,label\na,1\nb,0\n",
+        "list.jsonl": b'{"text": "a", "label": [1]}\n',
+        "null.jsonl": b'{"text": "a", "label": null}\n',
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -835,6 +847,23 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
         (["--train", "{t}/dir"], r"--train .*dir: "),
         (["--train", "{t}/tiny.csv", "--batch-size", "4"], r"--batch-size 4: --train gives only"),
         (["--train", "{t}/nan.csv"], r"numbers but for \['nan'\].* --regression"),
+        (["--train", "{t}/spaced.csv"], r"missing field 'label'; its fields are 'text', ' label'"),
+        (["--train", "{t}/ones.csv"], r"ones.csv: every label is 1; a class task needs two"),
+        (["--train", "{t}/list.jsonl"], r"list.jsonl:1: label \[1\] is not a class id"),
+        (["--train", "{t}/null.jsonl"], r"null.jsonl:1: label null is not a class id"),
+        (
+            ["--train", "{t}/row.csv", "--batch-size", "1"],
+            r"row.csv: its 2 example\(s\) leave none held",
+        ),
+        (
+            ["--train", "{t}/ints.csv", "--eval", "{t}/three.csv"],
+            r"--eval .*three.csv: .*label '2' is outside the class range \[0, 2\)",
+        ),
+        (["--train", "{t}/ints.csv", "--eval", "{t}/named.csv"], r"use one kind of label"),
+        (
+            ["--train", "{t}/ints.csv", "--eval", "{t}/pairs.csv"],
+            r"--eval .*pairs.csv has sentence pairs but --train .*ints.csv has single texts",
+        ),
         (["--train", "{t}/tiny.csv", "--length", "2"], r"--length 2: an example needs at least"),
         (["--task", "listops", "--train", "{t}/tiny.csv"], r"--task listops: --train applies to"),
         (["--task", "listops", "--regression"], r"--task listops: --regression applies to"),
@@ -848,6 +877,33 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
         assert err.startswith("python -m lineax_seq bigs finetune: error: "), err
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_finetune_notes_unused_class_ids(pretrained, tmp_path, capsys):
+    """Labels counted from 1 gave an untrained class 0 without a word."""
+    out, _, _ = pretrained
+    path = _bigs_ablation.write_rows([(f"t{i}", 1 + i % 3) for i in range(20)], tmp_path / "a.csv")
+    argv = ["finetune", "--checkpoint", str(out), "--train", str(path), "--batch-size", "2"]
+    *_, (_, _, outputs, names) = _bigs._finetune_inputs(_parse(argv))
+    assert (outputs, names) == (4, None)
+    assert "class id(s) [0] never occur among the labels 0 .. 3" in capsys.readouterr().out
+
+
+def test_run_records_absolute_paths_and_notes_left_out_documents(tmp_path, monkeypatch, capsys):
+    """A relative --corpus was recorded as given, so a --resume from another directory
+    read another corpus; a JSONL corpus lost documents to --max-files silently."""
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(300)))
+    args = _parse(["pretrain", "--corpus", "c.jsonl", "--out", "run", "--max-files", "50"])
+    settings = _bigs._settings(args, from_checkpoint=False)
+    assert settings["corpus"] == str(corpus) and settings["out"] == str(tmp_path / "run")
+    train, _ = _bigs_train.load_corpus(args.corpus, args.max_files)
+    assert len(train) == 50
+    assert "training on 50 of the corpus's" in capsys.readouterr().out
+    corpus.write_text(json.dumps({"text": "only one"}) + "\n")
+    err = _cli_error(["pretrain", "--corpus", str(corpus), "--out", "r2"], capsys)
+    assert "JSONL lines go to the held-out split" in err and "more files" not in err
 
 
 def test_kernels_writes_and_prints_the_png(pretrained, tmp_path, capsys):

@@ -267,7 +267,9 @@ def test_classification_dataset_label_dtype_follows_the_first_record():
     classes = labels([1, 2.0, np.float64(0.0)])  # whole-number floats among class ids
     assert classes.dtype == np.int32
     np.testing.assert_array_equal(classes, [1, 2, 0])
-    with pytest.raises(ValueError, match="label 0.5 is not a whole number, but the first"):
+    with pytest.raises(
+        ValueError, match=r"records\[1\]\['label'\] 0.5 is not a whole number, but the first"
+    ):
         labels([1, 0.5])
     # 0-d arrays (e.g. `jnp.asarray(ys)[i]`) are labels too, by their dtype.
     np.testing.assert_array_equal(labels([np.asarray(2), jnp.asarray(1)]), [2, 1])

@@ -103,7 +103,8 @@ def test_single_text_file_is_split_by_position(tmp_path):
 
 def test_corpus_directory_scan(tmp_path):
     """Linked folders are read (once, a link cycle is no loop), hidden ones are not (a
-    project's `.venv` would add thousands of files); a JSONL file may start with a BOM."""
+    project's `.venv` would add thousands of files); any file may start with a BOM, and
+    suffixes match in any case."""
     real = tmp_path / "shards"
     real.mkdir()
     (real / "a.txt").write_text("alpha")
@@ -121,6 +122,11 @@ def test_corpus_directory_scan(tmp_path):
     (root / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "with bom"}\n')
     docs = sorted(ls.text_corpus(root, split="all"))
     assert docs == ["alpha", "beta = 1", "top", "with bom"]
+    bom = tmp_path / "upper"
+    bom.mkdir()
+    (bom / "A.TXT").write_bytes(b"\xef\xbb\xbfheader\r\nline\r\n")
+    assert list(ls.text_corpus(bom, split="all")) == ["header\nline\n"]
+    assert list(ls.text_corpus(bom / "A.TXT", split="all")) == ["header\nline\n"]
     # A link into the tree does not rename the documents of the folder it points to,
     # and a link to an ancestor does not pull in the folders around the corpus.
     (root / "sub").mkdir()

@@ -301,16 +301,16 @@ def _check_record(record, index: int) -> bool:
     return kind == "f"
 
 
-def _label_array(label, regression: bool) -> np.generic:
+def _label_array(label, regression: bool, index: int) -> np.generic:
     """`label` as an `int32` class id, or a `float32` target if `regression` (the first
     record's label is a float), so that a batch has one dtype."""
     if regression:
         return np.float32(label)
     if np.asarray(label).dtype.kind == "f" and not float(label).is_integer():
         raise ValueError(
-            f"records: label {label!r} is not a whole number, but the first record's label "
-            "is an int, which makes the labels class ids; write every regression target as "
-            "a float (1.0, not 1)"
+            f"records[{index}]['label'] {label!r} is not a whole number, but the first "
+            "record's label is an int, which makes the labels class ids; write every "
+            "regression target as a float (1.0, not 1)"
         )
     return np.int32(label)
 
@@ -364,7 +364,7 @@ class _EncodeClassification:
         return {
             "tokens": out,
             "padding_mask": np.arange(self.length) < ids.size,
-            "label": _label_array(record["label"], self.regression),
+            "label": _label_array(record["label"], self.regression, index),
         }
 
 

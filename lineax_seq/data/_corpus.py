@@ -76,7 +76,7 @@ def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
         subfolders[:] = kept
         for name in names:
             path = pathlib.Path(folder, name)
-            if not name.startswith(".") and path.suffix in _SUFFIXES and path.is_file():
+            if not name.startswith(".") and _suffix(path) in _SUFFIXES and path.is_file():
                 files.append(path)
     # A file is read once: a link to a file that is read anyway (or that an earlier link
     # reaches) would duplicate a document under another id, maybe in another split.
@@ -92,9 +92,14 @@ def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
     return kept
 
 
+def _suffix(path: pathlib.Path) -> str:
+    """`path`'s suffix in lower case (`A.TXT` is a text file)."""
+    return path.suffix.lower()
+
+
 def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
     rel = path.relative_to(root).as_posix() if path != root else path.name
-    if path.suffix == ".jsonl":
+    if _suffix(path) == ".jsonl":
         with open(path, encoding="utf-8-sig", errors="replace") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -119,7 +124,7 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                     )
                 yield str(doc_id), text, f"{path}:{lineno}"
     else:
-        yield rel, path.read_text(encoding="utf-8", errors="replace"), str(path)
+        yield rel, path.read_text(encoding="utf-8-sig", errors="replace"), str(path)
 
 
 def read_documents(
@@ -155,7 +160,7 @@ def _read_documents_uncached(source, text_field):
         if not root.exists():
             raise FileNotFoundError(f"source {str(source)!r} does not exist")
         if root.is_file():
-            if root.suffix not in _SUFFIXES:
+            if _suffix(root) not in _SUFFIXES:
                 raise ValueError(
                     f"source {str(source)!r} has suffix {root.suffix!r}; "
                     f"allowed are {', '.join(_SUFFIXES)}"
@@ -187,7 +192,7 @@ def _is_text_file(source) -> bool:
     if source is None:
         return False
     path = pathlib.Path(source)
-    return path.is_file() and path.suffix in (".txt", ".py")
+    return path.is_file() and _suffix(path) in (".txt", ".py")
 
 
 def _contiguous_split(
@@ -232,9 +237,10 @@ def text_corpus(
     a string or an integer, if present, names the document), or a directory searched
     recursively for such files (following symbolic links to folders, and reading a file
     that links reach by several paths once; hidden files and folders, such as `.git` or
-    `.venv`, are skipped). Files are read as UTF-8 (line ends read as `\\n`; a JSONL
-    file may start with a byte-order mark); invalid bytes, and JSON escapes of half a
-    surrogate pair, become the replacement character U+FFFD rather than an error.
+    `.venv`, are skipped; suffixes match in any case, `A.TXT` too). Files are read as
+    UTF-8 (line ends read as `\\n`; a byte-order mark at the start is skipped); invalid
+    bytes, and JSON escapes of half a surrogate pair, become the replacement character
+    U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
     path relative to `source`, or `path:line` for JSONL), so the split never depends

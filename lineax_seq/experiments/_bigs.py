@@ -364,10 +364,11 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
 
 def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
     """The options a run used, for its config: without the model's (and tokenizer's)
-    when it continues a checkpoint, whose own are in the config."""
+    when it continues a checkpoint, whose own are in the config. Paths are made
+    absolute, so that a `--resume` from another directory reads the same corpus."""
     skip = _MODEL_OPTIONS if from_checkpoint else ()
     return {
-        k: str(v) if isinstance(v, pathlib.Path) else v
+        k: os.path.abspath(v) if isinstance(v, pathlib.Path) else v
         for k, v in vars(args).items()
         if k not in skip
     }
@@ -448,17 +449,24 @@ def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, 
     else:
         with reading_inputs(f"--train {args.train}"):
             train_records, num_outputs, names = read_rows(args.train, regression=args.regression)
+        if names is None and not args.regression:
+            _note_unused_classes(args.train, train_records, num_outputs)
         if args.eval is not None:
             with reading_inputs(f"--eval {args.eval}"):
-                eval_records, eval_outputs, eval_names = read_rows(
-                    args.eval, regression=args.regression, label_names=names
+                class_ids = names is None and not args.regression
+                eval_records, _, _ = read_rows(
+                    args.eval,
+                    regression=args.regression,
+                    label_names=names,
+                    num_classes=num_outputs if class_ids else None,
                 )
-            if names is None and eval_names is not None:
+            pairs = ("text_pair" in train_records[0], "text_pair" in eval_records[0])
+            if pairs[0] != pairs[1]:
+                form = lambda pair: "sentence pairs" if pair else "single texts"
                 raise UsageError(
-                    f"--eval {args.eval} has class names {list(eval_names)} but --train "
-                    f"{args.train} has class ids: use one kind of label in both files"
+                    f"--eval {args.eval} has {form(pairs[1])} but --train {args.train} has "
+                    f"{form(pairs[0])}: both files need the same form"
                 )
-            num_outputs = max(num_outputs, eval_outputs)
         else:
             train_records, eval_records = split_records(train_records)
         if "text_pair" in train_records[0] and args.length < _PAIR_MIN_LENGTH:
@@ -473,8 +481,25 @@ def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, 
             "training examples; use a smaller --batch-size or more examples"
         )
     if not len(eval_records):
-        raise UsageError(f"{where}: no held-out examples (every 10th is held out)")
+        raise UsageError(
+            f"{where} {args.listops_examples if args.task == 'listops' else args.train}: its "
+            f"{len(train_records)} example(s) leave none held out (every 10th is); give "
+            "more examples" + ("" if args.task == "listops" else ", or a held-out file (--eval)")
+        )
     return mlm, tok, (train_records, eval_records, num_outputs, names)
+
+
+def _note_unused_classes(path: pathlib.Path, records: Any, num_classes: int) -> None:
+    """Print a note naming the class ids in `0 .. num_classes - 1` that no record has
+    (labels counted from 1, say): their outputs are never trained."""
+    seen = {records[i]["label"] for i in range(len(records))}
+    unused = [c for c in range(num_classes) if c not in seen]
+    if unused:
+        print(
+            f"note: --train {path}: class id(s) {unused} never occur among the labels 0 .. "
+            f"{num_classes - 1}; their outputs are never trained (number classes from 0)",
+            flush=True,
+        )
 
 
 def finetune(args: argparse.Namespace) -> dict[str, Any]:
@@ -503,8 +528,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "checkpoint": os.path.abspath(args.checkpoint),
         "task": args.task,
-        "train": None if args.train is None else str(args.train),
-        "eval": None if args.eval is None else str(args.eval),
+        "train": None if args.train is None else os.path.abspath(args.train),
+        "eval": None if args.eval is None else os.path.abspath(args.eval),
         "truncation": args.truncation,
         **_optim_options(args),
         "ssm_lr_used": ssm_learning_rate(lr=args.lr, ssm_lr=args.ssm_lr),
@@ -648,9 +673,16 @@ def _corpus_arguments(
         "--corpus",
         type=existing_path,
         default=None,
-        help="a text file or a directory of text files (default: the stdlib .py sources)",
+        help="a .txt / .py file, a .jsonl file (a document per line) or a directory of "
+        "such files (default: the stdlib .py sources)",
     )
-    g.add_argument("--max-files", type=positive_int, default=400, help="use at most N files")
+    g.add_argument(
+        "--max-files",
+        type=positive_int,
+        default=400,
+        help="train on at most N documents (files, or lines of a .jsonl), evenly spaced over "
+        "the corpus; a note says when some are left out",
+    )
     ignored = " (ignored with --init-from/--resume: the checkpoint's)" if from_checkpoint else ""
     g.add_argument(
         "--tokenizer",

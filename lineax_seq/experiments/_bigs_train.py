@@ -303,8 +303,16 @@ def _subsample(dataset: Any, max_files: int | None) -> list[str]:
 def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[list[str], list[str]]:
     """`(train, held-out)` documents of a corpus (default: the stdlib `.py` sources),
     split by [`lineax_seq.text_corpus`][]'s stable hash; `max_files` caps the train
-    documents (and a twentieth of it the held-out ones)."""
-    train = _subsample(ls.text_corpus(corpus, split="train"), max_files)
+    documents (and a tenth of it, at least 10, the held-out ones). For a user's corpus a
+    note says when the cap leaves documents out."""
+    dataset = ls.text_corpus(corpus, split="train")
+    train = _subsample(dataset, max_files)
+    if corpus is not None and len(train) < len(dataset):
+        print(
+            f"note: --max-files {max_files}: training on {len(train):,} of the corpus's "
+            f"{len(dataset):,} training documents (evenly spaced)",
+            flush=True,
+        )
     valid = ls.text_corpus(corpus, split="valid")
     return train, _subsample(valid, None if max_files is None else max(10, max_files // 10))
 
@@ -419,21 +427,35 @@ def classification_data(
 
 
 def read_rows(
-    path: pathlib.Path, *, regression: bool, label_names: Sequence[str] | None = None
+    path: pathlib.Path,
+    *,
+    regression: bool,
+    label_names: Sequence[str] | None = None,
+    num_classes: int | None = None,
 ) -> tuple[Any, int, tuple[str, ...] | None]:
     """A (text, label) CSV/JSONL file (optional `text_pair` column, in every row or in
     none) as records, via [`lineax_seq.read_classification`][]: `(records, outputs,
     label_names)`.
 
     `outputs` is 1 for regression, else the number of classes: integer labels are
-    classes `0 .. max`; other labels are class names, numbered in sorted order unless
-    `label_names` (e.g. the training file's) is given, which is then returned.
+    classes `0 .. max` (at least two distinct ones), or `0 .. num_classes - 1` when
+    `num_classes` (the training file's) is given; other labels are class names, numbered
+    in sorted order unless `label_names` (the training file's) is given, which is then
+    returned.
     """
     path = pathlib.Path(path)
     raw, has_pair = _label_column(path)
     pair = "text_pair" if has_pair else None
     if regression:
         return ls.read_classification(path, num_classes=None, pair_field=pair), 1, None
+    if num_classes is not None and label_names is None:
+        if names := sorted({str(y).strip() for y in raw if finite_number(y) is None}):
+            raise ValueError(
+                f"{path}: class names {names[:5]} where the training file has class ids "
+                f"0 .. {num_classes - 1}; use one kind of label in both files"
+            )
+        records = ls.read_classification(path, num_classes=num_classes, pair_field=pair)
+        return records, num_classes, None
     numbers = [finite_number(y) for y in raw]
     missing = {str(y).strip() for y, x in zip(raw, numbers, strict=True) if x is None}
     if label_names is None and missing and any(x is not None for x in numbers):
@@ -449,7 +471,9 @@ def read_rows(
                 f"{path}: the labels are numbers but not class ids 0, 1, ...; "
                 "pass --regression for real values"
             )
-        num_classes = max(2, int(max(numbers)) + 1)
+        if len(set(numbers)) < 2:
+            raise ValueError(f"{path}: every label is {int(numbers[0])}; a class task needs two")
+        num_classes = int(max(numbers)) + 1
         records = ls.read_classification(path, num_classes=num_classes, pair_field=pair)
         return records, num_classes, None
     if label_names is None:
@@ -476,6 +500,10 @@ def _label_column(path: pathlib.Path) -> tuple[list[Any], bool]:
     """Every row's label value, before any conversion, and whether the file has a
     `text_pair` column (a CSV header's, or every JSON object's: a file that mixes
     sentence pairs and single texts is refused, naming the first line that differs)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"path {str(path)!r} is not a file")
+    if path.suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {path.suffix!r}")
     labels, has_pair, first = [], False, 0
     with path.open(encoding="utf-8-sig", newline="") as f:
         for lineno, row in _read_rows(f, path):
@@ -487,9 +515,18 @@ def _label_column(path: pathlib.Path) -> tuple[list[Any], bool]:
                     f"line {first} has {'one' if has_pair else 'none'}; a task's examples are "
                     "either all sentence pairs or all single texts"
                 )
-            label = row.get("label")
-            if label is None:
-                raise ValueError(f"{path}:{lineno}: missing field 'label'")
+            if "label" not in row:
+                fields = ", ".join(map(repr, row))
+                where = " (the first line is the header)" if path.suffix == ".csv" else ""
+                raise ValueError(
+                    f"{path}:{lineno}: missing field 'label'; its fields are {fields}{where}"
+                )
+            label = row["label"]
+            if label is None or not isinstance(label, str | int | float):
+                raise ValueError(
+                    f"{path}:{lineno}: label {json.dumps(label)} is not a class id, a class "
+                    "name or a number"
+                )
             if not str(label).strip():
                 raise ValueError(f"{path}:{lineno}: empty label")
             if isinstance(label, bool):

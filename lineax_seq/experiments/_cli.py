@@ -134,7 +134,12 @@ def corpus_errors(corpus: str | os.PathLike | None) -> Iterator[None]:
         where = "the stdlib corpus" if corpus is None else f"--corpus {str(corpus)!r}"
         message = _API_ADVICE.sub(")", str(e))
         hint = ""
-        if "has no documents" in message:
+        if "has no documents" in message and corpus is not None and _is_jsonl(corpus):
+            hint = (
+                ". JSONL lines go to the held-out split by a hash of their ids (about 5%): "
+                "give more lines"
+            )
+        elif "has no documents" in message and corpus is not None and pathlib.Path(corpus).is_dir():
             hint = (
                 ". With a directory, documents go to the held-out split by a hash of their "
                 "paths (about 5%): give more files, or one long text file (split by position)"
@@ -144,6 +149,11 @@ def corpus_errors(corpus: str | os.PathLike | None) -> Iterator[None]:
         elif "examples available" in message:
             hint = ". Use a smaller --batch-size or --length, or a larger corpus"
         raise UsageError(f"{where}: {message}{hint}") from e
+
+
+def _is_jsonl(corpus: str | os.PathLike) -> bool:
+    path = pathlib.Path(corpus)
+    return path.is_file() and path.suffix.lower() == ".jsonl"
 
 
 def output_problem(flag: str, path: pathlib.Path, *, directory: bool = True) -> str | None:
