@@ -162,21 +162,34 @@ def check_finite(name: str, a: Array) -> Array:
     return a
 
 
+def as_float_array(name: str, a: object, *, optional: bool = False) -> Array | None:
+    """[`as_array`][], and a `TypeError` naming `name` unless the dtype is a real floating
+    one (an integer or complex state would compute silently in the wrong type)."""
+    a = as_array(name, a, optional=optional)
+    if a is not None and not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={a.dtype}")
+    return a
+
+
 def check_state_control(
-    state: tuple[str, Array, int], control: tuple[str, Array | None, int], owner: str
-) -> None:
+    state: tuple[str, object, int], control: tuple[str, object, int], owner: str
+) -> tuple[Array, Array | None]:
     """A state of shape `(dim,)` and a control of shape `(control_dim,)`, or `None`
     exactly when `control_dim == 0` (`owner` is autonomous); each given as
-    `(name, value, dim)`."""
+    `(name, value, dim)`, a JAX or NumPy array of a real floating dtype. Returns both as
+    JAX arrays."""
     name, x, dim = state
+    x = as_float_array(name, x)
     if x.shape != (dim,):
         raise ValueError(f"{name} must have shape ({dim},), got {name}.shape={x.shape}")
     name, c, dim = control
+    c = as_float_array(name, c, optional=True)
     if dim == 0 and c is not None:
         raise ValueError(f"{owner} is autonomous: pass {name}=None, got {name}.shape={c.shape}")
     if dim > 0 and (c is None or c.shape != (dim,)):
         got = f"{name}=None" if c is None else f"{name}.shape={c.shape}"
         raise ValueError(f"{name} must have shape ({dim},) (the {owner}'s control), got {got}")
+    return x, c
 
 
 def _is_int(value: object, minimum: int) -> bool:

@@ -416,6 +416,27 @@ def test_more_bad_inputs(model):
         ls.unroll_continuous(model, jnp.zeros((2, 2)), ts)
 
 
+def test_model_entry_points_refuse_lists_and_non_float_states(no_jaxtyping, model, controlled):
+    """Lists failed by an attribute (`'list' object has no attribute 'shape'`), and
+    integer or complex states computed silently in the wrong dtype."""
+    baseline = ls.MLPBaseline(2, width=4, key=jr.key(0))
+    z = jnp.zeros(model.latent_dim)
+    calls = {
+        "x": [model, model.encode, baseline, lambda x: controlled(x)],
+        "z": [model.decode, model.dynamics, model.dynamics.step, model.dynamics.vector_field],
+    }
+    bad = {"x": jnp.array([1, 2]), "z": z.astype(jnp.complex64)}
+    for name, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(TypeError, match=f"{name} must be a JAX or NumPy array"):
+                fn(list(np.asarray(bad[name]).real))
+            with pytest.raises(TypeError, match=f"{name} must have a real floating dtype"):
+                fn(bad[name])
+    u = jnp.array([1], jnp.int32)
+    with pytest.raises(TypeError, match=r"u must have a real floating dtype, got u.dtype=int32"):
+        controlled.encode_action(u)
+
+
 def test_unroll_continuous_exact_keeps_close_times_apart(model):
     """Output times two float32 ulps apart (at 1e6) are distinct: the host path's one
     exponential per distinct offset must not merge them (it did, within 4 ulps)."""

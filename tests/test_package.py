@@ -136,6 +136,11 @@ def _entry_points() -> dict:
             ls.MaskedLMHead(8, 263, key=k),
             (x, np.asarray(bigs.token_embedding.weight)),
         ),
+        "KoopmanAutoencoder": (ls.KoopmanAutoencoder(8, 4, width=8, key=k), (x[0],)),
+        "MLPBaseline": (ls.MLPBaseline(8, 2, width=8, key=k), (x[0], x[1, :2])),
+        "LinearKoopmanDynamics": (ls.LinearKoopmanDynamics(8, 2, key=k), (x[0], x[1, :2])),
+        "MLPDynamics": (ls.MLPDynamics(8, width=8, key=k), (x[0],)),
+        "UnitNormLinear": (ls.UnitNormLinear(8, 3, key=k), (x[0],)),
     }
     return calls
 
@@ -253,6 +258,30 @@ def test_number_arguments_take_numpy_numbers_in_their_hints():
     assert not offenders, "hint `int` or `float` where `IntLike` / `RealScalar` is meant:\n" + (
         "\n".join(offenders)
     )
+
+
+def test_every_constructor_names_a_bad_key(no_jaxtyping):
+    """A missing, integer or split (two) key was JAX's error from deep inside (`unexpected
+    PRNG key type`, `split accepts a single key`), which never named `key`."""
+    import inspect
+
+    import equinox as eqx
+    import jax.random as jr
+
+    modules = [
+        cls
+        for cls in map(lambda name: getattr(lineax_seq, name), lineax_seq.__all__)
+        if inspect.isclass(cls)
+        and issubclass(cls, eqx.Module)
+        and "key" in inspect.signature(cls.__init__).parameters
+    ]
+    assert len(modules) >= 20
+    for cls in modules:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        sizes = [8 for p in params if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+        for bad in (None, 0, jr.split(jr.key(0), 2)):
+            with pytest.raises(TypeError, match="key must be one JAX PRNG key"):
+                cls(*sizes, key=bad)
 
 
 def test_constructors_and_sizes_take_numpy_integers():

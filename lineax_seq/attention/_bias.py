@@ -10,7 +10,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import IntLike, check_bool, check_int
+from .._checks import IntLike, check_bool, check_int, check_key
 
 
 def _check_buckets(
@@ -125,6 +125,7 @@ class RelativePositionBias(eqx.Module):
         - `bidirectional`: separate buckets for keys after the query (encoders).
         - `key`: PRNG key for the (small, normal) initialisation.
         """
+        check_key("key", key)
         num_heads = check_int("num_heads", num_heads)
         num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
         self.embedding = 0.02 * jr.normal(key, (num_buckets, num_heads))

@@ -8,7 +8,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_arrays, check_bool, check_int
+from .._checks import IntLike, as_arrays, check_bool, check_int, check_key
 from ._core import attend, check_implementation
 
 
@@ -71,6 +71,7 @@ class MultiHeadAttention(eqx.Module):
           build one with it and load the weights (`eqx.tree_deserialise_leaves`).
         - `key`: PRNG key for the initialisation.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         num_heads = check_int("num_heads", num_heads)
         if dim % num_heads:

@@ -10,7 +10,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_array, check_int
+from .._checks import IntLike, as_array, check_int, check_key
 from ._bias import RelativePositionBias
 from ._core import (
     check_implementation,
@@ -218,6 +218,7 @@ class SlidingWindowAttention(eqx.Module):
         - `output_projection`, `implementation`: as in [`lineax_seq.MultiHeadAttention`][].
         - `key`: PRNG key.
         """
+        check_key("key", key)
         window = check_window(window)
         ka, kb = jr.split(key)
         self.attention = MultiHeadAttention(

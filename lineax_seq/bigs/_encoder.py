@@ -17,6 +17,7 @@ from .._checks import (
     check_bool,
     check_ids,
     check_int,
+    check_key,
     check_trailing_mask,
     host_arrays,
 )
@@ -238,6 +239,7 @@ class BiGS(eqx.Module):
             see "Initialisation" above for small widths).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         vocab_size = check_int("vocab_size", vocab_size)
         dim = check_int("dim", dim)
         num_layers = check_int("num_layers", num_layers)

@@ -8,7 +8,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_array, as_arrays, check_bool, check_int
+from .._checks import IntLike, RealScalar, as_array, as_arrays, check_bool, check_int, check_key
 from ._layers import (
     INIT_STD,
     apply_dense,
@@ -85,6 +85,7 @@ class MaskedLMHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         vocab_size = check_int("vocab_size", vocab_size)
         tied = check_bool("tied", tied)
@@ -172,6 +173,7 @@ class SequenceClassificationHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         num_outputs = check_int("num_outputs", num_outputs)
         check_dropout(dropout)
@@ -225,6 +227,7 @@ class SpanExtractionHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         init_std = check_init_std(init_std)
         self.proj = dense(dim, 2, std=init_std, key=key)
@@ -280,6 +283,7 @@ class MultipleChoiceHead(eqx.Module):
         - `init_std`: std of the truncated-normal weights (BERT's 0.02).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         self.scorer = SequenceClassificationHead(
             dim, 1, dropout=dropout, init_std=init_std, key=key
         )

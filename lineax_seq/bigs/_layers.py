@@ -12,7 +12,15 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_arrays, check_int, check_real, check_trailing_mask
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_arrays,
+    check_int,
+    check_key,
+    check_real,
+    check_trailing_mask,
+)
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -223,6 +231,7 @@ class _Layer(eqx.Module):
             [`lineax_seq.BiGS`][] on small widths).
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
         inner_dim = check_int("inner_dim", inner_dim)

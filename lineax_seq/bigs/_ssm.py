@@ -9,7 +9,15 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int, check_trailing_mask
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_arrays,
+    check_bool,
+    check_int,
+    check_key,
+    check_trailing_mask,
+)
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -180,6 +188,7 @@ class DirectionalSSM(eqx.Module):
         - `init`, `dt_min`, `dt_max`: passed to [`lineax_seq.S4DKernel`][].
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         if kernel not in ("shared", "per_channel"):
             raise ValueError(f"kernel must be 'shared' or 'per_channel', got kernel={kernel!r}")
         check_bool("reverse", reverse)

@@ -24,7 +24,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, check_int
+from .._checks import IntLike, RealScalar, check_int, check_key
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_blocks, check_window
@@ -195,6 +195,7 @@ class SlidingWindowLayer(eqx.Module):
           decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")
@@ -442,6 +443,7 @@ class BlockStateTransformerLayer(eqx.Module):
           [`lineax_seq.MultiHeadAttention`][]); decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")
         dim = check_int("dim", dim)
@@ -643,6 +645,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
           states' update in the scan over blocks and decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")

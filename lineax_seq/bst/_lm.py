@@ -190,6 +190,7 @@ class BlockStateTransformerLM(eqx.Module):
           `step` and `generate`'s decoding steps always use XLA.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         vocab_size = check_int("vocab_size", vocab_size)
         dim = check_int("dim", dim)
         num_layers = check_int("num_layers", num_layers)

@@ -10,7 +10,15 @@ import numpy as np
 from einops import rearrange, repeat
 from jaxtyping import Array, Complex, Float, Int, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, as_array, check_int, check_optional_int, host_arrays
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_array,
+    check_int,
+    check_key,
+    check_optional_int,
+    host_arrays,
+)
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -157,6 +165,7 @@ class ContextSSM(eqx.Module):
           (required for `"unstruct"`; `None` or a positive integer for `"s4"`, unused).
         - `key`: PRNG key.
         """
+        check_key("key", key)
         if ssm not in SSMS:
             raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
         dim = check_int("dim", dim)

@@ -4,13 +4,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import (
     IntLike,
     RealScalar,
+    as_float_array,
     check_bool,
     check_int,
+    check_key,
     check_real,
     check_state_control,
 )
@@ -37,6 +40,7 @@ class UnitNormLinear(eqx.Module):
 
     def __init__(self, in_dim: IntLike, out_dim: IntLike, *, key: PRNGKeyArray):
         """**Arguments:** `in_dim` (latent size), `out_dim` (state size), `key`."""
+        check_key("key", key)
         in_dim, out_dim = check_int("in_dim", in_dim), check_int("out_dim", out_dim)
         self.weight = jr.normal(key, (out_dim, in_dim))
         self.bias = jnp.zeros((out_dim,))
@@ -47,11 +51,11 @@ class UnitNormLinear(eqx.Module):
         return self.weight / norm
 
     def __call__(
-        self, z: Float[Array, " in_dim"], *, key: PRNGKeyArray | None = None
+        self, z: Float[Array | np.ndarray, " in_dim"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, " out_dim"]:
         """**Arguments:** `z` of shape `(in_dim,)`; `key` is ignored (as by
         `eqx.nn.Linear`). **Returns:** `(out_dim,)`."""
-        z = jnp.asarray(z)
+        z = as_float_array("z", z)
         if z.shape != self.weight.shape[1:]:
             raise ValueError(f"z must have shape ({self.weight.shape[1]},), got z.shape={z.shape}")
         return self.normalized_weight() @ z + self.bias
@@ -127,6 +131,7 @@ class KoopmanAutoencoder(eqx.Module):
             dynamics step by explicit Euler: leave the default).
         - `key`: PRNG key.
         """
+        check_key("key", key)
         state_dim = check_int("state_dim", state_dim)
         latent_dim = check_int("latent_dim", latent_dim)
         width = check_int("width", width)
@@ -226,43 +231,53 @@ class KoopmanAutoencoder(eqx.Module):
         """Whether the latent dynamics are linear (Koopman)."""
         return isinstance(self.dynamics, LinearKoopmanDynamics)
 
-    def encode(self, x: Float[Array, " state_dim"]) -> Float[Array, " latent_dim"]:
+    def encode(self, x: Float[Array | np.ndarray, " state_dim"]) -> Float[Array, " latent_dim"]:
         """`phi(x)`: state `(state_dim,)` -> latent `(latent_dim,)`."""
+        x = as_float_array("x", x)
         if x.shape != (self.state_dim,):
             raise ValueError(f"x must have shape ({self.state_dim},), got x.shape={x.shape}")
         return self.encoder(x)
 
-    def decode(self, z: Float[Array, " latent_dim"]) -> Float[Array, " state_dim"]:
+    def decode(self, z: Float[Array | np.ndarray, " latent_dim"]) -> Float[Array, " state_dim"]:
         """`psi(z)`: latent `(latent_dim,)` -> state `(state_dim,)`."""
+        z = as_float_array("z", z)
         if z.shape != (self.latent_dim,):
             raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
         return self.decoder(z)
 
-    def encode_action(self, u: Float[Array, " action_dim"]) -> Float[Array, " action_latent"]:
+    def encode_action(
+        self, u: Float[Array | np.ndarray, " action_dim"]
+    ) -> Float[Array, " action_latent"]:
         """`omega(u)`: control `(action_dim,)` -> encoded control `(action_latent_dim,)`."""
         if self.action_encoder is None:
             raise ValueError("this model has action_dim=0: it takes no actions")
+        u = as_float_array("u", u)
         if u.shape != (self.action_dim,):
             raise ValueError(f"u must have shape ({self.action_dim},), got u.shape={u.shape}")
         return self.action_encoder(u)
 
-    def predict_action(self, z: Float[Array, " latent_dim"]) -> Float[Array, " head_action_dim"]:
+    def predict_action(
+        self, z: Float[Array | np.ndarray, " latent_dim"]
+    ) -> Float[Array, " head_action_dim"]:
         """The action head: latent `(latent_dim,)` -> action `(head_action_dim,)`."""
         if self.action_head is None:
             raise ValueError("this model was built with action_head=False")
+        z = as_float_array("z", z)
         if z.shape != (self.latent_dim,):
             raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
         return self.action_head(z)
 
     def step(
-        self, z: Float[Array, " latent_dim"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent_dim"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent_dim"]:
         """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` `(latent_dim,)` and the
         encoded control `v_t` `(action_latent,)` (`None` for an autonomous model)."""
         return self.dynamics(z, v)
 
     def __call__(
-        self, x: Float[Array, " state_dim"], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array | np.ndarray, " state_dim"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, " state_dim"]:
         """Autoencode one state: `psi(phi(x))`.
 
@@ -301,6 +316,7 @@ class MLPBaseline(eqx.Module):
     ):
         """**Arguments:** `state_dim`, `action_dim` (0: autonomous), `width`, `layers`
         (number of linear layers), `key`."""
+        check_key("key", key)
         state_dim = check_int("state_dim", state_dim)
         action_dim = check_int("action_dim", action_dim, minimum=0)
         width, layers = check_int("width", width), check_int("layers", layers)
@@ -310,8 +326,8 @@ class MLPBaseline(eqx.Module):
 
     def __call__(
         self,
-        x: Float[Array, " state_dim"],
-        u: Float[Array, " action_dim"] | None = None,
+        x: Float[Array | np.ndarray, " state_dim"],
+        u: Float[Array | np.ndarray, " action_dim"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, " state_dim"]:
@@ -328,6 +344,6 @@ class MLPBaseline(eqx.Module):
 
         The next state `(state_dim,)`.
         """
-        check_state_control(("x", x, self.state_dim), ("u", u, self.action_dim), "model")
+        x, u = check_state_control(("x", x, self.state_dim), ("u", u, self.action_dim), "model")
         inp = x if u is None else jnp.concatenate([x, u])
         return x + self.mlp(inp)

@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_real, check_state_control
+from .._checks import IntLike, RealScalar, check_int, check_key, check_real, check_state_control
 
 _DISCRETIZATIONS = ("bilinear", "exact")
 
@@ -46,27 +47,34 @@ class AbstractLatentDynamics(eqx.Module):
 
     @abc.abstractmethod
     def rate(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """`f(z, v)` `(latent,)`, the time derivative per unit of `delta`, from the latent
         `z` `(latent,)` and the encoded control `v` `(action_latent,)` (or `None`)."""
 
     @abc.abstractmethod
     def step(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """One discrete step `z_{t+1}` `(latent,)` from `z_t` `(latent,)` and the encoded
         control `v_t` `(action_latent,)` (or `None`)."""
 
-    def _check(self, z: Array, v: Array | None) -> None:
-        """`z` must have shape `(latent_dim,)`; `v` shape `(action_latent_dim,)`, or
-        `None` exactly when the dynamics are autonomous."""
-        check_state_control(
+    def _check(self, z: object, v: object) -> tuple[Array, Array | None]:
+        """`z` and `v` as JAX arrays of a real floating dtype: `z` of shape
+        `(latent_dim,)`, `v` of shape `(action_latent_dim,)`, or `None` exactly when the
+        dynamics are autonomous."""
+        return check_state_control(
             ("z", z, self.latent_dim), ("v", v, self.action_latent_dim), "latent dynamics"
         )
 
     def vector_field(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """`dz/dt = (delta / dt) f(z, v)` in the data's time units.
 
@@ -75,13 +83,13 @@ class AbstractLatentDynamics(eqx.Module):
         `diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))` with
         `args=dynamics` (as [`lineax_seq.unroll_continuous`][] does).
         """
-        self._check(z, v)
+        z, v = self._check(z, v)
         return (self.delta / self.dt) * self.rate(z, v)
 
     def __call__(
         self,
-        z: Float[Array, " latent"],
-        v: Float[Array, " action_latent"] | None = None,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, " latent"]:
@@ -98,7 +106,7 @@ class AbstractLatentDynamics(eqx.Module):
 
         The next latent state `(latent_dim,)`.
         """
-        self._check(z, v)
+        z, v = self._check(z, v)
         return self.step(z, v)
 
 
@@ -149,6 +157,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
             finite, `>= 0`.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         if not isinstance(init_scale, jax.core.Tracer):  # (traced: an ensemble under vmap)
             init_scale = check_real("init_scale", init_scale, "nonnegative")
@@ -204,22 +213,26 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         return (out[:, :n], out[:, n:]) if L is not None else (out, None)
 
     def rate(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """`K z + L v` `(latent,)`, so `dz/dt = (delta / dt) (K z + L v)`; `z` `(latent,)`,
         `v` `(action_latent,)` or `None`."""
-        self._check(z, v)
+        z, v = self._check(z, v)
         out = self.K @ z
         if v is not None and self.L is not None:
             out = out + self.L @ v
         return out
 
     def step(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """One discrete step `Kbar z + Lbar v` `(latent,)`; `z` `(latent,)`, `v`
         `(action_latent,)` or `None`."""
-        self._check(z, v)
+        z, v = self._check(z, v)
         Kbar, Lbar = self.discretize()
         out = Kbar @ z
         if v is not None and Lbar is not None:
@@ -259,6 +272,7 @@ class MLPDynamics(AbstractLatentDynamics):
         - `dt`: the data's sampling interval; initialises `delta`.
         - `key`: PRNG key.
         """
+        check_key("key", key)
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         width = check_int("width", width)
         self.mlp = eqx.nn.MLP(
@@ -277,18 +291,22 @@ class MLPDynamics(AbstractLatentDynamics):
         self.dt = dt
 
     def rate(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """`mlp([z, v])` `(latent,)`, so `dz/dt = (delta / dt) mlp([z, v])`; `z` `(latent,)`,
         `v` `(action_latent,)` or `None`."""
-        self._check(z, v)
+        z, v = self._check(z, v)
         inp = z if v is None or self.action_latent_dim == 0 else jnp.concatenate([z, v])
         return self.mlp(inp)
 
     def step(
-        self, z: Float[Array, " latent"], v: Float[Array, " action_latent"] | None = None
+        self,
+        z: Float[Array | np.ndarray, " latent"],
+        v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
         """One discrete step `z + delta * mlp([z, v])` `(latent,)` (explicit Euler over
         `dt`); `z` `(latent,)`, `v` `(action_latent,)` or `None`."""
-        self._check(z, v)
+        z, v = self._check(z, v)
         return z + self.delta * self.rate(z, v)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_real
+from .._checks import IntLike, RealScalar, check_int, check_key, check_real
 from ._fft_conv import _work_dtype
 
 
@@ -80,6 +80,7 @@ class HyenaFilter(eqx.Module):
         - `target`: the decayed magnitude, in `(0, 1)`.
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         channels = check_int("channels", channels)
         order = check_int("order", order)
         if max_length is None:

@@ -11,7 +11,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_real
+from .._checks import IntLike, RealScalar, check_int, check_key, check_real
 from ._fft_conv import _work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
@@ -168,6 +168,7 @@ class S4DKernel(eqx.Module):
             `0 < dt_min < dt_max`.
         - `key`: a `jax.random.key` for `C` and `dt`.
         """
+        check_key("key", key)
         dt_min, dt_max = check_kernel_options(state_size, init, discretization, dt_min, dt_max)
         state_size = int(state_size)
         channels = check_int("channels", channels)

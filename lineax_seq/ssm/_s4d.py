@@ -11,7 +11,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int
+from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int, check_key
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -91,6 +91,7 @@ class S4D(eqx.Module):
             (`"chunked"` if `channels=1`, else `"fft"`); all exact, same parameters.
         - `key`: a `jax.random.key`.
         """
+        check_key("key", key)
         dim = check_int("dim", dim)
         check_bool("bidirectional", bidirectional)
         check_bool("glu", glu)
