@@ -823,6 +823,25 @@ def test_float32_reencode_dt_widens_the_tolerance(model):
             np.testing.assert_allclose(got[1], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
+    """Float32 times near 1e6 left the solver no room to step (it failed after max_steps,
+    though the latent ODE does not depend on time); and a segment that dt0 divides only up
+    to rounding (0.2 / 0.05 = 4.000000000000001) took a fifth Euler step."""
+    x0 = jnp.array([0.3, -0.2])
+    ts = jnp.float32(1e6) + jnp.linspace(0.5, 1.5, 11)
+    for reencode_dt in (None, 0.25):
+        ode = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt)
+        exact = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, exact=True)
+        np.testing.assert_allclose(ode, exact, rtol=1e-5, atol=1e-6)
+    with jax.enable_x64(True):
+        mlp = ls.KoopmanAutoencoder(2, 6, dynamics="mlp", width=8, dt=0.05, key=jr.key(3))
+        x0 = x0.astype(jnp.float64)
+        times = 0.05 * jnp.arange(13.0)
+        euler = ls.unroll_continuous(mlp, x0, times, reencode_dt=0.2, solver=diffrax.Euler())
+        discrete = ls.unroll(mlp, x0, steps=12, reencode_every=4)
+        np.testing.assert_allclose(euler[1:], discrete, rtol=1e-13, atol=1e-15)
+
+
 def test_unroll_continuous_fixed_step_solver(mlp_dynamics):
     """A solver without an error estimate (Euler) takes fixed steps of the sampling
     interval by default, which for MLP dynamics are the discrete unroll's steps (diffrax

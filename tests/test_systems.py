@@ -293,6 +293,24 @@ def test_simulate_takes_numpy_inputs():
         np.testing.assert_allclose(spaced, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_simulate_half_precision_integrates_in_float32():
+    """A bfloat16 or float16 state ran the default controller in half precision, which
+    never met its tolerance: 100,000 steps, then diffrax's max_steps error."""
+    x = jnp.array([1.5, 0.2])
+    us = jnp.linspace(-1.0, 1.0, 3)[:, None]
+    for system, actions in ((ls.Duffing(), None), (ls.ControlledPendulum(), us)):
+        full = ls.simulate(system, x, 3, actions=actions)
+        for dtype in (jnp.bfloat16, jnp.float16):
+            cast = lambda a, t: None if a is None else a.astype(t)
+            half = ls.simulate(system, x.astype(dtype), 3, actions=cast(actions, dtype))
+            assert half.dtype == dtype
+            # The float32 solution from the inputs as given, cast to their dtype.
+            start, hold = (cast(cast(a, dtype), jnp.float32) for a in (x, actions))
+            want = ls.simulate(system, start, 3, actions=hold).astype(dtype)
+            np.testing.assert_array_equal(half.astype(jnp.float32), want.astype(jnp.float32))
+            np.testing.assert_allclose(half.astype(jnp.float32), full, rtol=2e-2, atol=1e-2)
+
+
 def test_batched_system_parameters(no_jaxtyping):
     """A system holding an array of parameters (a batch, for `filter_vmap`) is checked
     entry by entry: valid entries build and vmap, one invalid entry is named."""

@@ -770,6 +770,13 @@ def _solve(
     extra = {} if adjoint is None else {"adjoint": adjoint}
     if progress_meter is not None:
         extra["progress_meter"] = progress_meter
+    # The field does not depend on time, so each segment is solved on `[0, t1 - t0]`:
+    # float32 times far from 0 (1e6 + ...) leave no room for the solver's steps. Not
+    # where the controller holds absolute times of its own (StepTo's, step_ts, jump_ts).
+    relative = not isinstance(stepsize_controller, diffrax.StepTo) and all(
+        getattr(stepsize_controller, name, None) is None for name in ("step_ts", "jump_ts")
+    )
+    constant = isinstance(stepsize_controller, diffrax.ConstantStepSize) and dt0 is not None
 
     def segment(z, inputs):
         t0, t1, saves = inputs
@@ -777,16 +784,25 @@ def _solve(
         # diffrax gets, as outside the scan XLA may recompute `taus` with a different
         # rounding (saves then fall outside by that rounding).
         saves = jnp.clip(saves, t0, t1)
+        start = t0 if relative else jnp.zeros_like(t0)
+        step = dt0
+        if constant:
+            # Fixed steps take ceil((t1 - t0) / dt0) of them: a segment that dt0 divides
+            # up to rounding (0.2 / 0.05 = 4.000000000000001) gets exactly that many.
+            ratio = (t1 - t0) / dt0
+            n = jnp.maximum(jnp.round(ratio), 1)
+            close = jnp.abs(ratio - n) <= 64 * jnp.finfo(ratio.dtype).eps * n
+            step = jnp.where(close, (t1 - t0) / n, dt0)
         sol = diffrax.diffeqsolve(
             term,
             solver,
-            t0=t0,
-            t1=t1,
-            dt0=dt0,
+            t0=t0 - start,
+            t1=t1 - start,
+            dt0=step,
             y0=z,
             args=model.dynamics,
             # The last save time is t1 itself, so zs[-1] is the segment's end.
-            saveat=diffrax.SaveAt(ts=saves),
+            saveat=diffrax.SaveAt(ts=saves - start),
             stepsize_controller=stepsize_controller,
             max_steps=max_steps,
             throw=throw,

@@ -196,7 +196,10 @@ class S4D(eqx.Module):
 
         `state_t = Abar state_{t-1} + x_t`, `y_t = 2 Re(sum_n CB state_t) + D x_t`, then
         the activation / GLU: iterating it from `init_state()` gives exactly
-        `__call__` on the whole sequence.
+        `__call__` on the whole sequence. JAX hashes the functions given to
+        `jax.lax.scan` and `jax.jit`, and a module's arrays are unhashable: pass a function,
+        `jax.lax.scan(lambda s, x: layer.step(s, x), layer.init_state(), xs)`, or use
+        `eqx.filter_jit(layer.step)`.
 
         **Arguments:**
 

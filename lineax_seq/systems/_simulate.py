@@ -95,7 +95,9 @@ def simulate(
 
     **Returns:**
 
-    The states at times `0, dt, ..., steps dt`, shape `(steps + 1, state_dim)`.
+    The states at times `0, dt, ..., steps dt`, shape `(steps + 1, state_dim)`, in the
+    dtype of `x0` (promoted with `actions` and the system's parameters). Half-precision
+    states (bfloat16, float16) are integrated in float32, whose result is cast back.
     """
     x0 = _check_state(system, jnp.asarray(x0))
     steps, dt = _check_steps(steps, dt)
@@ -138,7 +140,10 @@ def simulate(
     # with a float32 state under x64 give a float64 field): the state takes its dtype.
     u0 = None if actions is None else actions[0]
     field = jax.eval_shape(system.vector_field, jnp.zeros((), x0.dtype), x0, u0)
-    dtype = jnp.result_type(x0, field.dtype)
+    out_dtype = jnp.result_type(x0, field.dtype)
+    # Half precision (bfloat16, float16) cannot meet the tolerances (the default PID
+    # controller then stalls until max_steps): integrate in float32, return the dtype.
+    dtype = jnp.float32 if jnp.finfo(out_dtype).bits < 32 else out_dtype
     x0, actions = x0.astype(dtype), None if actions is None else actions.astype(dtype)
     # Times in the state's dtype, also for a NumPy float64 `system.dt` under x64 (float64
     # times made diffrax return float64 states, which the scan over intervals refused).
@@ -165,7 +170,7 @@ def simulate(
         ).ys
 
     if actions is None:
-        return solve(x0, ts, None, diffrax.SaveAt(ts=ts))
+        return solve(x0, ts, None, diffrax.SaveAt(ts=ts)).astype(out_dtype)
 
     def interval(x, inputs):
         t0, t1, u = inputs
@@ -174,7 +179,7 @@ def simulate(
 
     # Interval i runs from t_i = i dt to t_{i+1}, so time-dependent fields see the time.
     _, xs = jax.lax.scan(interval, x0, (ts[:-1], ts[1:], actions))
-    return jnp.concatenate([x0[None], xs])
+    return jnp.concatenate([x0[None], xs]).astype(out_dtype)
 
 
 def sample_trajectories(
