@@ -453,3 +453,9 @@ def test_attention_mask_must_be_boolean(getkey, no_jaxtyping):
     for dtype in (jnp.float32, jnp.bfloat16):
         with pytest.raises(TypeError, match="`mask` must be boolean.*mask.dtype=float32"):
             _cast(mha, dtype)(x.astype(dtype), mask=additive)
+
+
+def test_relative_position_bucket_names_a_list(no_jaxtyping):
+    """A list failed in `jnp.result_type` ("Cannot determine dtype"), naming nothing."""
+    with pytest.raises(TypeError, match=r"relative_position must be a JAX or NumPy array"):
+        ls.relative_position_bucket([1, -2, 3], bidirectional=False)

@@ -312,6 +312,16 @@ def test_generate_arguments(sh_lm, getkey):
     for kw, name in [(dict(steps=2.0), "steps"), (dict(steps=2, top_k=2.5), "top_k")]:
         with pytest.raises(TypeError, match=name):  # jaxtyping's, or the function's own
             ls.generate(sh_lm, prompt, kw.pop("steps"), key=getkey(), **kw)
+    # Checked whatever `steps` is: with 0 they returned the prompt unchecked.
+    for kw, message in [
+        (dict(temperature=-1.0), "temperature=-1.0"),
+        (dict(temperature=float("nan")), "temperature=nan"),
+        (dict(top_k=0), "top_k=0"),
+        (dict(top_k=VOCAB + 1), rf"top_k={VOCAB + 1}"),
+    ]:
+        for steps in (0, 1):
+            with pytest.raises(ValueError, match=message):
+                ls.generate(sh_lm, prompt, steps, key=getkey(), **kw)
 
 
 @pytest.mark.parametrize("variant", ["BST:SH:S4", "BST:MF:UNSTRUCT"])

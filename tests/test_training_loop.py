@@ -7,6 +7,7 @@ import pathlib
 import re
 import shutil
 import types
+import warnings
 
 import _training_sharding_common as common
 import equinox as eqx
@@ -472,6 +473,22 @@ def test_save_checkpoint_bad_input(tmp_path):
         ):
             save(tmp_path, 1, model=model, extra=bad)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_checkpoint_names_changed_static_fields_and_reads_a_run_dir(tmp_path):
+    """A model with another window (nothing the arrays record) loaded without a word, and
+    a `train` run's `out_dir` looked like a directory without checkpoints."""
+    lm = lambda window: ls.BlockStateTransformerLM.from_variant(
+        "SLIDE", 17, dim=8, num_layers=1, num_heads=2, window=window, key=jr.key(0)
+    )
+    ls.save_checkpoint(tmp_path / "checkpoints", 3, model=lm(4))
+    assert ls.list_checkpoints(tmp_path) == ls.list_checkpoints(tmp_path / "checkpoints") != []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ls.load_checkpoint(tmp_path, model=lm(4)).step == 3
+    with pytest.warns(UserWarning, match=r"\.window: 4 in the checkpoint, 8 given") as caught:
+        assert ls.load_latest_checkpoint(tmp_path, model=lm(8)).step == 3
+    assert len(caught) == 1  # one warning, naming every field that differs
 
 
 def test_checkpoint_of_model_only_round_trips(tmp_path):

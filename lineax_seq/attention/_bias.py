@@ -10,7 +10,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._checks import IntLike, check_bool, check_int, check_key
+from .._checks import IntLike, as_array, check_bool, check_int, check_key
 
 
 def _check_buckets(
@@ -65,6 +65,7 @@ def relative_position_bucket(
     int32 (int64 for int64 positions).
     """
     num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
+    relative_position = as_array("relative_position", relative_position)
     dtype = jnp.result_type(relative_position)
     if not jnp.issubdtype(dtype, jnp.signedinteger):
         raise TypeError(

@@ -539,7 +539,8 @@ def generate(
     **Returns:**
 
     `prompt` followed by the `steps` sampled tokens, shape `(prompt + steps,)`, int32
-    (int64 for an int64 prompt).
+    (int64 for an int64 prompt when `jax_enable_x64` is on; without it JAX holds int64
+    as int32).
     """
     (prompt,) = host_arrays(prompt)
     if not jnp.issubdtype(prompt.dtype, jnp.integer):
@@ -551,13 +552,13 @@ def generate(
         prompt = prompt.astype(jnp.int32)
     steps = check_int("steps", steps, minimum=0)
     check_key("key", key)
-    if steps == 0:
-        return prompt
     temperature = check_real("temperature", temperature, "nonnegative")
     if top_k is not None:
         top_k = check_int("top_k", top_k)
         if top_k > lm.vocab_size:
             raise ValueError(f"`top_k` must be in [1, {lm.vocab_size}], got top_k={top_k}.")
+    if steps == 0:
+        return prompt
     # Below float32's smallest normal number, 1 / temperature overflows: decode greedily.
     # Above 1e37, 1 / temperature would leave float32's normal range (XLA may divide by
     # multiplying with it, and -inf * 0 is NaN): capped there, where sampling is already

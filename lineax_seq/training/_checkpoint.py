@@ -28,6 +28,7 @@ from .._checks import IntLike, check_int, check_optional_int, short_repr
 FORMAT = "lineax_seq.checkpoint/1"
 ARRAYS = "arrays.eqx"
 MANIFEST = "manifest.json"
+CHECKPOINT_DIR = "checkpoints"  # the folder of a `train` run's `out_dir` holding them
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
@@ -109,6 +110,42 @@ def _leaf_specs(tree: PyTree) -> list[dict]:
         elif eqx.is_array_like(leaf):
             specs.append({"path": jtu.keystr(path), "shape": [], "dtype": type(leaf).__name__})
     return specs
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is a hyper-parameter the manifest can hold and compare: a bool,
+    int, finite float, string or `None`, or a tuple / list of them."""
+    if isinstance(value, tuple | list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, float):
+        return bool(np.isfinite(value))
+    return value is None or isinstance(value, bool | int | str)
+
+
+def _static_fields(tree: PyTree) -> dict[str, dict[str, Any]]:
+    """The plain static fields (`eqx.field(static=True)`: sizes, windows, option
+    strings...) of every module in `tree`, by the module's path: what the arrays do not
+    record, but the computation depends on."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def visit(path: tuple, node: eqx.Module) -> None:
+        fields = {
+            f.name: json.loads(json.dumps(getattr(node, f.name)))
+            for f in dataclasses.fields(node)
+            if f.metadata.get("static", False) and _plain(getattr(node, f.name, None))
+        }
+        if fields:
+            out[jtu.keystr(path)] = fields
+        is_child = lambda x: x is not node and isinstance(x, eqx.Module)
+        for sub, child in jtu.tree_flatten_with_path(node, is_leaf=is_child)[0]:
+            if is_child(child):
+                visit(path + sub, child)
+
+    is_module = lambda x: isinstance(x, eqx.Module)
+    for path, leaf in jtu.tree_flatten_with_path(tree, is_leaf=is_module)[0]:
+        if is_module(leaf):
+            visit(path, leaf)
+    return out
 
 
 def _is_one_key(key: Any) -> bool:
@@ -216,13 +253,19 @@ def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
 
     **Arguments:**
 
-    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][].
+    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][], or a
+        [`lineax_seq.train`][] run's `out_dir` (whose checkpoints are in its
+        `checkpoints/` folder, read when `directory` itself holds none).
 
     **Returns:**
 
     A list of paths, sorted by step (empty if there are none).
     """
-    return [p for _, p in _step_dirs(pathlib.Path(directory))]
+    directory = pathlib.Path(directory)
+    found = _step_dirs(directory)
+    if not found:
+        found = _step_dirs(directory / CHECKPOINT_DIR)
+    return [p for _, p in found]
 
 
 # ---------------------------------------------------------------- save
@@ -314,6 +357,7 @@ def save_checkpoint(
         "key_impl": key_impl,
         "typed_keys": typed_keys,
         "leaves": _leaf_specs(tree),
+        "static": _static_fields(tree),
         "data_state": _to_json(data_state),
         "extra": extra or {},
     }
@@ -503,6 +547,25 @@ def _check_structure(path: pathlib.Path, manifest: dict, like: PyTree) -> None:
         )
 
 
+def _warn_static(path: pathlib.Path, saved: dict, given: dict) -> None:
+    """Warn once, naming each one, about static fields of the templates' modules that
+    differ from those saved: the arrays fit, but the model computes differently (another
+    window, another kernel option...). Manifests from before this record have none."""
+    changed = [
+        f"{module}.{name}: {saved[module][name]!r} in the checkpoint, {value!r} given"
+        for module, fields in given.items()
+        if module in saved
+        for name, value in fields.items()
+        if name in saved[module] and saved[module][name] != value
+    ]
+    if changed:
+        warnings.warn(
+            f"Checkpoint {path / MANIFEST}: the model given differs from the saved one in "
+            f"static fields (its arrays fit, but it computes differently): {'; '.join(changed)}",
+            stacklevel=3,
+        )
+
+
 def _check_typed_keys(path: pathlib.Path, saved: dict, expected: dict) -> None:
     describe = lambda impl: "an array" if impl is None else f"a {impl} PRNG key"
     for leaf in sorted(set(saved) | set(expected)):
@@ -523,12 +586,16 @@ def load_checkpoint(
     """Load and verify a checkpoint written by [`lineax_seq.save_checkpoint`][].
 
     The arrays file is checked against the manifest (size and SHA-256) and every leaf
-    path, shape and dtype against the templates before anything is deserialised.
+    path, shape and dtype against the templates before anything is deserialised. Static
+    fields of the templates' modules (sizes, windows, option strings: nothing the arrays
+    record) that differ from the saved model's are named in a warning: the weights fit,
+    but the model given computes differently.
 
     **Arguments:**
 
     - `path`: a checkpoint directory (`.../step_XXXXXXXX`), or the directory holding
-        them, in which case the newest one is loaded.
+        them (or a [`lineax_seq.train`][] run's `out_dir`), in which case the newest one
+        is loaded.
     - `model`: a model of the same structure (values are ignored;
         `eqx.filter_eval_shape(Model, ...)` avoids allocating one).
     - `opt_state`: an optimiser state of the same structure (or `None` if none was saved).
@@ -560,6 +627,8 @@ def load_checkpoint(
     like, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key_like})
     _check_typed_keys(path, manifest["typed_keys"], typed_keys)
     _check_structure(path, manifest, like)
+    if isinstance(manifest.get("static"), dict):
+        _warn_static(path, manifest["static"], _static_fields(like))
     try:
         tree = eqx.tree_deserialise_leaves(apath, like)
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
@@ -592,7 +661,8 @@ def load_latest_checkpoint(
 
     **Arguments:**
 
-    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][].
+    - `directory`: the directory given to [`lineax_seq.save_checkpoint`][], or a
+        [`lineax_seq.train`][] run's `out_dir` (see [`lineax_seq.list_checkpoints`][]).
     - `model`, `opt_state`: templates, as for [`lineax_seq.load_checkpoint`][].
 
     **Returns:**

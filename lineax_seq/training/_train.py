@@ -33,7 +33,12 @@ from .._checks import (
     check_optional_int,
     short_repr,
 )
-from ._checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from ._checkpoint import (
+    CHECKPOINT_DIR,
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
 from ._sharding import check_mesh, shard_batch, shard_params
 
 LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array] | None]]
@@ -44,7 +49,6 @@ RESERVED_METRICS = ("loss", "grad_norm", "lr", "step", "split") + tuple(f"{u}_pe
 """Names the train step and the train loop write into every record: no aux metric may
 take one (it would overwrite a record's step or split, or be overwritten silently)."""
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
 PLOT_FILE = "curves.png"
 
 
