@@ -30,7 +30,9 @@ test: lint
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
+# ssm_torch.py's competitor: PyTorch's CPU build (not a dependency of the library).
 bench: $(STAMP)
+	$(PY) -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	$(PY) benchmarks/ssm.py
 	$(PY) benchmarks/ssm_torch.py
 	$(PY) benchmarks/data.py

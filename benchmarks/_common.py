@@ -1,19 +1,26 @@
 """Shared timing, memory and result helpers for the benchmark scripts.
 
-Every benchmark times its competitors side by side in one process, reports medians
-and ratios, and writes `benchmarks/results/<name>.json` plus a plot.
+Every benchmark times its competitors in one process, reports medians and ratios, and
+writes `benchmarks/results/<name>.json` plus a plot.
 """
 
+import argparse
+import hashlib
 import json
 import math
+import os
 import pathlib
 import platform
+import shlex
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jaxlib
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -104,25 +111,101 @@ def compiled_memory(fn: Callable, *args: Any) -> dict[str, int]:
     return out
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (Linux's `/proc/cpuinfo`), else `platform.processor()`."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _commit() -> str | None:
+    """The checkout's commit (`+dirty` with uncommitted changes), or `None` outside git."""
+    git = lambda *a: subprocess.run(
+        ["git", *a], cwd=RESULTS.parent, capture_output=True, text=True, timeout=10
+    )
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def environment() -> dict[str, Any]:
-    """Where the numbers were taken."""
+    """Where the numbers were taken: backend, device and CPU, versions, commit."""
     device = jax.devices()[0]
     return {
         "backend": jax.default_backend(),
         "device": device.device_kind,
         "device_count": jax.device_count(),
+        "cpu": _cpu_model(),
         "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "processor_count": __import__("os").cpu_count(),
+        "processor_count": os.cpu_count(),
+        "commit": _commit(),
     }
 
 
-def save(name: str, payload: dict[str, Any]) -> pathlib.Path:
-    """Write `benchmarks/results/<name>.json` (suffixed with the backend off CPU)."""
+def positive_int(text: str) -> int:
+    """An `argparse` type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An `argparse` type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def save(
+    name: str,
+    payload: dict[str, Any],
+    *,
+    args: argparse.Namespace | None = None,
+    parser: argparse.ArgumentParser | None = None,
+    named: Sequence[str] = ("quick",),
+) -> pathlib.Path:
+    """Write `benchmarks/results/<name>.json` (suffixed with the backend off CPU), with
+    the environment and the command line.
+
+    With `args` and their `parser`, a run that changes any option other than those
+    `named` (which the script puts into `name` itself, e.g. `--quick`) gets a file of its
+    own, `<name>_<tag>.json` with `tag` a hash of the changed options, so that a reduced
+    rerun (fewer lengths, rounds...) never overwrites the committed results.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
     backend = jax.default_backend()
     stem = name if backend == "cpu" else f"{name}_{backend}"
+    options = {} if args is None else vars(args)
+    changed = {
+        k: v for k, v in sorted(options.items()) if k not in named and v != parser.get_default(k)
+    }
+    if changed:
+        text = json.dumps(changed, default=str, sort_keys=True)
+        stem += "_" + hashlib.sha1(text.encode()).hexdigest()[:6]
     path = RESULTS / f"{stem}.json"
-    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
+    command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    record = {"environment": environment(), "command": command, "options": options}
+    path.write_text(json.dumps({**record, **payload}, indent=2, default=str) + "\n")
+    if changed:
+        print(f"options {changed} differ from the defaults: results in {path.name}")
     return path

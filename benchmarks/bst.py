@@ -36,7 +36,14 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import RESULTS, calls_per_sample, compiled_memory, median_time, save  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    calls_per_sample,
+    compiled_memory,
+    median_time,
+    positive_int,
+    save,
+)
 
 import lineax_seq as ls  # noqa: E402
 
@@ -130,9 +137,16 @@ def forward_fn(layer: eqx.Module):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="L = 1k, 4k; fewer repeats")
-    parser.add_argument("--lengths", type=int, nargs="+", help="override sequence lengths")
+    parser.add_argument(
+        "--lengths",
+        type=positive_int,
+        nargs="+",
+        help=f"override sequence lengths (multiples of the window, {WINDOW})",
+    )
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--repeats", type=positive_int, default=None, help="timing repeats (5; 3 with --quick)"
+    )
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="(float32)"
     )
@@ -148,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.attention == "cudnn" and args.dtype != "bfloat16":
         parser.error("--attention cudnn needs --dtype bfloat16 (cuDNN's flash attention)")
+    if args.attention == "cudnn" and jax.default_backend() != "gpu":
+        parser.error(f"--attention cudnn needs an NVIDIA GPU; JAX runs on {jax.default_backend()}")
+    if bad := [n for n in args.lengths or () if n % WINDOW]:
+        parser.error(f"--lengths {bad}: every length must be a multiple of the window, {WINDOW}")
     dtype = jnp.dtype(args.dtype)
     lengths = args.lengths or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536])
     repeats = args.repeats or (3 if args.quick else 5)
@@ -220,19 +238,20 @@ def main(argv: list[str] | None = None) -> int:
             repeats,
             gemm,
             done,
-            quick=args.quick,
             dtype=dtype,
-            attention=args.attention,
+            args=args,
+            parser=parser,
         )
 
     return 0
 
 
 def _report(
-    times, best, memory, flops, number, params, repeats, gemm, done, *, quick, dtype, attention
+    times, best, memory, flops, number, params, repeats, gemm, done, *, dtype, args, parser
 ) -> pathlib.Path:
     """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
     length, so an interrupted long run keeps what it measured)."""
+    quick, attention = args.quick, args.attention
     ratios = _ratios(times, done)
     flop_ratios = _ratios(flops, done)
     for name, by_length in ratios.items():
@@ -284,7 +303,8 @@ def _report(
     }
     stem = "bst" if dtype == jnp.float32 else "bst_bf16"
     stem += "_cudnn" if attention == "cudnn" else ""
-    path = save(f"{stem}_quick" if quick else stem, payload)  # quick runs keep the full
+    saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention"))
+    path = save(f"{stem}_quick" if quick else stem, payload, **saving)  # quick runs keep the full
     _plot(times, memory, done, path.with_suffix(".png"), f"{dtype}, {attention} attention")
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path

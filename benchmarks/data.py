@@ -211,7 +211,9 @@ def main():
         "train_step": train,
         "summary": summary,
     }
-    path = save("data_quick" if quick else "data", payload)  # quick runs keep the full
+    path = save(
+        "data_quick" if quick else "data", payload, args=args, parser=parser
+    )  # quick runs keep the full
     print(f"wrote {path}")
     plot(payload, path.with_suffix(".png"))
 

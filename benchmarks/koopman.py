@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import RESULTS, compiled_memory, median_time, save  # noqa: E402
+from _common import RESULTS, compiled_memory, median_time, positive_int, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -43,7 +43,9 @@ def make_model(latent: int, key):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 ICs x 200 steps")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="timing repeats (5; 2 with --quick)"
+    )
     args = parser.parse_args()
     num, steps, latent, k = (10, 200, 128, 25) if args.quick else (100, 1000, 128, 25)
     repeats = 2 if args.quick else args.repeats
@@ -117,10 +119,7 @@ def main() -> None:
             "exact_continuous_vs_bilinear_discrete": grid_err,
         },
     }
-    if args.quick:
-        print("quick run: results not saved")
-        return
-    path = save("koopman", payload)
+    path = save("koopman_quick" if args.quick else "koopman", payload, args=args, parser=parser)
     plot(results, ratios, path.with_suffix(".png"))
     print(f"saved {path}")
 

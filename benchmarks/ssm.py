@@ -51,7 +51,13 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import compiled_memory, interleaved_times, paired_ratio, save  # noqa: E402
+from _common import (  # noqa: E402
+    compiled_memory,
+    interleaved_times,
+    paired_ratio,
+    positive_float,
+    save,
+)
 
 import lineax_seq as ls  # noqa: E402
 
@@ -96,8 +102,12 @@ def _linear_scan(layer: ls.S4D, x: jax.Array) -> jax.Array:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--memory-limit", type=float, default=6.0, help="GiB per competitor")
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="skip slower calls")
+    parser.add_argument(
+        "--memory-limit", type=positive_float, default=6.0, help="GiB per competitor (6)"
+    )
+    parser.add_argument(
+        "--max-seconds", type=positive_float, default=60.0, help="skip slower calls (60)"
+    )
     args = parser.parse_args()
 
     if args.quick:
@@ -242,7 +252,7 @@ def main() -> None:
         },
     }
     name = "ssm_quick" if args.quick else "ssm"
-    path = save(name, payload)
+    path = save(name, payload, args=args, parser=parser)
     _plot(results, path.with_suffix(".png"), quick=args.quick, backend=jax.default_backend())
     print(f"wrote {path}")
 

@@ -8,9 +8,10 @@ convolution to 2 x dim and a GLU. Ours is `lineax_seq.S4D` both as the bare line
 does the reference's work. Interleaved rounds after a warm-up; median times and the
 median of the per-round ratios.
 
-Needs PyTorch (`pip install torch==2.13.0`, the CPU build), which the library does not
-depend on; without it the script says so and skips. `benchmarks/ssm.py` compares with
-the issue's figures for the reference instead.
+Needs PyTorch, which the library does not depend on: `make bench` installs the CPU
+build (`pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu`);
+without it the script says so and exits with status 1. `benchmarks/ssm.py` compares
+with the issue's figures for the reference instead.
 
     python benchmarks/ssm_torch.py
     python benchmarks/ssm_torch.py --quick    # smoke run (L = 256, 1k; not the committed JSON)
@@ -85,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lengths, rounds = ((256, 1024), 2) if args.quick else (LENGTHS, ROUNDS)
     if torch is None:
-        print("skipped: PyTorch is not installed (pip install torch==2.13.0)")
-        return 0
+        print(
+            "PyTorch is not installed; `make bench` installs the CPU build (pip install "
+            "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)",
+            file=sys.stderr,
+        )
+        return 1
     # Same device class for both: off CPU, the reference runs on CUDA (synchronised).
     cuda = jax.default_backend() == "gpu" and torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -133,9 +138,33 @@ def main(argv: list[str] | None = None) -> int:
             "torch_threads": torch.get_num_threads(),
             "results": rows,
         },
+        args=args,
+        parser=parser,
     )
-    print(f"results: {path}")
+    _plot(rows, path.with_suffix(".png"), str(device))
+    print(f"results: {path} and {path.with_suffix('.png').name}")
     return 0
+
+
+def _plot(rows: list[dict], path: pathlib.Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name in rows[0]["ms"]:
+        ax.plot([r["length"] for r in rows], [r["ms"][name] for r in rows], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("forward time per batch (ms)")
+    ax.set_title(f"S4D forward vs the PyTorch reference ({device})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
