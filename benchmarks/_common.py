@@ -209,3 +209,33 @@ def save(
     if changed:
         print(f"options {changed} differ from the defaults: results in {path.name}")
     return path
+
+
+def plot_lengths(
+    series: dict[str, list[tuple[int, float]]],
+    path: pathlib.Path,
+    title: str,
+    *,
+    dashed: Sequence[str] = (),
+) -> None:
+    """Forward time (ms) against sequence length, log-log, one line per `series` entry
+    (`(length, ms)` points; those in `dashed` drawn dashed, e.g. quoted figures)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, points in series.items():
+        style = dict(color="k", linestyle="--", marker="x") if name in dashed else {}
+        ax.plot(*zip(*points, strict=True), marker="o", label=name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("forward time per batch (ms)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -55,6 +55,7 @@ from _common import (  # noqa: E402
     compiled_memory,
     interleaved_times,
     paired_ratio,
+    plot_lengths,
     positive_float,
     save,
 )
@@ -288,31 +289,13 @@ def _targets(results: list[dict]) -> dict:
 
 
 def _plot(results: list[dict], path: pathlib.Path, *, quick: bool, backend: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    names = [n for n in results[0]["ms"]] + [
-        n for r in results for n in r["ms"] if n not in results[0]["ms"]
-    ]
-    for name in dict.fromkeys(names):
-        points = [(r["length"], r["ms"][name]) for r in results if name in r["ms"]]
-        ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    names = dict.fromkeys(n for r in results for n in r["ms"])
+    series = {n: [(r["length"], r["ms"][n]) for r in results if n in r["ms"]] for n in names}
+    reference = "PyTorch S4D reference"
     if not quick and backend == "cpu":
-        ref = sorted(PYTORCH_REFERENCE_MS.items())
-        ax.plot(*zip(*ref, strict=True), "k--", marker="x", label="PyTorch S4D reference")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length L")
-    ax.set_ylabel("forward time per batch (ms)")
-    ax.set_title(f"S4D forward, {backend} ({'quick' if quick else 'batch 8, H 256, N 64'})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        series[reference] = sorted(PYTORCH_REFERENCE_MS.items())
+    shape = "quick" if quick else "batch 8, H 256, N 64"
+    plot_lengths(series, path, f"S4D forward, {backend} ({shape})", dashed=(reference,))
 
 
 if __name__ == "__main__":

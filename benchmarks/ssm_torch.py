@@ -28,7 +28,7 @@ import jax
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import interleaved_times, paired_ratio, save  # noqa: E402
+from _common import interleaved_times, paired_ratio, plot_lengths, save  # noqa: E402
 
 import lineax_seq as ls  # noqa: E402
 
@@ -147,24 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(rows: list[dict], path: pathlib.Path, device: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for name in rows[0]["ms"]:
-        ax.plot([r["length"] for r in rows], [r["ms"][name] for r in rows], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length L")
-    ax.set_ylabel("forward time per batch (ms)")
-    ax.set_title(f"S4D forward vs the PyTorch reference ({device})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = {n: [(r["length"], r["ms"][n]) for r in rows] for n in rows[0]["ms"]}
+    plot_lengths(series, path, f"S4D forward vs the PyTorch reference ({device})")
 
 
 if __name__ == "__main__":
