@@ -331,26 +331,31 @@ def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_p
     class Killed(Exception):
         pass
 
-    def dying_eval(model, batch, key):
-        raise Killed
+    class DiesEvaluating:  # the first pass is train's check at the start
+        passes = 0
 
-    run = lambda eval_fn: ls.train(
+        def __iter__(self):
+            self.passes += 1
+            if self.passes > 1:
+                raise Killed
+            return iter(data[:2])
+
+    run = lambda eval_data: ls.train(
         common.make_model(),
         common.optimizer(),
         common.loss_fn,
         data[:4],
         steps=4,
         key=jr.key(0),
-        eval_data=data[:2],
-        eval_fn=eval_fn,
+        eval_data=eval_data,
         out_dir=tmp_path,
         checkpoint_every=2,
         progress=False,
     )
     with pytest.raises(Killed):
-        run(dying_eval)
+        run(DiesEvaluating())
     assert [c.name for c in ls.list_checkpoints(tmp_path / "checkpoints")] == ["step_00000002"]
-    result = run(None)
+    result = run(data[:2])
     assert result.resumed_from == 2
     assert [(r["step"], r["split"]) for r in result.history if r["split"] == "eval"] == [
         (4, "eval")
@@ -394,6 +399,59 @@ def test_train_bad_input(data, tmp_path):
     with pytest.warns(UserWarning, match=r"metrics but no checkpoint: starting from step 0"):
         ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path, progress=False)
     assert (tmp_path / "metrics.jsonl.prev").read_text() == old
+    # A third run does not overwrite the first run's metrics (it replaced `.prev`).
+    second = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.warns(UserWarning, match=r"moved to .*metrics.jsonl.prev.1"):
+        ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path, progress=False)
+    assert (tmp_path / "metrics.jsonl.prev").read_text() == old
+    assert (tmp_path / "metrics.jsonl.prev.1").read_text() == second
+
+
+def test_train_finds_bad_eval_and_data_before_training(data, tmp_path, no_jaxtyping):
+    """A failing eval_fn or an empty eval_data was found at the final evaluation, after
+    the whole run, which then wrote no final checkpoint; a batch passed as `data`
+    failed inside loss_fn, and non-numeric metrics at the first record."""
+    args = (common.make_model(), common.optimizer(), common.loss_fn)
+    run = dict(steps=4, key=jr.key(0), out_dir=tmp_path, checkpoint_every=1, progress=False)
+    broken = lambda model, batch, key: (batch["inputs"].sum(), None)
+    with pytest.raises((KeyError, TypeError, IndexError)):
+        ls.train(*args, data, eval_data=data[:1], eval_fn=broken, **run)
+    with pytest.raises(ValueError, match="eval_data yielded no batches"):
+        ls.train(*args, data, eval_data=[], **run)
+    assert ls.list_checkpoints(tmp_path) == []  # nothing trained
+    with pytest.raises(TypeError, match=r"got a single batch \(a dict with keys \['x'\]\)"):
+        ls.train(*args, {"x": np.zeros((8, 4))}, steps=1, key=jr.key(0))
+    with pytest.raises(TypeError, match="data must be an iterable of batches .* got data=None"):
+        ls.train(*args, None, steps=1, key=jr.key(0))
+    with pytest.raises(TypeError, match="out_dir must be a path .* got out_dir=123"):
+        ls.train(*args, data, steps=1, key=jr.key(0), out_dir=123)
+
+    def nested(model, batch, key):
+        loss, _ = common.loss_fn(model, batch, key)
+        return loss, {"group": {"acc": loss}}
+
+    with pytest.raises(ValueError, match=r"aux metric 'group' is \{'acc'.*scalar numbers"):
+        ls.train(args[0], args[1], nested, data, steps=1, key=jr.key(0), progress=False)
+
+
+def test_throughput_excludes_the_records_own_work(data, monkeypatch):
+    """The window restarted before the schedule, the record and the callback ran, so their
+    time (a compiling schedule, a slow callback) was charged to the next train steps."""
+    clock = [0.0]
+
+    def perf_counter():  # a fake clock: 1 ms per reading
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(_train.time, "perf_counter", perf_counter)
+    slow = lambda step, model, record: clock.__setitem__(0, clock[0] + 100.0)  # 100 s
+    result = ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data[:8], steps=8,
+        key=jr.key(0), log_every=2, callback=slow, progress=False,
+    )  # fmt: skip
+    rates = [r["samples_per_s"] for r in result.history if "samples_per_s" in r]
+    # 16 samples per record in a few (fake) ms, not over the callback's 100 s.
+    assert len(rates) == 4 and min(rates) > 100, rates
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -605,6 +663,8 @@ def test_plot_metrics_unknown_key(full_run):
         ValueError, match=r"no record has the metric 'acc'; the history has \['loss'"
     ):
         ls.plot_metrics(result.history, keys=("loss", "acc"))
+    figure = ls.plot_metrics(result.history, keys="max_err")  # a name, not its letters
+    assert len(figure.axes) == 1
 
 
 class _Noisy(eqx.Module):

@@ -199,7 +199,10 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
     **Returns:**
 
     A PyTree with the structure of `eqx.filter(model, eqx.is_inexact_array)` whose
-    leaves are group names: the `param_labels` of `optax.multi_transform`.
+    leaves are group names: the `param_labels` of `optax.multi_transform`. Pass it
+    wrapped, `optax.multi_transform(transforms, lambda params: labels)`: the labels are
+    a copy of the model, and an Equinox module with a `__call__` would be taken for a
+    label function. ([`lineax_seq.make_optimizer`][] does this for you.)
 
     **Raises:**
 

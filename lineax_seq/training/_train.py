@@ -71,6 +71,14 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
                 f"{name}: aux metric name {k!r} is reserved: the names {RESERVED_METRICS} "
                 "are written by the train step and loop; rename the metric."
             )
+        numeric = eqx.is_array_like(v) and (
+            jnp.issubdtype(jnp.result_type(v), jnp.number) or jnp.result_type(v) == jnp.bool_
+        )
+        if not numeric:
+            raise ValueError(
+                f"{name}: aux metric {k!r} is {short_repr(v)}; metrics must be scalar numbers "
+                "(a JAX or NumPy scalar, a float, an int or a bool)."
+            )
         if jnp.ndim(v) != 0:
             raise ValueError(
                 f"{name}: aux metric {k!r} has shape {jnp.shape(v)}; metrics must be scalars."
@@ -384,13 +392,19 @@ def train(
 ) -> TrainResult:
     """Train a model: jitted steps, progress bar, JSONL metrics, eval, checkpoints.
 
-    Step `s` (0-based) uses the PRNG key `jr.fold_in(train_key, s)`, so a resumed run
-    draws exactly the keys an uninterrupted one would. With `out_dir` set, metrics go
+    With `train_key, eval_key = jax.random.split(key)`, step `s` (0-based) uses the PRNG
+    key `jr.fold_in(train_key, s)` and batch `i` of the evaluation after step `s`
+    `jr.fold_in(jr.fold_in(eval_key, s), i)`, so a resumed run draws exactly the keys an
+    uninterrupted one would. Before the first step, `eval_data`'s first batch is traced
+    through `eval_fn` (nothing runs), so that an empty `eval_data` or a failing `eval_fn`
+    stops the run at its start, not after it. With `out_dir` set, metrics go
     to `out_dir/metrics.jsonl` (one JSON record per line), checkpoints to
     `out_dir/checkpoints/step_XXXXXXXX` (atomic, last `keep_checkpoints` kept) and, with
     `plot=True`, the curves to `out_dir/curves.png`. With `resume=True` (default) a
     run finding a checkpoint there restores model, optimiser state, key and the data
-    iterator's position, rewinds `metrics.jsonl` to that step and continues exactly.
+    iterator's position, rewinds `metrics.jsonl` to that step and continues exactly (an
+    `out_dir` holding metrics but no checkpoint starts again from step 0, moving the old
+    metrics to `metrics.jsonl.prev`, or `.prev.1`, `.prev.2`... if that exists).
 
     **Arguments:**
 
@@ -447,7 +461,9 @@ def train(
 
     [`lineax_seq.NonFiniteError`][] naming the step and the quantity when the loss
     (or any metric, or the gradient norm) becomes NaN or infinite; no checkpoint is
-    written after that point.
+    written after that point. Metrics are fetched from the device at every train record
+    (every `log_every` steps, and before evaluations and checkpoints), so the run stops
+    at the first record after the step, at most `log_every - 1` steps later.
     """
     steps = check_int("steps", steps, minimum=0)
     eval_every = check_int("eval_every", eval_every, minimum=0)
@@ -463,11 +479,21 @@ def train(
     _check_callable("eval_fn", eval_fn, optional=True)
     _check_callable("callback", callback, optional=True)
     for name, batches in (("data", data), ("eval_data", eval_data)):
-        if batches is not None and not _iterable(batches):
+        if isinstance(batches, Mapping):
+            raise TypeError(
+                f"{name} must be an iterable of batches (a list, a grain dataset, ...), got "
+                f"a single batch (a {type(batches).__name__} with keys {list(batches)[:5]}): "
+                "pass [batch] or an iterable of them"
+            )
+        if (batches is not None or name == "data") and not _iterable(batches):
             raise TypeError(
                 f"{name} must be an iterable of batches (a list, a grain dataset, ...), "
-                f"got {name}={batches!r}"
+                f"got {name}={short_repr(batches)}"
             )
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise TypeError(
+            f"out_dir must be a path (str or os.PathLike) or None, got out_dir={out_dir!r}"
+        )
     check_key("key", key)
     if mesh is not None:
         check_mesh(mesh)
@@ -537,6 +563,10 @@ def train(
         elif is_main and _read_jsonl(metrics_path, math.inf):
             # A run without any checkpoint restarts from step 0: keep its metrics aside.
             previous = metrics_path.with_name(METRICS_FILE + ".prev")
+            n = 1
+            while previous.exists():  # never overwrite an earlier run's metrics
+                previous = metrics_path.with_name(f"{METRICS_FILE}.prev.{n}")
+                n += 1
             os.replace(metrics_path, previous)
             warnings.warn(
                 f"{out} holds metrics but no checkpoint: starting from step 0; the old "
@@ -589,8 +619,9 @@ def train(
                 if not math.isfinite(v):
                     raise NonFiniteError(
                         f"Non-finite {'loss' if k == 'loss' else repr(k)} = {v} at train "
-                        f"step {s} (of {steps}); stopping. The last checkpoint (if any) "
-                        "precedes this step."
+                        f"step {s} of {steps} (the batch at 0-based position {s - 1}, "
+                        f"key jr.fold_in(train_key, {s - 1})); stopping. The last "
+                        "checkpoint (if any) precedes this step."
                     )
         now = time.perf_counter()
         elapsed = max(now - window["time"], 1e-9)
@@ -602,7 +633,7 @@ def train(
             record["lr"] = float(lr_schedule(last // accumulate_steps))
         if window["items"]:  # (none yet right after the first, compiling, step)
             record[f"{unit}_per_s"] = window["items"] / elapsed
-        window.update(items=0, time=now)
+        window["items"] = 0
         write(record)
         if bar is not None:
             postfix = {"loss": f"{record['loss']:.4g}"}
@@ -613,6 +644,9 @@ def train(
             bar.set_postfix(postfix)
         if callback is not None:
             callback(last, model, record)
+        # The next window starts now: the schedule, the record and the callback (which
+        # may compile, or take long) are not the train steps' time.
+        window["time"] = time.perf_counter()
 
     def evaluate(s: int) -> None:
         sums: dict[str, float] = {}
@@ -650,6 +684,9 @@ def train(
             data_state=it.get_state(),
             keep=keep_checkpoints,
         )
+
+    if eval_data is not None:
+        _check_eval(eval_data, eval_step, model, eval_key, mesh)
 
     step = start
     # A fresh run evaluates at its end even without a step to take (steps=0: evaluate
@@ -710,6 +747,17 @@ def train(
     return TrainResult(model, opt_state, step, key, history, resumed_from)
 
 
+def _check_eval(eval_data, eval_step, model, key, mesh) -> None:
+    """Trace the evaluation on `eval_data`'s first batch before any training, so that an
+    empty `eval_data` or a failing `eval_fn` is found at the start, not after the run."""
+    batch = next(iter(eval_data), None)
+    if batch is None:
+        raise ValueError("eval_data yielded no batches: it must hold at least one.")
+    if mesh is not None:
+        batch = _place_eval_batch(batch, mesh)
+    eqx.filter_eval_shape(eval_step, model, batch, key)
+
+
 def _place_eval_batch(batch: Any, mesh: jax.sharding.Mesh) -> Any:
     """An evaluation batch split over the mesh's `"data"` axis or, in a one-process run,
     replicated when its size does not divide that axis (the shorter last batch of a
@@ -723,7 +771,7 @@ def plot_metrics(
     history: list[dict] | str | os.PathLike,
     path: str | os.PathLike | None = None,
     *,
-    keys: tuple[str, ...] | None = None,
+    keys: str | tuple[str, ...] | None = None,
 ):
     """Plot train and eval curves, one panel per metric.
 
@@ -732,8 +780,8 @@ def plot_metrics(
     - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`) or the
         path of a `metrics.jsonl` file.
     - `path`: where to save the figure (PNG); `None` only returns it.
-    - `keys`: metrics to plot (default: `"loss"` then every other metric found,
-        except throughputs); each must be in some record.
+    - `keys`: metrics to plot, a name or a tuple of names (default: `"loss"` then every
+        other metric found, except throughputs); each must be in some record.
 
     **Returns:**
 
@@ -750,6 +798,8 @@ def plot_metrics(
             raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
         history = _read_jsonl(pathlib.Path(history), math.inf)
     available = list(dict.fromkeys(k for r in history for k in r if k not in ("step", "split")))
+    if isinstance(keys, str):  # one metric, not its letters
+        keys = (keys,)
     if keys is None:
         found = [k for k in available if k != "lr" and not k.endswith("_per_s")]
         keys = tuple(sorted(found, key=lambda k: (k != "loss", k)))
