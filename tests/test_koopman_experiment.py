@@ -167,6 +167,8 @@ def test_format_table_ours_beside_paper():
         (["--prediction", "-1"], "'-1' is not a non-negative finite number"),
         (["--system-param", "g"], "expected NAME=VALUE .* got 'g'"),
         (["--system-param", "g=fast"], "expected NAME=VALUE .* got 'g=fast'"),
+        (["--k-scale", "nan"], "'nan' is not a finite number"),  # trained every model to NaN
+        (["--horizons", "10" * 11], r"at most 100,000 steps"),  # an OverflowError
     ],
 )
 def test_bad_options(argv, message, capsys):
@@ -221,6 +223,25 @@ def test_usage_errors_before_training(argv, message, tmp_path, capsys):
     assert err.err.splitlines()[-1].startswith("python -m lineax_seq koopman: error: ")
     assert re.search(message, err.err.splitlines()[-1]), err.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def test_out_files_are_checked_before_training(tmp_path, capsys):
+    """A koopman_table.json that is not a table, or a directory where a result file goes,
+    failed after all the training (the table is merged into at the end)."""
+    table = tmp_path / "koopman_table.json"
+    figure = tmp_path / "koopman_fig_horizon_duffing.png"
+    for setup, message in (
+        (lambda: table.write_text("not json"), r"koopman_table.json: .*move it away"),
+        (lambda: table.write_text("[1, 2]"), r"is not a koopman table"),
+        (lambda: figure.mkdir(), r"koopman_fig_horizon_duffing.png is a directory"),
+    ):
+        setup()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["koopman", "--small", "--out", str(tmp_path)])
+        err = capsys.readouterr()
+        assert exit_info.value.code == 2 and "==" not in err.out  # no system started
+        assert re.search(message, err.err.splitlines()[-1]), err.err
+        table.unlink(missing_ok=True)
 
 
 def test_unwritable_out_is_a_usage_error(tmp_path, capsys):
@@ -304,7 +325,7 @@ def test_defaults_are_the_committed_run(capsys):
     with pytest.raises(SystemExit):
         main(["koopman", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "default: ./benchmarks/results, relative to the current directory" in text
+    assert "default: the checkout's benchmarks/results, the committed results" in text
     assert "explicit options still win" in text and "(default: 800; --small: 20)" in text
 
 

@@ -82,6 +82,7 @@ def test_demo_runs_again_into_the_same_directory(tmp_path):
     (earlier / "checkpoints" / "step_00000010").mkdir(parents=True)
     (earlier / "metrics.jsonl").write_text('{"step": 10, "split": "train", "loss": 9.0}\n')
     (earlier / "stale.txt").write_text("from an earlier run")
+    (earlier / ".lineax_seq_demo").touch()  # written by that earlier demo run
     assert main(argv) == 0
     metrics = (earlier / "metrics.jsonl").read_text()
     assert '"loss": 9.0' not in metrics and '"split": "eval"' in metrics
@@ -97,6 +98,16 @@ def test_demo_out_must_be_a_directory(tmp_path, capsys):
         assert exit_info.value.code == 2 and err.startswith("python -m lineax_seq demo: error: ")
         assert message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    # A section directory is replaced only if a demo wrote it: a user's files there were
+    # deleted, and a file in its place was a traceback.
+    (tmp_path / "mine" / "s4d").mkdir(parents=True)
+    (tmp_path / "mine" / "s4d" / "notes.txt").write_text("precious")
+    (tmp_path / "mine" / "bst").touch()
+    for only, message in (("s4d", "holds files a demo did not write"), ("bst", "not a dir")):
+        with pytest.raises(SystemExit):
+            main(["demo", "--small", "--only", only, "--out", str(tmp_path / "mine")])
+        assert message in capsys.readouterr().err.splitlines()[-1]
+    assert (tmp_path / "mine" / "s4d" / "notes.txt").read_text() == "precious"
 
 
 def _entry_points() -> dict:

@@ -337,7 +337,8 @@ def config_problem(cfg: Config) -> str | None:
     fail after minutes of it)."""
     lengths = cfg.eval_lengths()
     multipliers = " ".join(f"{m:g}" for m in cfg.eval_multipliers)
-    for flag, values in (("--models", cfg.models), ("--seeds", cfg.seeds)):
+    repeated = (("--models", cfg.models), ("--seeds", cfg.seeds))
+    for flag, values in (*repeated, ("--eval-multipliers", cfg.eval_multipliers)):
         if len(set(values)) < len(values):
             return f"{flag} {' '.join(map(str, values))}: each may be given once"
     if 1.0 not in cfg.eval_multipliers:
@@ -366,6 +367,19 @@ def config_problem(cfg: Config) -> str | None:
         )
     if cfg.ssm_dt_min() >= cfg.dt_max:
         return f"--dt-min {cfg.ssm_dt_min():g}: must be below --dt-max {cfg.dt_max:g}"
+    from lineax_seq import ByteTokenizer
+
+    for name in cfg.models:  # what the constructors refuse (sizes, state size...)
+        build = lambda k, name=name: build_lm(
+            name, ByteTokenizer().vocab_size, cfg, mlp_dim=4 * cfg.dim, key=k
+        )
+        try:
+            eqx.filter_eval_shape(build, jr.key(0))
+        except (ValueError, TypeError) as e:
+            return (
+                f"--models {name} cannot be built with --dim {cfg.dim} --heads "
+                f"{cfg.num_heads} --layers {cfg.num_layers} --state-size {cfg.state_size}: {e}"
+            )
     return None
 
 
@@ -607,16 +621,50 @@ _FLAGS = {
 }
 
 
+_HELP = {
+    "models": "models to train, in this order; each model's initial weights come from "
+    "--seeds and its position in this list",
+    "train_length": "training sequence length L, in tokens",
+    "window": "block / attention window W; divides L",
+    "dim": "embedding size",
+    "layers": "number of layers",
+    "heads": "attention heads; divides --dim",
+    "bst_layers": "indices of the layers with an SSM and context states (BST) or the "
+    "recurrent cell (BRECT: the last index)",
+    "state_size": "S4D state size N (even)",
+    "dt_max": "largest initial S4D step size",
+    "steps": "training steps per model and seed",
+    "batch_size": "sequences per training batch",
+    "lr": "peak learning rate (AdamW, warmup then cosine decay)",
+    "warmup_steps": "learning-rate warmup steps",
+    "eval_multipliers": "evaluation lengths as multiples of L; must include 1",
+    "eval_tokens": "held-out tokens scored at every evaluation length",
+    "seeds": "seeds (initialisation and batch order); results are mean and std over them",
+}
+
+
+def _shown(value) -> str:
+    """A default as the command line writes it: space-separated for lists."""
+    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = Config()
-    flag = lambda name, **kw: parser.add_argument(
-        name, default=None, help=f"default {getattr(d, _FLAGS[name[2:].replace('-', '_')])}", **kw
-    )
+    d, small = Config(), small_config()
+
+    def flag(name, **kw):
+        dest = name[2:].replace("-", "_")
+        field = _FLAGS[dest]
+        default = f"default {_shown(getattr(d, field))}"
+        if getattr(small, field) != getattr(d, field):
+            default += f"; --small: {_shown(getattr(small, field))}"
+        parser.add_argument(name, default=None, help=f"{_HELP[dest]} ({default})", **kw)
+
     parser.add_argument(
         "--corpus",
         type=existing_path,
         default=None,
-        help="text file or directory (default: stdlib)",
+        help="a .txt / .py file, a .jsonl file (a document per line) or a directory of such "
+        "files (default: the stdlib .py sources)",
     )
     flag("--models", nargs="+", choices=MODELS)
     flag("--train-length", type=positive_int)
@@ -627,7 +675,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--bst-layers", type=non_negative_int, nargs="+")
     flag("--state-size", type=positive_int)
     parser.add_argument(
-        "--dt-min", type=positive_float, default=None, help="default 4 / train length (S4D init)"
+        "--dt-min",
+        type=positive_float,
+        default=None,
+        help="smallest initial S4D step size (default 4 / L, at most --dt-max / 2)",
     )
     flag("--dt-max", type=positive_float)
     flag("--steps", type=positive_int)
@@ -647,7 +698,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the checkout's benchmarks/results, else ./benchmarks/results)",
     )
     parser.add_argument(
-        "--small", action="store_true", help="tiny sizes (smoke tests); explicit flags still win"
+        "--small",
+        action="store_true",
+        help="tiny sizes for smoke tests (each option's help gives its --small value); "
+        "explicit options still win",
     )
 
 

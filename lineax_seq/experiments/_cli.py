@@ -50,6 +50,11 @@ def positive_float(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < math.inf, "a positive finite number")
 
 
+def finite_float(text: str) -> float:
+    """An `argparse` type: a finite number."""
+    return _number(text, float, math.isfinite, "a finite number")
+
+
 def non_negative_float(text: str) -> float:
     """An `argparse` type: a finite number >= 0."""
     return _number(text, float, lambda v: 0 <= v < math.inf, "a non-negative finite number")

@@ -27,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=pathlib.Path,
         default=pathlib.Path("outputs/demo"),
         help="directory for plots and metrics, one subdirectory per section, replaced on "
-        "every run: s4d/ (s4d_kernels.png, s4d_metrics.json), koopman/ (phase portrait and "
-        "MSE curves .png, koopman_metrics.json), bigs/ (curves.png, kernels.png, "
-        "metrics.jsonl), bst/ (bst_lm.png, bst_lm.json, bst_lm.md) (default: outputs/demo)",
+        "every run (a subdirectory with files the demo did not write is an error): "
+        "s4d/ (s4d_kernels.png, s4d_metrics.json), koopman/ (phase portrait and MSE curves "
+        ".png, koopman_metrics.json), bigs/ (curves.png, kernels.png, metrics.jsonl), bst/ "
+        "(bst_lm.png, bst_lm.json, bst_lm.md) (default: outputs/demo)",
     )
     parser.add_argument(
         "--only",
@@ -40,10 +41,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--small", action="store_true", help="tiny sizes, for smoke tests")
 
 
+# Marks a section directory as the demo's own, which a later run may replace.
+MARKER = ".lineax_seq_demo"
+
+
+def _section_problem(section_dir: pathlib.Path) -> str | None:
+    """Why `section_dir` may not be replaced: a file, or a directory with files that a
+    demo did not write (no marker)."""
+    if section_dir.is_file() or section_dir.is_symlink():
+        return f"--out {section_dir.parent}: {section_dir} exists and is not a directory"
+    if section_dir.is_dir() and any(section_dir.iterdir()):
+        if not (section_dir / MARKER).is_file():
+            return (
+                f"--out {section_dir.parent}: {section_dir} holds files a demo did not write "
+                "(each run replaces its section directories); choose another --out"
+            )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     chosen = args.only or [name for name, _ in SECTIONS]
     if problem := output_problem("--out", args.out):
         raise UsageError(problem)
+    for name in chosen:
+        if problem := _section_problem(args.out / name):
+            raise UsageError(problem)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, module_name in SECTIONS:
         if name not in chosen:
@@ -54,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         section_dir = args.out / name
         shutil.rmtree(section_dir, ignore_errors=True)  # each demo run starts afresh
         section_dir.mkdir()
+        (section_dir / MARKER).touch()
         module.demo(section_dir, small=args.small)
         print(f"=== {name} done in {time.perf_counter() - start:.0f} s ===", flush=True)
     print(f"\nplots and metrics saved under {args.out}/")

@@ -46,7 +46,16 @@ import numpy as np
 
 import lineax_seq as ls
 
-from ._cli import UsageError, non_negative_float, output_problem, positive_float, positive_int
+from ._cli import (
+    UsageError,
+    finite_float,
+    non_negative_float,
+    output_problem,
+    positive_float,
+    positive_int,
+    reading_inputs,
+    results_dir,
+)
 
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
 PERIODS = (1, 10, 25, 50, 100)
@@ -424,9 +433,12 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
         kept[kind] = (curves, preds)
         print(f"  [{system_name}] {name}: {_summary(entry, train_s)}", flush=True)
     figure_kind = variants[0]
+    label = LABELS[figure_kind]
     figures = [
-        plot_portraits(system_name, test_xs, *kept[figure_kind], periods, out_dir),
-        plot_curves(system_name, kept[figure_kind][0], kept["baseline"][0], periods, out_dir),
+        plot_portraits(system_name, test_xs, *kept[figure_kind], periods, out_dir, label),
+        plot_curves(
+            system_name, kept[figure_kind][0], kept["baseline"][0], periods, out_dir, label
+        ),
     ]
     results["figures_variant"] = LABELS[figure_kind]
     results["figures"] = [str(p.name) for p in figures]
@@ -545,14 +557,24 @@ def _horizons(res: dict) -> list[str]:
     return sorted({h for e in res["variants"].values() for h in e["horizons"]}, key=int)
 
 
-def plot_portraits(system_name, test_xs, curves, preds, periods, out_dir, num: int = 20):
-    """Fig. 1.4: 1000-step unrolls without / every step / periodic reencoding over grey truth."""
+def _mse_unit(system_name: str) -> tuple[float, str]:
+    """The table's scale of `system_name`'s MSE and its label ("MSE x100", Lorenz "MSE")."""
+    scale = scale_of(system_name)
+    return scale, "MSE" if scale == 1 else f"MSE x{scale:g}"
+
+
+def plot_portraits(
+    system_name, test_xs, curves, preds, periods, out_dir, label: str, num: int = 20
+):
+    """Fig. 1.4: 1000-step unrolls without / every step / periodic reencoding over grey
+    truth, of the variant `label`; each panel's MSE in the table's units."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = len(curves["none"])
+    scale, unit = _mse_unit(system_name)
     _, best_k = best_period(curves, steps, periods)
     panels = [("none", "(a) no reencoding")]
     if 1 in periods:
@@ -567,12 +589,12 @@ def plot_portraits(system_name, test_xs, curves, preds, periods, out_dir, num: i
         for i in range(min(num, truth.shape[0])):
             ax.plot(truth[i, :, 0], truth[i, :, j], color="0.82", lw=1.6)
             ax.plot(preds[mode][i, :, 0], preds[mode][i, :, j], lw=0.8)
-        ax.set_title(f"{title}\nMSE {mse_at(curves[mode], steps):.3g}", fontsize=9)
+        ax.set_title(f"{title}\n{unit} {scale * mse_at(curves[mode], steps):.3g}", fontsize=9)
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[j] - pad[j], hi[j] + pad[j])
         ax.set_xlabel("x1")
     axes[0, 0].set_ylabel(f"x{j + 1}")
-    fig.suptitle(f"{system_name}: Koopman autoencoder (linear decoder), {steps}-step unrolls")
+    fig.suptitle(f"{system_name}: {label}, {steps}-step unrolls")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"koopman_fig_portraits_{system_name}.png"
@@ -581,23 +603,25 @@ def plot_portraits(system_name, test_xs, curves, preds, periods, out_dir, num: i
     return path
 
 
-def plot_curves(system_name, curves, baseline_curves, periods, out_dir):
-    """Fig. 1.5: MSE over the unroll horizon for every reencoding period and the MLP."""
+def plot_curves(system_name, curves, baseline_curves, periods, out_dir, label: str):
+    """Fig. 1.5: MSE (in the table's units) over the unroll horizon for every reencoding
+    period of the variant `label`, and the MLP baseline."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    scale, unit = _mse_unit(system_name)
     steps = np.arange(1, len(curves["none"]) + 1)
-    ax.plot(steps, curves["none"], label="reencode @ 0 (never)")
+    ax.plot(steps, scale * curves["none"], label="reencode @ 0 (never)")
     for k in periods:
-        ax.plot(steps, curves[f"k={k}"], label=f"reencode @ {k}")
-    ax.plot(steps, baseline_curves["baseline"], "k--", label="MLP baseline")
+        ax.plot(steps, scale * curves[f"k={k}"], label=f"reencode @ {k}")
+    ax.plot(steps, scale * baseline_curves["baseline"], "k--", label="MLP baseline")
     ax.set_yscale("log")
     ax.set_xlabel("unroll step")
-    ax.set_ylabel("MSE")
-    ax.set_title(f"{system_name}: MSE over the horizon (Koopman, linear decoder)")
+    ax.set_ylabel(unit)
+    ax.set_title(f"{system_name}: {unit} over the horizon ({label})")
     ax.legend(fontsize=7)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -605,6 +629,9 @@ def plot_curves(system_name, curves, baseline_curves, periods, out_dir):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_MAX_STEPS = 100_000  # longest horizon / period: 100x the paper's 1,000-step unrolls
 
 
 def _int_list(name: str):
@@ -618,6 +645,11 @@ def _int_list(name: str):
         if not values or min(values) <= 0 or len(set(values)) != len(values):
             raise argparse.ArgumentTypeError(
                 f"{name}={text!r} must be distinct positive integers, e.g. 1,10,25"
+            )
+        if max(values) > _MAX_STEPS:
+            raise argparse.ArgumentTypeError(
+                f"{name}={text!r}: at most {_MAX_STEPS:,} steps (the test trajectories are "
+                "simulated and unrolled that far)"
             )
         return values
 
@@ -718,8 +750,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "window",
         ),
     )
-    parser.add_argument("--lr", type=positive_float, default=3e-3, help="paper: 1e-4 (longer runs)")
-    parser.add_argument("--dynamics-lr", type=positive_float, default=3e-3, help="paper: 1e-5")
+    parser.add_argument(
+        "--lr",
+        type=positive_float,
+        default=3e-3,
+        help="learning rate of the encoder, decoder and MLPs (paper: 1e-4, with longer runs)",
+    )
+    parser.add_argument(
+        "--dynamics-lr",
+        type=positive_float,
+        default=3e-3,
+        help="learning rate of the latent dynamics (paper: 1e-5)",
+    )
     parser.add_argument(
         "--weight-decay", type=non_negative_float, default=1e-4, help="AdamW weight decay"
     )
@@ -731,7 +773,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--k-scale",
-        type=float,
+        type=finite_float,
         default=0.0,
         help="scale of the initial Koopman generator K (0: Kbar = I; 1: N(0, 1/n) entries)",
     )
@@ -772,11 +814,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=pathlib.Path,
-        default=pathlib.Path("benchmarks/results"),
+        default=results_dir(),
         help="directory for koopman_table.json / .md and the figures; the rows of other "
         "systems already there are kept, each with the config and command that produced it "
-        "(default: ./benchmarks/results, relative to the current directory: from the "
-        "checkout's root, the committed results)",
+        "(default: the checkout's benchmarks/results, the committed results, else "
+        "./benchmarks/results)",
     )
 
 
@@ -854,6 +896,8 @@ def load_table(path: pathlib.Path) -> dict:
     (the committed ones) was one run's: its file-level config is every row's; an option
     that a config does not name (added since) had its default."""
     payload = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(payload, dict) or not isinstance(payload.get("systems", {}), dict):
+        raise ValueError(f"{path} is not a koopman table (a JSON object with 'systems')")
     systems = payload.get("systems", {})
     # An option a file does not name did not exist yet: the run had its default.
     defaults = row_config(_config(parse_args([])))
@@ -887,7 +931,8 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
         }
     payload = {
         **run,
-        "units": "MSE x100 (Lorenz x1), over the first H predicted steps, 100 fresh ICs",
+        "units": "MSE x100 (Lorenz x1), over the first H predicted steps from each row's "
+        "config num_test fresh initial conditions",
         "paper": {str(h): PAPER[h] for h in HORIZONS},
         "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
         "floor": f"per system: the MSE of the exact dynamics restarted from the test initial "
@@ -938,13 +983,33 @@ def system_key(seed: int, name: str) -> jax.Array:
     return jr.fold_in(jr.key(seed), SYSTEM_NAMES.index(name))
 
 
+def _outputs_problem(out: pathlib.Path, names) -> str | None:
+    """What in `out` the run could not write or merge into, found before any training: a
+    directory where a result file goes, or a `koopman_table.json` that is not a table."""
+    files = ["koopman_table.json", "koopman_table.md"]
+    files += [f"koopman_fig_{kind}_{n}.png" for n in names for kind in ("portraits", "horizon")]
+    for name in files:
+        if (out / name).is_dir():
+            return f"--out {out}: {out / name} is a directory, where the run writes a file"
+    table = out / "koopman_table.json"
+    if table.is_file():
+        try:
+            with reading_inputs(f"--out {out}: {table.name}"):
+                load_table(table)
+        except UsageError as e:
+            return f"{e} (the run merges its rows into it; move it away or choose another --out)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs.
     The options and `--out` are checked first (usage errors, before any training)."""
     resolve_sizes(args)
+    names = SYSTEM_NAMES if args.all else (args.system,)
     if problem := options_problem(args) or output_problem("--out", args.out):
         raise UsageError(problem)
-    names = SYSTEM_NAMES if args.all else (args.system,)
+    if problem := _outputs_problem(args.out, names):
+        raise UsageError(problem)
     all_results = {}
     for name in names:
         print(f"== {name} ==", flush=True)

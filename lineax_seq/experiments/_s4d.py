@@ -15,6 +15,7 @@ there is no `s4d` command: `train_memory_task` takes the other settings (`length
 
 import json
 import pathlib
+import sys
 import time
 
 import equinox as eqx
@@ -166,7 +167,11 @@ def train_memory_task(
 
 def demo(out_dir: pathlib.Path, *, small: bool) -> None:
     """Train S4D on recall over 1,024 steps; print accuracy vs majority; plot kernels."""
-    result = train_memory_task(length=1024, steps=60 if small else 120, out_dir=out_dir)
+    steps = 60 if small else 120
+    # A progress bar on a terminal only: in a log it is one line of carriage returns.
+    result = train_memory_task(
+        length=1024, steps=steps, out_dir=out_dir, progress=sys.stderr.isatty()
+    )
     print(
         f"S4D recall across {3 * result['length'] // 4}-{result['length'] - 1} blank steps: "
         f"accuracy "
