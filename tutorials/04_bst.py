@@ -47,8 +47,8 @@ STEPS, BATCH = (25, 2) if SMALL else (400, 4)
 # %% [markdown]
 # ## One BST layer
 #
-# A [`lineax_seq.BlockStateTransformerLayer`][] maps `(length, dim) -> (length, dim)`
-# for any `length` that is a multiple of `W`. Inside, a [`lineax_seq.ContextSSM`][]
+# A `lineax_seq.BlockStateTransformerLayer` maps `(length, dim) -> (length, dim)`
+# for any `length` that is a multiple of `W`. Inside, a `lineax_seq.ContextSSM`
 # projects the input down (to `dim / 4`; `dim / 8` for `"mf"`) and convolves it with
 # S4D kernels over the whole sequence. How its output becomes the keys/values of the
 # cross-attention is the `context` option:
@@ -88,10 +88,10 @@ print("max change in the first half:", float(change.max()))
 # %% [markdown]
 # ## A BST language model from the layers
 #
-# [`lineax_seq.BlockStateTransformerLM`][] stacks an embedding, `num_layers` block
+# `lineax_seq.BlockStateTransformerLM` stacks an embedding, `num_layers` block
 # transformer layers and a tied LM head. The layers listed in `bst_layers` are BST
 # layers; the others are plain sliding-window layers
-# ([`lineax_seq.SlidingWindowLayer`][]), so `bst_layers=()` is the SLIDE baseline.
+# (`lineax_seq.SlidingWindowLayer`), so `bst_layers=()` is the SLIDE baseline.
 # There are no absolute position embeddings: a T5 relative bias inside each window and
 # the SSM carry position, which is what lets the model run at lengths it never saw.
 # For that, every SSM mode should settle within a training sequence: the slowest S4D
@@ -122,11 +122,11 @@ print([type(layer).__name__ for layer in lm.layers], f"{num_params / 1e6:.2f}M p
 # %% [markdown]
 # ## Training on the standard library
 #
-# [`lineax_seq.text_corpus`][] reads the `.py` files of the running Python's standard
+# `lineax_seq.text_corpus` reads the `.py` files of the running Python's standard
 # library (no download) and splits them into train / valid / test by a hash of the
-# file name; [`lineax_seq.lm_dataset`][] cuts the byte-tokenised files into shuffled
-# windows of `L` tokens. The loop is [`lineax_seq.train`][] with AdamW, warmup and
-# cosine decay from [`lineax_seq.make_optimizer`][].
+# file name; `lineax_seq.lm_dataset` cuts the byte-tokenised files into shuffled
+# windows of `L` tokens. The loop is `lineax_seq.train` with AdamW, warmup and
+# cosine decay from `lineax_seq.make_optimizer`.
 
 
 # %%
@@ -178,7 +178,7 @@ for length in (LENGTH, 4 * LENGTH):
 # %% [markdown]
 # ## Generating code
 #
-# [`lineax_seq.generate`][] feeds the prompt through the incremental decoder and then
+# `lineax_seq.generate` feeds the prompt through the incremental decoder and then
 # samples: every new token costs `O(W + N)` per layer (the attention frame of two
 # blocks and the S4D recurrent state), never a pass over the whole prefix. Incremental
 # decoding reproduces the parallel forward pass's logits.

@@ -415,7 +415,10 @@ def train(
     - `data`: an iterable of batches (a grain dataset or iterator from
         `lineax_seq.data`, or any Python iterable). Grain iterators are checkpointed
         with `get_state`/`set_state`; other iterables are re-iterated and fast-forwarded
-        on resume, so they must be deterministic.
+        on resume, so they must be deterministic. Resume with the pipeline the run was
+        started with: a changed worker layout is an error, but a grain state is a
+        position in the pipeline, which another batch size or shuffle seed reads as
+        another place in the data, silently.
     - `steps`: total number of train steps (micro-batches) of the run.
     - `key`: PRNG key of the run, `jax.random.key(seed)` (or a raw `uint32` key of
         `jax.random.PRNGKey`); ignored on resume: the checkpoint's key is used.
