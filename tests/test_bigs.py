@@ -916,3 +916,18 @@ def test_numpy_and_jax_step_sizes_are_floats(no_jaxtyping):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Equinox warns of a JAX array set as static
         ls.GatedLayer(8, dt_min=jnp.asarray(1e-3), state_size=np.int64(16), key=jr.key(0))
+
+
+def test_encoder_after_device_put_and_under_plain_jit():
+    """`jax.device_put(model, ...)` and `jax.jit` over the model turn the stacked layers'
+    dropout rate into 0-d arrays, which the layer scan took for stacked ones (IndexError),
+    and a rate of 0 became 'key is required for dropout'."""
+    model = ls.BiGS(50, 8, 2, state_size=4, key=jr.key(0))
+    tokens = jnp.arange(12)
+    want = model(tokens, inference=True)
+    placed = jax.device_put(model, jax.devices()[0])
+    np.testing.assert_array_equal(placed(tokens, inference=True), want)
+    jitted = jax.jit(lambda m, t: m(t, inference=True))(model, tokens)
+    np.testing.assert_allclose(jitted, want, rtol=1e-6, atol=1e-6)
+    layer = jax.device_put(model.layer(0), jax.devices()[0])  # a 0-d array rate of 0
+    np.testing.assert_array_equal(layer(want), model.layer(0)(want))

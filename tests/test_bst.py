@@ -346,6 +346,25 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
 
 
+def test_generate_under_strict_promotion_in_any_dtype(getkey):
+    """Under the suite's strict dtype promotion, sampling from a bfloat16 (or float64)
+    model, a bfloat16 S4 model's prefill, and decoding under x64 (int32 cache positions
+    against int64 aranges) raised TypePromotionError."""
+    build = lambda variant: ls.BlockStateTransformerLM.from_variant(
+        variant, VOCAB, DIM, 2, num_heads=HEADS, window=W, bst_layers=(1,), max_length=L,
+        key=jr.key(0),
+    )  # fmt: skip
+    prompt = jnp.arange(W + 1) % VOCAB
+    half = _bfloat16(build("BST:SH:S4"))
+    assert ls.generate(half, prompt, 3, key=getkey()).shape == (W + 4,)  # sampled
+    with jax.enable_x64(True):
+        wide = build("BST:MF:UNSTRUCT")
+        assert wide.embedding.weight.dtype == jnp.float64
+        greedy = ls.generate(wide, prompt, 3, key=getkey(), temperature=0.0)
+        forward = jnp.argmax(wide(greedy), axis=-1)  # greedy continues the forward pass
+        np.testing.assert_array_equal(greedy[W + 1 :], forward[W : W + 3])
+
+
 @pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4"])
 def test_layers_compute_in_the_dtype_of_params_and_input_together(variant, zoo, getkey):
     """A bfloat16 layer fed float32 `x` computes in float32, as the float32 layer with the

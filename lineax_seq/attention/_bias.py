@@ -160,8 +160,14 @@ class RelativePositionBias(eqx.Module):
                 "`query_offset` must be an integer or a scalar integer array, got "
                 f"query_offset={query_offset!r}."
             )
-        q_pos = query_offset + jnp.arange(query_length)
-        k_pos = jnp.arange(key_length)
+        # Positions in the offset's integer type (a decoding cache's int32 under x64 too).
+        dtype = (
+            jnp.result_type(query_offset)
+            if isinstance(query_offset, jax.Array | np.ndarray)
+            else jnp.int32
+        )
+        q_pos = query_offset + jnp.arange(query_length, dtype=dtype)
+        k_pos = jnp.arange(key_length, dtype=dtype)
         return relative_position_bucket(
             k_pos[None, :] - q_pos[:, None],
             bidirectional=self.bidirectional,

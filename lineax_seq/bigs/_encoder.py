@@ -29,6 +29,7 @@ from ._layers import (
     GatedLayer,
     StackLayer,
     _check,
+    apply_dropout,
     apply_norm,
     check_dropout,
     check_dropout_key,
@@ -123,8 +124,10 @@ def _build(
 # shape (its body is a fresh closure, which eager JAX would compile anew on every call).
 @eqx.filter_jit
 def _run_layers(layers, h, mask, layer_keys, inference):
-    """`h` through the stacked `layers` in order, one `lax.scan`."""
-    params, static = eqx.partition(layers, eqx.is_array)
+    """`h` through the stacked `layers` in order, one `lax.scan` over the stacked arrays
+    (those with a leading layer axis; `jax.device_put` or `jax.jit` also turn scalars such
+    as a dropout rate into 0-d arrays, which are shared, not scanned)."""
+    params, static = eqx.partition(layers, lambda x: eqx.is_array(x) and x.ndim > 0)
 
     def step(h, xs):
         layer_params, layer_key = xs
@@ -454,7 +457,7 @@ class BiGS(eqx.Module):
         elif self.token_type_embedding is not None:
             h = h + self.token_type_embedding.weight[0]
         keys = (None, None) if key is None else tuple(jr.split(key))
-        h = self.dropout(apply_norm(self.embedding_norm, h), key=keys[0], inference=inference)
+        h = apply_dropout(self.dropout, apply_norm(self.embedding_norm, h), keys[0], inference)
         if mask is not None:
             h = jnp.where(mask[:, None], h, 0)
         layer_keys = None if keys[1] is None else jr.split(keys[1], self.num_layers)

@@ -12,6 +12,7 @@ from .._checks import IntLike, RealScalar, as_array, as_arrays, check_bool, chec
 from ._layers import (
     INIT_STD,
     apply_dense,
+    apply_dropout,
     apply_norm,
     check_dropout,
     check_dropout_key,
@@ -211,7 +212,7 @@ class SequenceClassificationHead(eqx.Module):
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
         check_dropout_key(self.dropout, key, inference)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
-        pooled = self.dropout(pooled, key=key, inference=inference)
+        pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
 
 

@@ -52,6 +52,23 @@ def check_dropout(dropout: object) -> float:
     return rate
 
 
+def _zero_rate(dropout: eqx.nn.Dropout) -> bool:
+    """Whether `dropout`'s rate is known to be 0: a number, or a concrete 0-d array
+    (`jax.device_put` makes one of it)."""
+    rate = dropout.p
+    return not isinstance(rate, jax.core.Tracer) and np.ndim(rate) == 0 and float(rate) == 0
+
+
+def apply_dropout(
+    dropout: eqx.nn.Dropout, x: Array, key: PRNGKeyArray | None, inference: bool | None
+) -> Array:
+    """`dropout(x, key=key, inference=inference)`, and `x` itself at a rate of 0, also one
+    held in an array (Equinox's dropout then asks for a key)."""
+    if _zero_rate(dropout):
+        return x
+    return dropout(x, key=key, inference=inference)
+
+
 def check_dropout_key(
     dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None
 ) -> None:
@@ -59,9 +76,7 @@ def check_dropout_key(
     a `key` (Equinox's own error names neither the argument nor the way out)."""
     if inference is None:
         inference = dropout.inference
-    if inference or key is not None:
-        return
-    if isinstance(dropout.p, int | float) and dropout.p == 0:  # (a rate may be an array)
+    if inference or key is not None or _zero_rate(dropout):
         return
     raise ValueError(
         "key is required for dropout (dropout > 0) unless inference=True or the "
@@ -413,7 +428,7 @@ class GatedLayer(_Layer):
         u1 = apply_dense(self.u1_proj, y_f)
         u2 = apply_dense(self.u2_proj, y_b)
         o = apply_dense(self.out_proj, _gelu_gate(apply_dense(self.u_proj, u1 * u2), z_v))
-        return x + self.dropout(o, key=key, inference=inference)
+        return x + apply_dropout(self.dropout, o, key, inference)
 
 
 class _SSMBlock(eqx.Module):
@@ -493,7 +508,7 @@ class StackLayer(_Layer):
     def _apply(self, x, mask, key, inference):
         keys = _dropout_keys(key, len(self.routing_blocks) + 1)
         for block, k in zip(self.routing_blocks, keys, strict=False):
-            x = x + self.dropout(block(x, mask), key=k, inference=inference)
+            x = x + apply_dropout(self.dropout, block(x, mask), k, inference)
         h = gelu(apply_dense(self.mlp_in, apply_norm(self.mlp_norm, x)))
-        x = x + self.dropout(apply_dense(self.mlp_out, h), key=keys[-1], inference=inference)
+        x = x + apply_dropout(self.dropout, apply_dense(self.mlp_out, h), keys[-1], inference)
         return x

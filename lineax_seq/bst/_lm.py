@@ -472,7 +472,8 @@ def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy
             return jnp.argmax(logits).astype(buffer.dtype)
         # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
         # (greedy in the limit) instead of overflowing every logit to inf or NaN.
-        work = jnp.promote_types(logits.dtype, jnp.float32)
+        # (At least float32, chosen explicitly: promote_types follows strict promotion.)
+        work = jnp.float64 if logits.dtype == jnp.float64 else jnp.float32
         shifted = logits.astype(work) - jnp.max(logits).astype(work)
         # The key of position i + 1: more steps extend a sample, they do not redraw it.
         token = jr.categorical(jr.fold_in(key, i), shifted / temperature.astype(work))

@@ -272,7 +272,8 @@ class ContextSSM(eqx.Module):
         log_abar, cb = self.kernel._discretize()
         split = lambda a: rearrange(a, "(s f) m -> f s m", s=self.streams)
         log_abar, cb = split(log_abar), split(cb)
-        blocks = rearrange(u, "(n w) f -> f n w", w=window)
+        # In the kernel's dtype (float32 for a bfloat16 model, as the convolution works).
+        blocks = rearrange(u, "(n w) f -> f n w", w=window).astype(log_abar.real.dtype)
         # Abar^e = exp(e log Abar), exact in e (repeated products would compound their
         # rounding), in real arithmetic: XLA's CPU complex exp is not vectorised.
         e = jnp.arange(window - 1, -1, -1, dtype=log_abar.real.dtype)[:, None, None, None]
@@ -300,7 +301,7 @@ class ContextSSM(eqx.Module):
             last = rearrange(states[jnp.maximum(blocks - 1, 0)], "f s m -> (s f) m")
             return {"s4": jnp.where(blocks > 0, last, 0).astype(empty["s4"].dtype)}
         rows = min(u.shape[0], max_length)
-        seen = jnp.arange(rows) < blocks * window
+        seen = jnp.arange(rows, dtype=jnp.result_type(blocks)) < blocks * window
         inputs = jnp.where(seen[:, None], u[:rows], 0).astype(empty["inputs"].dtype)
         return {**empty, "inputs": empty["inputs"].at[:rows].set(inputs)}
 

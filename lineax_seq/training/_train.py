@@ -185,7 +185,10 @@ def make_train_step(
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
     - `mesh`: if given, the new model and optimiser state are constrained to
         [`lineax_seq.param_sharding`][] on this mesh (tensor-parallel weights stay put).
-        Without it, whatever shardings the inputs carry are propagated by the compiler.
+        The batch is taken as placed: split it over `"data"` with
+        [`lineax_seq.shard_batch`][] first (as [`lineax_seq.train`][] does), or every
+        device computes the whole batch. Without `mesh`, whatever shardings the inputs
+        carry are propagated by the compiler.
     - `min_shard_size`: arrays with fewer elements are replicated rather than split
         over the mesh's `"model"` axis (see [`lineax_seq.param_sharding`][]).
     - `donate`: donate the model's and optimiser state's buffers to the step (the
