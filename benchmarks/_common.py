@@ -22,6 +22,9 @@ from typing import Any
 import jax
 import jaxlib
 
+# The command-line number types of the package's experiments, for the scripts' options.
+from lineax_seq.experiments._cli import positive_float, positive_int  # noqa: F401
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
@@ -152,28 +155,6 @@ def environment() -> dict[str, Any]:
         "processor_count": os.cpu_count(),
         "commit": _commit(),
     }
-
-
-def positive_int(text: str) -> int:
-    """An `argparse` type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An `argparse` type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
 
 
 def save(

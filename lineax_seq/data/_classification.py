@@ -96,6 +96,16 @@ def _read_rows(f, path: pathlib.Path):
                 yield lineno, _json_line(line, path, lineno)
 
 
+def check_table_path(path: str | os.PathLike) -> pathlib.Path:
+    """`path` as a `Path`, if it is a `.csv` or `.jsonl` file; else the error that says so."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path {str(path)!r} is not a file")
+    if p.suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {p.suffix!r}")
+    return p
+
+
 def finite_number(value) -> float | None:
     """A label (`"2"`, `" 2.5 "`, `2.0`...) as a finite float, or `None` if it is not one
     (a class name, a boolean, NaN)."""
@@ -220,11 +230,7 @@ def read_classification(
                 f"num_classes={num_classes} does not match the {len(label_names)} "
                 f"label_names={label_names}"
             )
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"path {str(path)!r} is not a file")
-    if p.suffix not in (".csv", ".jsonl"):
-        raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {p.suffix!r}")
+    p = check_table_path(path)
     if pair_field == "":
         raise ValueError(
             "pair_field must be a field name (the second text of a sentence pair) or None, "

@@ -22,7 +22,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 import lineax_seq as ls
 
-from ..data._classification import _read_rows, finite_number
+from ..data._classification import _read_rows, check_table_path, finite_number
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"  # where `ls.train` keeps a run's checkpoints
@@ -500,10 +500,7 @@ def _label_column(path: pathlib.Path) -> tuple[list[Any], bool]:
     """Every row's label value, before any conversion, and whether the file has a
     `text_pair` column (a CSV header's, or every JSON object's: a file that mixes
     sentence pairs and single texts is refused, naming the first line that differs)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"path {str(path)!r} is not a file")
-    if path.suffix not in (".csv", ".jsonl"):
-        raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {path.suffix!r}")
+    check_table_path(path)
     labels, has_pair, first = [], False, 0
     with path.open(encoding="utf-8-sig", newline="") as f:
         for lineno, row in _read_rows(f, path):
