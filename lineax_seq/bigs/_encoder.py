@@ -40,7 +40,7 @@ BIGS_CONFIGS: dict[str, dict[str, Any]] = {
     # Paper, Table 7 / section 5: 23 GATED layers, d 1024, inner 3072 (~350M parameters).
     "bigs-large": dict(dim=1024, num_layers=23, inner_dim=3072, architecture="gated", dropout=0.1),
     # Appendix A.1: the 12-layer BiGS used at 4,096 tokens (paper: 119M parameters, no
-    # width given; d 768 here gives ~116M).
+    # width given; d 768 here gives ~116M, and ~119M with 4,096 learned positions).
     "bigs-12": dict(dim=768, num_layers=12, inner_dim=2304, architecture="gated", dropout=0.1),
     # Table 7: 24 STACK layers, d 1024, inner 4096, attention; learned positions to 512.
     "bert-large": dict(
@@ -325,7 +325,13 @@ class BiGS(eqx.Module):
         `"bert-large"` (24 STACK/ATT layers, d 1024, inner 4096, 16 heads, positions to
         512, 2 token types: ~334M), `"bigs-tiny"` and `"bert-tiny"` (2 layers, d 64,
         `init_std` 0.08; positions to 512 for `"bert-tiny"` only); all five with the
-        paper's dropout 0.1.
+        paper's dropout 0.1 (on the embeddings and the residual branches; there is no
+        dropout on attention probabilities, which BERT also has).
+
+        An override changes the layer, not the size: `routing="attention"` on
+        `"bigs-large"` gives GATED/ATT layers of about `19 d^2` parameters (~490M in
+        all, not the paper's "comparable to BERT-Large"); pass a smaller `inner_dim` to
+        match sizes, as the `bigs ablation` experiment does.
 
         **Arguments:**
 
@@ -411,7 +417,9 @@ class BiGS(eqx.Module):
             `jit`) instead of being clamped; at padded positions any id is accepted.
         - `mask`: optional, shape `(length,)`, `True` at real tokens, then `False` at
           trailing padding (any other concrete mask is an error; a traced one, under
-          `jit` or `jax.vmap` (so a batch's), is not checked).
+          `jit` or `jax.vmap` (so a batch's), is not checked: there a `False` between
+          real tokens is a zero input to the SSMs, whose state still decays across it,
+          and a key that attention skips, and its output is 0).
         - `token_types`: optional segment ids in `[0, num_token_types)`, shape `(length,)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'

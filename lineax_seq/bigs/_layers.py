@@ -467,7 +467,8 @@ class StackLayer(_Layer):
     i.e. the attention block is replaced by two sequential SSM blocks (forward, then
     backward, where `SSM_b = Flip . SSM . Flip` is an anti-causal convolution). Both
     routings have about `12 d^2` parameters for `inner = 4d` (the SSM blocks' four
-    `d x d` projections stand in for attention's query/key/value/output).
+    `d x d` projections stand in for attention's query/key/value/output). Dropout acts
+    on the residual branches only, not (as in BERT) on the attention probabilities.
 
     **Padding.** As [`lineax_seq.GatedLayer`][]: the SSM inputs are zeroed at padded
     positions and attention cannot read them, so outputs at real positions do not

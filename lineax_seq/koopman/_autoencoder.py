@@ -115,7 +115,9 @@ class KoopmanAutoencoder(eqx.Module):
         - `action_dim`: size of the control input (0: autonomous system).
         - `action_latent_dim`: size of the encoded control `v = omega(u)` (default
             `latent_dim`).
-        - `decoder`: `"linear"` (unit-norm columns) or `"mlp"`.
+        - `decoder`: `"linear"` (unit-norm columns) or `"mlp"` (a plain ReLU MLP; its
+            weights are not normalised, so only weight decay keeps the encoder from
+            shrinking its codes for it to scale back up).
         - `dynamics`: `"koopman"` (linear generator) or `"mlp"` (3-layer MLP).
         - `width`: hidden width of the encoder / decoder / action MLPs.
         - `encoder_layers`: number of linear layers of the encoder (paper: 4).
