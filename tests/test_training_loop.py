@@ -271,8 +271,8 @@ def test_train_bad_arguments_named(data, no_jaxtyping):
     with pytest.raises(TypeError, match="donate must be a bool, got donate='yes'"):
         ls.make_train_step(loss, opt, donate="yes")
     mesh = ls.make_mesh(data=1, model=1)
-    with pytest.raises(ValueError, match="min_size must be an integer >= 0.*'x'"):
-        ls.param_sharding(model, mesh, min_size="x")
+    with pytest.raises(ValueError, match="min_shard_size must be an integer >= 0.*'x'"):
+        ls.param_sharding(model, mesh, min_shard_size="x")
 
 
 def test_functions_and_mesh_named_at_construction(data, no_jaxtyping):
@@ -321,6 +321,20 @@ def test_steps_zero_evaluates_the_model_as_given(data):
     losses = [common.loss_fn(model, b, None) for b in evals]
     np.testing.assert_allclose(record["loss"], np.mean([loss for loss, _ in losses]), rtol=1e-6)
     assert eqx.tree_equal(result.model, model)
+
+
+def test_eval_runs_in_inference_mode():
+    """The eval step calls the loss on `eqx.nn.inference_mode(model)`: a train loss that
+    passes its key to dropout evaluates deterministically, as without dropout (it was
+    a random draw that depended on the key)."""
+    model = eqx.nn.Sequential([eqx.nn.Linear(4, 4, key=jr.key(0)), eqx.nn.Dropout(0.5)])
+    loss_fn = lambda m, x, key: (jnp.sum(jax.vmap(lambda v: m(v, key=key))(x) ** 2), None)
+    x = jr.normal(jr.key(1), (3, 4))
+    eval_step = ls.make_eval_step(loss_fn)
+    losses = [float(eval_step(model, x, jr.key(k))["loss"]) for k in (2, 3)]
+    want = float(jnp.sum(jax.vmap(model.layers[0])(x) ** 2))
+    np.testing.assert_allclose(losses, [want, want], rtol=1e-6)
+    assert not model.layers[1].inference  # the caller's model is left as it was
 
 
 def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_path):

@@ -141,8 +141,8 @@ def _train_step_impl(static_and_batch, model, opt_state):
     updates, opt_state = optimizer.update(grads, opt_state, params)
     model = eqx.apply_updates(model, updates)
     if mesh is not None:
-        model = shard_params(model, mesh, min_size=min_shard_size)
-        opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
+        model = shard_params(model, mesh, min_shard_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
     return model, opt_state, metrics
 
 
@@ -152,6 +152,7 @@ _train_step_no_donation = eqx.filter_jit(_train_step_impl)
 
 @eqx.filter_jit
 def _eval_step(loss_fn, model, batch, key):
+    model = eqx.nn.inference_mode(model)
     loss, aux = _call_loss(loss_fn, "eval_fn", model, batch, key)
     return _metrics(loss, aux, "eval_fn")
 
@@ -220,11 +221,14 @@ def make_eval_step(
 ) -> Callable[[PyTree, Any, PRNGKeyArray], dict[str, Array]]:
     """Build the jitted evaluation step `eval_step(model, batch, key) -> metrics`.
 
+    `loss_fn` is called on `eqx.nn.inference_mode(model)`: dropout is off (in every
+    module whose `inference` argument is left `None`), even where `loss_fn` passes the
+    key on, so the metrics do not depend on `key`.
+
     **Arguments:**
 
     - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, as for
-        [`lineax_seq.make_train_step`][] (typically calling the model with
-        `inference=True`).
+        [`lineax_seq.make_train_step`][] (the train loss itself will do).
 
     **Returns:**
 
@@ -433,7 +437,9 @@ def train(
         batch leaf), so a shorter last batch counts for what it holds: exact for
         metrics that are means over a batch's examples, approximate for means over
         other units (e.g. masked tokens) and for maxima.
-    - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`).
+    - `eval_fn`: the evaluation loss, same signature as `loss_fn` (default `loss_fn`),
+        called on the model in inference mode (dropout off; see
+        [`lineax_seq.make_eval_step`][]).
     - `eval_every`: evaluate every this many steps and at the end (0: only at the end,
         if `eval_data` is given).
     - `eval_batches`: number of evaluation batches per evaluation (default: all, which
@@ -588,8 +594,8 @@ def train(
         # later took process 0's new metrics file for an earlier run (resume=False).
         multihost_utils.sync_global_devices("lineax_seq.train: out_dir read")
     if mesh is not None:
-        model = shard_params(model, mesh, min_size=min_shard_size)
-        opt_state = shard_params(opt_state, mesh, min_size=min_shard_size)
+        model = shard_params(model, mesh, min_shard_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
 
     train_key, eval_key = jr.split(key)
     step_fn = make_train_step(loss_fn, optimizer, mesh=mesh, min_shard_size=min_shard_size)
