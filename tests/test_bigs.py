@@ -662,6 +662,25 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         ls.BiGS(VOCAB, DIM, 1, final_norm="no", key=jr.key(0))
 
 
+def test_vocab_size_follows_embedding_surgery(mods, no_jaxtyping):
+    """`vocab_size` is the embedding's row count: after `eqx.tree_at` grows the
+    vocabulary the new ids are accepted, and after it shrinks the dropped ids are
+    refused (a static copy refused the first and let a clamped gather take the second)."""
+    model = mods["gated/ssm"]
+    rows = lambda n: eqx.tree_at(
+        lambda m: m.token_embedding.weight,
+        model,
+        jnp.resize(model.token_embedding.weight, (n, DIM)),
+    )
+    grown, shrunk = rows(VOCAB + 4), rows(VOCAB - 10)
+    assert (grown.vocab_size, shrunk.vocab_size) == (VOCAB + 4, VOCAB - 10)
+    assert grown.config()["vocab_size"] == VOCAB + 4
+    tokens = jnp.arange(6).at[2].set(VOCAB + 2)
+    assert grown(tokens, inference=True).shape == (6, DIM)
+    with pytest.raises(ValueError, match=rf"vocab_size={VOCAB - 10}\), got id {VOCAB - 5}"):
+        shrunk(tokens.at[2].set(VOCAB - 5), inference=True)
+
+
 def test_bad_inputs(mods):
     model = mods["gated/ssm"]
     tokens = jnp.arange(9)

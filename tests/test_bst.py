@@ -365,6 +365,20 @@ def test_generate_under_strict_promotion_in_any_dtype(getkey):
         np.testing.assert_array_equal(greedy[W + 1 :], forward[W : W + 3])
 
 
+def test_every_layer_runs_in_bfloat16_under_strict_promotion(zoo, getkey):
+    """Every layer cast to bfloat16 maps bfloat16 to bfloat16 under the suite's strict
+    dtype promotion, close to its float32 self. MF's block-end outputs (float32, from
+    complex states) were added to a bfloat16 skip term and raised TypePromotionError."""
+    x = jr.normal(getkey(), (L, DIM))
+    half = {v: _bfloat16(layer) for v, layer in zoo.items()}
+    got = eqx.filter_jit(lambda ls_, x: {v: f(x) for v, f in ls_.items()})(
+        half, x.astype(jnp.bfloat16)
+    )
+    for variant, y in got.items():
+        assert y.dtype == jnp.bfloat16, variant
+        np.testing.assert_allclose(y.astype(jnp.float32), zoo[variant](x), rtol=0.1, atol=0.1)
+
+
 @pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4"])
 def test_layers_compute_in_the_dtype_of_params_and_input_together(variant, zoo, getkey):
     """A bfloat16 layer fed float32 `x` computes in float32, as the float32 layer with the
@@ -576,6 +590,20 @@ def test_cudnn_lm_batch_is_as_accurate_as_xla(getkey):
     error = lambda run: np.linalg.norm(run[1] - exact[1]) / np.linalg.norm(exact[1])
     assert abs(fused[0] - exact[0]) <= 2 * abs(xla[0] - exact[0]) + 1e-2 * abs(exact[0])
     assert error(fused) <= 1.5 * error(xla) + 1e-2, (error(fused), error(xla))
+
+
+def test_vocab_size_follows_embedding_surgery(sh_lm, no_jaxtyping):
+    """`vocab_size` is the embedding's row count, so ids are checked against the
+    vocabulary an `eqx.tree_at` gave the model (a static copy let a shrunk one clamp)."""
+    rows = lambda n: eqx.tree_at(
+        lambda m: m.embedding.weight, sh_lm, jnp.resize(sh_lm.embedding.weight, (n, DIM))
+    )
+    grown, shrunk = rows(VOCAB + 3), rows(VOCAB - 3)
+    assert (grown.vocab_size, shrunk.vocab_size) == (VOCAB + 3, VOCAB - 3)
+    tokens = jnp.arange(W) % VOCAB
+    assert grown(tokens.at[1].set(VOCAB + 2)).shape == (W, VOCAB + 3)  # tied head
+    with pytest.raises(ValueError, match=rf"vocab_size={VOCAB - 3}\), got id {VOCAB - 1}"):
+        shrunk(tokens.at[1].set(VOCAB - 1))
 
 
 def test_bad_input(sh_lm, key):

@@ -178,7 +178,6 @@ class BiGS(eqx.Module):
     dropout: eqx.nn.Dropout
     layers: GatedLayer | StackLayer
     final_norm: eqx.nn.LayerNorm | None
-    vocab_size: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
     num_layers: int = eqx.field(static=True)
     architecture: str = eqx.field(static=True)
@@ -297,7 +296,6 @@ class BiGS(eqx.Module):
             key,
         )
         self.dropout = eqx.nn.Dropout(dropout)
-        self.vocab_size = vocab_size
         self.dim = dim
         self.num_layers = num_layers
         self.architecture = architecture
@@ -347,6 +345,12 @@ class BiGS(eqx.Module):
         if name not in BIGS_CONFIGS:
             raise ValueError(f"name must be one of {sorted(BIGS_CONFIGS)}, got name={name!r}")
         return cls(vocab_size, key=key, **{**BIGS_CONFIGS[name], **overrides})
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids: the token embedding's rows (so it follows an
+        `eqx.tree_at` that resizes the vocabulary)."""
+        return self.token_embedding.weight.shape[0]
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments (plain ints/floats/strings, JSON-serialisable), so

@@ -127,7 +127,6 @@ class BlockStateTransformerLM(eqx.Module):
     layers: tuple[Layer, ...]
     final_norm: eqx.nn.LayerNorm
     head: eqx.nn.Linear | None
-    vocab_size: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
     window: int = eqx.field(static=True)
 
@@ -269,9 +268,14 @@ class BlockStateTransformerLM(eqx.Module):
         self.layers = tuple(layers)
         self.final_norm = eqx.nn.LayerNorm(dim)
         self.head = None if tie_embeddings else eqx.nn.Linear(dim, vocab_size, key=kh)
-        self.vocab_size = vocab_size
         self.dim = dim
         self.window = window
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of tokens: the embedding's rows (so it follows an `eqx.tree_at`
+        that resizes the vocabulary)."""
+        return self.embedding.weight.shape[0]
 
     @classmethod
     def from_variant(

@@ -258,7 +258,7 @@ class ContextSSM(eqx.Module):
         states, cb = self._end_states(u, window)  # (n, f, s, m)
         y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
         skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
-        y = y + skip * u[window - 1 :: window, :, None]
+        y = y + (skip * u[window - 1 :: window, :, None]).astype(y.dtype)
         return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
 
     def _end_states(
