@@ -3,7 +3,7 @@
 S4D, BiGS, the Block-State Transformer and the Koopman autoencoder, each with one
 jitted function (outputs, a scalar loss and its gradient), run once on one device and
 once on a `(data=4, model=2)` mesh of the 8 host CPU devices: parameters split over
-"model" by `ls.shard_params` (with a `min_size` small enough that these tiny models
+"model" by `ls.shard_params` (with a `min_shard_size` small enough that these tiny models
 really are split), the batch over "data" by `ls.shard_batch`. The two runs sum in a
 different order, so they agree to float32 rounding, not bit for bit. XLA must not have
 printed an "involuntary full rematerialization" warning while compiling them.
@@ -46,7 +46,7 @@ def _spec_axes(sharding) -> set:
 
 def place(model, batch, mesh):
     """`(model, batch)` on the mesh; asserts that the weights really were split."""
-    model = ls.shard_params(model, mesh, min_size=MIN_SIZE)
+    model = ls.shard_params(model, mesh, min_shard_size=MIN_SIZE)
     split = [x for x in _leaves(model) if "model" in _spec_axes(x.sharding)]
     assert split, "no parameter was split over 'model'"
     for x in split:
@@ -158,8 +158,10 @@ def test_bigs_train_step_with_padding_on_mesh(mesh):
         return jnp.mean(h**2), None
 
     step = ls.make_train_step(loss_fn, opt, mesh=mesh, min_shard_size=16)
-    sharded = ls.shard_params(make(), mesh, min_size=16)
-    state = ls.shard_params(opt.init(eqx.filter(sharded, eqx.is_inexact_array)), mesh, min_size=16)
+    sharded = ls.shard_params(make(), mesh, min_shard_size=16)
+    state = ls.shard_params(
+        opt.init(eqx.filter(sharded, eqx.is_inexact_array)), mesh, min_shard_size=16
+    )
     got, _, metrics = step(sharded, state, ls.shard_batch((tokens, mask), mesh), jr.key(2))
     model = make()
     one = ls.make_train_step(loss_fn, opt)
@@ -198,7 +200,7 @@ def test_bst_on_mesh(mesh, capfd):
     # Greedy incremental decoding (one sequence) with the split weights: same tokens.
     prompt = tokens[0, :3]
     want = ls.generate(lm, prompt, 9, key=jr.key(3), temperature=0.0)
-    lm_mesh = ls.shard_params(lm, mesh, min_size=MIN_SIZE)
+    lm_mesh = ls.shard_params(lm, mesh, min_shard_size=MIN_SIZE)
     got = ls.generate(lm_mesh, prompt, 9, key=jr.key(3), temperature=0.0)
     assert_no_resharding(capfd)
     np.testing.assert_array_equal(got, want)

@@ -350,3 +350,12 @@ def test_array_parameters_are_traced_and_differentiable():
         - final(ls.Pendulum(g=jnp.asarray(9.81 - eps)))
     ) / (2 * eps)
     np.testing.assert_allclose(grad, fd, rtol=1e-2)
+
+
+def test_simulate_forward_mode_with_forward_adjoint():
+    """`adjoint=diffrax.ForwardMode()` gives `jax.jacfwd` through `simulate` (the default
+    adjoint is reverse mode only), equal to `jax.jacrev` with the default."""
+    x0 = jnp.array([0.5, 0.1])
+    final = lambda adjoint: lambda x: ls.simulate(ls.Duffing(), x, 5, adjoint=adjoint)[-1]
+    forward = jax.jacfwd(final(diffrax.ForwardMode()))(x0)
+    np.testing.assert_allclose(forward, jax.jacrev(final(None))(x0), rtol=1e-5, atol=1e-7)

@@ -99,13 +99,13 @@ def test_devices_and_mesh_arguments_named(no_jaxtyping):
 def test_param_sharding_rule():
     mesh = ls.make_mesh(4, 2)
     tree = {"w": jnp.zeros((8, 6)), "odd": jnp.zeros((3, 5)), "b": jnp.zeros(8), "i": 3}
-    specs = ls.param_sharding(tree, mesh, min_size=1)
+    specs = ls.param_sharding(tree, mesh, min_shard_size=1)
     assert specs["w"].spec == P(None, "model")  # last divisible dimension
     assert specs["odd"].spec == P()  # nothing divisible: replicated
     assert specs["b"].spec == P()  # vectors replicated
     assert specs["i"] is None
-    assert ls.param_sharding(tree, mesh)["w"].spec == P()  # below default min_size
-    placed = ls.shard_params(tree, mesh, min_size=1)
+    assert ls.param_sharding(tree, mesh)["w"].spec == P()  # below default min_shard_size
+    placed = ls.shard_params(tree, mesh, min_shard_size=1)
     assert {s.data.shape for s in placed["w"].addressable_shards} == {(8, 3)}
 
 
@@ -120,8 +120,8 @@ def test_sharded_step_equals_single_device():
         opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
         b = batch
         if mesh is not None:
-            model = ls.shard_params(model, mesh, min_size=1)
-            opt_state = ls.shard_params(opt_state, mesh, min_size=1)
+            model = ls.shard_params(model, mesh, min_shard_size=1)
+            opt_state = ls.shard_params(opt_state, mesh, min_shard_size=1)
             b = ls.shard_batch(batch, mesh)
         step = ls.make_train_step(common.loss_fn, opt, mesh=mesh, min_shard_size=1)
         for _ in range(2):

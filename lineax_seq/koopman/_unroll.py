@@ -552,6 +552,9 @@ def unroll_continuous(
     the reencoding happens at that time. Differentiable (diffrax's adjoint, default
     recursive checkpointing), so models can be trained through it; with
     `diffrax.BacksolveAdjoint` not with respect to a traced `ts` (diffrax's limitation).
+    Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
+    default adjoint is a `custom_vjp`. Under a sharded `jax.jit`, `throw=True`'s error
+    check is a host callback on one device; `throw=False` avoids it.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) (delta / dt) K) z(tau_j)`: the oracle for the ODE path. With concrete

@@ -62,6 +62,7 @@ def simulate(
     max_steps: IntLike = 100_000,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     dt0: RealScalar | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
 ) -> Float[Array, "times state_dim"]:
     """Integrate `system` from `x0` and sample the state every `dt`.
 
@@ -92,6 +93,9 @@ def simulate(
         `StepTo` with `actions` (each interval is solved on its own).
     - `dt0`: the initial (or constant) step, positive (default `dt`); not with `StepTo`
         (given or default), which fixes the steps itself.
+    - `adjoint`: passed to `diffrax.diffeqsolve` (default diffrax's
+        `RecursiveCheckpointAdjoint`, reverse mode only: give `diffrax.ForwardMode()` for
+        `jax.jvp` / `jax.jacfwd`).
 
     **Returns:**
 
@@ -167,6 +171,7 @@ def simulate(
             saveat=saveat,
             stepsize_controller=controller,
             max_steps=max_steps,
+            **({} if adjoint is None else {"adjoint": adjoint}),
         ).ys
 
     if actions is None:

@@ -55,8 +55,8 @@ Sharding (mesh axes `"data"` and `"model"`):
 ```python
 make_mesh(data=None, model=1, *, devices=None) -> Mesh
 shard_batch(batch, mesh, *, axis="data") -> batch          # split leading axis
-param_sharding(tree, mesh, *, axis="model", min_size=2**16) -> PyTree[NamedSharding]
-shard_params(tree, mesh, *, axis="model", min_size=2**16) -> tree
+param_sharding(tree, mesh, *, axis="model", min_shard_size=2**16) -> PyTree[NamedSharding]
+shard_params(tree, mesh, *, axis="model", min_shard_size=2**16) -> tree
 ```
 """
 

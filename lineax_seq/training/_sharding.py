@@ -147,10 +147,12 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     return jax.tree_util.tree_map_with_path(put, batch)
 
 
-def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int = 2**16) -> PyTree:
+def param_sharding(
+    tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_shard_size: int = 2**16
+) -> PyTree:
     """Shardings for a model (or optimiser state): large matrices over `axis`.
 
-    Every array with at least two dimensions and `min_size` elements is split over
+    Every array with at least two dimensions and `min_shard_size` elements is split over
     the mesh axis `axis` along its last dimension divisible by the axis size;
     everything else is replicated. For an `eqx.nn.Linear` weight `(out, in)` that is
     the input features when they divide evenly (Megatron's row-parallel split: XLA
@@ -163,7 +165,7 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     - `tree`: any PyTree (model, optimiser state).
     - `mesh`: the mesh.
     - `axis`: the tensor-parallel mesh axis.
-    - `min_size`: arrays smaller than this are replicated.
+    - `min_shard_size`: arrays smaller than this are replicated.
 
     **Returns:**
 
@@ -171,11 +173,11 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     `eqx.filter(tree, eqx.is_array)` (non-arrays are `None`).
     """
     _check_axis(mesh, axis, "axis")
-    min_size = check_int("min_size", min_size, minimum=0)
+    min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
     n = mesh.shape[axis]
 
     def rule(x):
-        if n > 1 and x.ndim >= 2 and x.size >= min_size:
+        if n > 1 and x.ndim >= 2 and x.size >= min_shard_size:
             for d in reversed(range(x.ndim)):
                 if x.shape[d] % n == 0:
                     spec = [None] * x.ndim
@@ -186,7 +188,9 @@ def param_sharding(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int
     return jax.tree.map(rule, eqx.filter(tree, eqx.is_array))
 
 
-def shard_params(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int = 2**16) -> PyTree:
+def shard_params(
+    tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_shard_size: int = 2**16
+) -> PyTree:
     """Place (or, inside `jit`, constrain) a model or optimiser state on the mesh.
 
     Like `eqx.filter_shard(tree, param_sharding(tree, mesh, ...))` (`device_put`
@@ -196,13 +200,13 @@ def shard_params(tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_size: int =
     **Arguments:**
 
     - `tree`: any PyTree (model, optimiser state).
-    - `mesh`, `axis`, `min_size`: as for [`lineax_seq.param_sharding`][].
+    - `mesh`, `axis`, `min_shard_size`: as for [`lineax_seq.param_sharding`][].
 
     **Returns:**
 
     `tree` with its arrays sharded.
     """
-    shardings = param_sharding(tree, mesh, axis=axis, min_size=min_size)
+    shardings = param_sharding(tree, mesh, axis=axis, min_shard_size=min_shard_size)
     dynamic, static = eqx.partition(tree, eqx.is_array)
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(dynamic)):
         dynamic = jax.lax.with_sharding_constraint(dynamic, shardings)
