@@ -12,7 +12,7 @@
 # This tutorial
 #
 # 1. simulates the Duffing oscillator `x'' = x - x^3` with diffrax,
-# 2. builds and trains a `KoopmanAutoencoder` on 10-step windows,
+# 2. builds and trains a `KoopmanAutoencoder` on 50-step windows,
 # 3. compares unrolls without reencoding, reencoding every step and every `k` steps,
 # 4. writes a continuous-time rollout directly with `diffrax.diffeqsolve`, plugging the
 #    model's latent vector field into diffrax, and checks it against the library's
@@ -45,7 +45,9 @@ start = time.perf_counter()
 # the paper's initial-condition sampler (`x ~ U[-2, 2]`, `x' ~ U[-1, 1]`);
 # `ls.sample_trajectories` integrates it with an adaptive Runge-Kutta solver at tight
 # tolerance and samples every `dt = 0.01`. The paper trains on 50 trajectories of 500
-# steps cut into windows of 10 steps (11 states).
+# steps cut into windows of 10 steps (11 states); on a smooth system like this one,
+# longer windows make a short run far more accurate over long horizons (the latent
+# dynamics are fitted over 50 steps, not 10), so this tutorial uses 50.
 
 # %%
 system = ls.Duffing()
@@ -54,7 +56,7 @@ horizon = 400 if SMALL else 1000
 # One simulation (one compilation): training trajectories first, fresh test ones after.
 xs, _ = ls.sample_trajectories(system, jr.fold_in(key, 1), num_train + 16, horizon)
 train_xs, test_xs = xs[:num_train, : length + 1], xs[num_train:]
-window = 10
+window = 10 if SMALL else 50
 starts = jnp.arange(length + 1 - window)
 windows = jax.vmap(
     lambda xs: jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(xs, s, window + 1))(starts)
@@ -71,28 +73,34 @@ print(f"train trajectories {train_xs.shape}, windows {windows.shape}, test {test
 # log space (initialised at the data's `dt`).
 #
 # `koopman_loss` is the paper's objective on one window: alignment of the unrolled
-# latents with the encoded states, reconstruction, and an L1 penalty on the codes
-# (prediction is off, as the paper recommends for low-dimensional systems). The latent
-# dynamics get a 10x smaller learning rate, through a parameter group.
+# latents with the encoded states, reconstruction, and an L1 penalty on the codes.
 #
-# The paper trains for many epochs at lr 1e-4; this short run uses a larger rate.
+# The paper trains for many epochs at lr 1e-4 (the dynamics at 1e-5) with the
+# prediction loss off. This short CPU run follows the recipe of `python -m lineax_seq
+# koopman` instead: lr 3e-3 for every parameter, cosine-decayed, the prediction loss
+# `||x - psi(zhat)||` switched on, and `K` started at 0 (so `Kbar = I`: every mode
+# starts still, and training sets the frequencies).
 
 # %%
-latent, width = (32, 64) if SMALL else (128, 256)
+latent, width = (32, 32) if SMALL else (128, 64)
 train_steps = 300 if SMALL else 3000
 model = ls.KoopmanAutoencoder(2, latent, width=width, dt=system.dt, key=jr.fold_in(key, 3))
+model = eqx.tree_at(lambda m: m.dynamics.K, model, jnp.zeros_like(model.dynamics.K))
 optimizer = ls.make_optimizer(
     3e-3,
-    warmup_steps=train_steps // 10,
+    schedule="cosine",
+    warmup_steps=100,
     total_steps=train_steps,
+    end_lr_ratio=0.1,
     weight_decay=1e-4,
-    groups={"dynamics": ls.ParamGroup(where=lambda m: m.dynamics, learning_rate=3e-4)},
 )
 
 
 def loss_fn(model, batch, key):
     # `method="sequential"`: for 10-step windows on a CPU the plain scan is cheapest.
-    loss, terms = jax.vmap(lambda w: ls.koopman_loss(model, w, method="sequential"))(batch)
+    loss, terms = jax.vmap(
+        lambda w: ls.koopman_loss(model, w, prediction=1.0, method="sequential")
+    )(batch)
     return jnp.mean(loss), jax.tree.map(jnp.mean, terms)
 
 
@@ -107,7 +115,7 @@ def train_chunk(model, opt_state, key, length: int = 100):
     def body(carry, key):
         params, opt_state = carry
         batch_key, step_key = jr.split(key)
-        batch = windows[jr.randint(batch_key, (64,), 0, windows.shape[0])]
+        batch = windows[jr.randint(batch_key, (128,), 0, windows.shape[0])]
         model, opt_state, metrics = step(eqx.combine(params, static), opt_state, batch, step_key)
         return (eqx.filter(model, eqx.is_inexact_array), opt_state), metrics["loss"]
 
@@ -158,6 +166,18 @@ for name in periods:
         f"{name:>11}: MSE x100 at 100 steps {100 * jnp.mean(curve[:100]):8.3f}, "
         f"at {horizon} steps {100 * jnp.mean(curve):8.3f}"
     )
+# For scale: always predicting the origin (the centre of the phase portrait).
+print(f"predicting 0: MSE x100 at {horizon} steps {100 * jnp.mean(truth**2):8.3f}")
+
+# %% [markdown]
+# Without reencoding the latent drifts off the codes the decoder has seen, and the
+# rollout spirals away from the true orbit after a few hundred steps. Reencoding
+# every step goes the other way and diverges: it composes `horizon` encoder/decoder
+# round trips, each of which adds its own error, and the encoder, trained on the data
+# only, amplifies errors that leave it, so the state runs off within tens of steps.
+# Every `k` steps, with `k` in the tens, the round trip's error is paid rarely and the
+# drift is corrected before it grows: the periodic rollouts follow the orbits over
+# the whole horizon.
 
 # %%
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -87,7 +87,8 @@ batch = next(iter(mlm_train))
 print({k: (v.shape, v.dtype) for k, v in batch.items()})
 tokens, labels = batch["tokens"][0], batch["labels"][0]
 original = np.where(labels >= 0, labels, tokens)
-masked_view = np.where(labels >= 0, tokenizer.encode("_")[0], original)
+# `~` (rare in Python source; `_` is everywhere) marks the positions to predict.
+masked_view = np.where(labels >= 0, tokenizer.encode("~")[0], original)
 print("original:", repr(tokenizer.decode(original[1:-1])[:100]))
 print("targets: ", repr(tokenizer.decode(masked_view[1:-1])[:100]))
 
