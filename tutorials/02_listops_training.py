@@ -28,8 +28,8 @@
 # The default size runs in a few minutes on a laptop CPU (expressions of up to 256
 # tokens); `LINEAX_SEQ_SMALL=1` gives a run of well under a minute, and
 # `LINEAX_SEQ_LRA=1` the Long Range Arena's setting (expressions of 500-2,000 tokens,
-# 20,000 steps, three times over: crash, resume and a reference run), which needs an
-# accelerator: on a 2-core CPU one step takes 4-7 seconds.
+# 20,000 steps, twice over: a crashed-and-resumed run and a reference run), which needs
+# an accelerator: on a 2-core CPU one step takes 4-7 seconds.
 
 # %%
 import json

@@ -77,7 +77,8 @@ print(f"train trajectories {train_xs.shape}, windows {windows.shape}, test {test
 #
 # The paper trains for many epochs at lr 1e-4 (the dynamics at 1e-5) with the
 # prediction loss off. This short CPU run follows the recipe of `python -m lineax_seq
-# koopman` instead: lr 3e-3 for every parameter, cosine-decayed, the prediction loss
+# koopman` instead (without its state standardisation): lr 3e-3 for every parameter,
+# cosine-decayed, the prediction loss
 # `||x - psi(zhat)||` switched on, and `K` started at 0 (so `Kbar = I`: every mode
 # starts still, and training sets the frequencies).
 
@@ -97,7 +98,7 @@ optimizer = ls.make_optimizer(
 
 
 def loss_fn(model, batch, key):
-    # `method="sequential"`: for 10-step windows on a CPU the plain scan is cheapest.
+    # `method="sequential"`: for short windows on a CPU the plain scan is cheapest.
     loss, terms = jax.vmap(
         lambda w: ls.koopman_loss(model, w, prediction=1.0, method="sequential")
     )(batch)
@@ -174,7 +175,7 @@ print(f"predicting 0: MSE x100 at {horizon} steps {100 * jnp.mean(truth**2):8.3f
 # rollout spirals away from the true orbit after a few hundred steps. Reencoding
 # every step goes the other way and diverges: it composes `horizon` encoder/decoder
 # round trips, each of which adds its own error, and the encoder, trained on the data
-# only, amplifies errors that leave it, so the state runs off within tens of steps.
+# only, amplifies errors that leave it, so the state runs off within a hundred steps.
 # Every `k` steps, with `k` in the tens, the round trip's error is paid rarely and the
 # drift is corrected before it grows: the periodic rollouts follow the orbits over
 # the whole horizon.

@@ -274,8 +274,8 @@ class BlockStateTransformerLM(eqx.Module):
     @property
     def vocab_size(self) -> int:
         """The number of tokens: the embedding's rows (so it follows an `eqx.tree_at`
-        that resizes the vocabulary)."""
-        return self.embedding.weight.shape[0]
+        that resizes the vocabulary; with an untied `head`, resize that too)."""
+        return self.embedding.weight.shape[-2]
 
     @classmethod
     def from_variant(

@@ -539,9 +539,7 @@ def unroll_continuous(
 
     `z(ts[0]) = phi(x0)`; `dz/dt = f(z)` (the generator `(delta/dt) K` of linear
     dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
-    `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`; the paper's integrator, odeint's
-    Dormand-Prince at `rtol = atol = 1.4e-8`, is `solver=diffrax.Dopri5()` with
-    `PIDController(rtol=1.4e-8, atol=1.4e-8)`; a solver without an error
+    `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`; a solver without an error
     estimate, e.g. `diffrax.Euler()`, takes fixed steps, `ConstantStepSize()`, of `dt0`,
     by default the data's sampling interval `model.dynamics.dt`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
@@ -554,7 +552,9 @@ def unroll_continuous(
     `diffrax.BacksolveAdjoint` not with respect to a traced `ts` (diffrax's limitation).
     Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
     default adjoint is a `custom_vjp`. Under a sharded `jax.jit`, `throw=True`'s error
-    check is a host callback on one device; `throw=False` avoids it.
+    check is a host callback on one device; `throw=False` avoids it. The paper's
+    integrator (odeint's Dormand-Prince at `rtol = atol = 1.4e-8`) is
+    `solver=diffrax.Dopri5()` with `PIDController(rtol=1.4e-8, atol=1.4e-8)`.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) (delta / dt) K) z(tau_j)`: the oracle for the ODE path. With concrete

@@ -223,7 +223,7 @@ def make_eval_step(
 
     `loss_fn` is called on `eqx.nn.inference_mode(model)`: dropout is off (in every
     module whose `inference` argument is left `None`), even where `loss_fn` passes the
-    key on, so the metrics do not depend on `key`.
+    key on, so dropout does not draw from `key`.
 
     **Arguments:**
 
