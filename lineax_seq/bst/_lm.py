@@ -407,7 +407,9 @@ class BlockStateTransformerLM(eqx.Module):
         of `self(tokens)` one by one (any position, no multiple-of-`window` needed). Each
         step costs `O(window + N)` per layer for SLIDE, BRECT and `ssm="s4"` BST layers,
         and `O(max_length)` (a direct convolution over the stored inputs, a static-size
-        buffer) for `ssm="unstruct"`.
+        buffer) for `ssm="unstruct"`. To scan it, pass a function (JAX hashes it, and a
+        bound method hashes the model's arrays): `jax.lax.scan(lambda c, t: lm.step(c, t),
+        lm.init_cache(n), tokens)`.
 
         **Arguments:**
 
