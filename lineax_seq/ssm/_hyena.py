@@ -32,9 +32,9 @@ class HyenaFilter(eqx.Module):
     - `bias` (`(channels,)`) is the skip term of the convolution,
         `y = fft_conv(u, filt(L)) + bias * u`, as in the paper's pseudocode.
 
-    Positions are normalised by `max_length` (`tau_l = l / max_length`, as Hyena's
-    positional encoding `2 pi l / L`), where the paper's pseudocode 2.1 uses
-    `linspace(0, 1, L)`, i.e. `l / (L - 1)`: a time scale `L / (L - 1)` apart.
+    Positions are normalised by `max_length` (`tau_l = l / max_length`, as in Hyena's
+    positional encoding `2 pi l / L`); the paper's pseudocode 2.1 uses
+    `linspace(0, 1, L)`, i.e. `l / (L - 1)`, larger by the factor `L / (L - 1)`.
 
     **Lengths.** The filter is tied to `max_length` through `tau`, but every feature is
     defined at every position, so `filt(length)` works for any `length`. Up to
