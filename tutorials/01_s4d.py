@@ -232,10 +232,10 @@ print(f"test accuracy {float(accuracy):.1%} vs majority baseline {float(majority
 
 # %% [markdown]
 # The learned kernels of the channels that reach furthest back. In a run at the
-# default size, training changed them little, and mostly at the long lags where the key sits (750-1,000 steps before the
-# read-out): the initialisation, with step sizes down to `1e-4` (modes that decay over
-# thousands of steps), already carries the key across the sequence, so solving the
-# task does not need to move them far.
+# default size, training changed them little, and mostly at the long lags where the
+# key sits (750-1,000 steps before the read-out): the initialisation, with step sizes
+# down to `1e-4` (modes that decay over thousands of steps), already carries the key
+# across the sequence, so solving the task does not need to move them far.
 
 # %%
 kernels_after = model.ssm.kernel(length)
