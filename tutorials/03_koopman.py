@@ -78,9 +78,8 @@ print(f"train trajectories {train_xs.shape}, windows {windows.shape}, test {test
 # The paper trains for many epochs at lr 1e-4 (the dynamics at 1e-5) with the
 # prediction loss off. This short CPU run follows the recipe of `python -m lineax_seq
 # koopman` instead (without its state standardisation): lr 3e-3 for every parameter,
-# cosine-decayed, the prediction loss
-# `||x - psi(zhat)||` switched on, and `K` started at 0 (so `Kbar = I`: every mode
-# starts still, and training sets the frequencies).
+# cosine-decayed, the prediction loss `||x - psi(zhat)||` switched on, and `K` started
+# at 0 (so `Kbar = I`: every mode starts still, and training sets the frequencies).
 
 # %%
 latent, width = (32, 32) if SMALL else (128, 64)
