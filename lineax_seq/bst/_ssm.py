@@ -20,7 +20,7 @@ from .._checks import (
     host_arrays,
 )
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
-from ..ssm._chunked import _chunked_conv
+from ..ssm._chunked import _chunked_conv, _isolated_einsum
 from ..ssm._fft_conv import _fft_size, _work_dtype
 from ..ssm._kernel import check_kernel_options, complex_
 
@@ -282,9 +282,7 @@ class ContextSSM(eqx.Module):
         power = [rearrange(p, "w f s m -> f w (s m)") for p in power]
         decay = jnp.exp(window * log_abar)
         # One real batched product (over features) per part: (n, W) @ (W, streams * modes).
-        inflow = lambda part: jnp.einsum(
-            "fnw,fwc->fnc", blocks, part, precision=jax.lax.Precision.HIGHEST
-        )
+        inflow = lambda part: _isolated_einsum("fnw,fwc->fnc", blocks, part)
         states = rearrange(jax.lax.complex(inflow(power[0]), inflow(power[1])), "f n c -> n (f c)")
         decay = jnp.broadcast_to(decay.reshape(-1), states.shape).astype(states.dtype)
         return linear_scan(decay, states).reshape(-1, *cb.shape), cb

@@ -12,6 +12,20 @@ from ._scan import linear_scan
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
+def _isolated_einsum(spec: str, *operands: Array) -> Array:
+    """`jnp.einsum(spec, *operands)` at HIGHEST precision, its operands and result (and
+    so, in a backward pass, its cotangents) behind optimisation barriers.
+
+    XLA:GPU fuses the transposes, slices and bias additions that produce such operands
+    into a Triton GEMM, and at HIGHEST precision with a batch axis made minor by the
+    fused transpose its autotuner found no configuration to compile (H200, jax 0.11.2:
+    a BST layer's block-end states at length 16k, a BST LM's chunked convolution in a
+    train step). Behind the barriers the product is a plain batched GEMM.
+    """
+    operands = jax.lax.optimization_barrier(operands)
+    return jax.lax.optimization_barrier(jnp.einsum(spec, *operands, precision=_HIGHEST))
+
+
 def _default_chunk(length: int, kc: int, modes: int) -> int:
     """The default chunk size `C` of `chunked_conv`.
 
@@ -187,8 +201,8 @@ def _chunked_conv(
 
     def apply(w, z, shared, per_channel):  # a real product per channel, or shared
         if kc == 1:
-            return jnp.einsum(shared, w[0], z, precision=_HIGHEST)
-        return jnp.einsum(per_channel, w, z, precision=_HIGHEST)
+            return _isolated_einsum(shared, w[0], z)
+        return _isolated_einsum(per_channel, w, z)
 
     o = jnp.arange(c)
     # 1. Within chunks: the kernel's first C lags (skip at lag 0), as Toeplitz matrices.
