@@ -1095,3 +1095,54 @@ def test_half_precision_times_closed_over_under_jit_are_concrete(model):
     got = eqx.filter_jit(run)()
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(got, run())
+
+
+def _dot_precisions(jaxpr) -> list:
+    """The `precision` of every `dot_general` in a jaxpr, its sub-jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_dot_precisions(sub))
+    return found
+
+
+@pytest.mark.parametrize("discretization", ["bilinear", "exact"])
+def test_latent_products_run_at_highest_precision(discretization):
+    """XLA:GPU multiplies float32 in TF32 by default, an error that 1000 steps of the
+    latent recurrence compound (1e-3 on an H200): every product of the linear latent
+    path (powers, steps, exponentials, the unit-norm decoder) asks for HIGHEST. With an
+    identity encoder the encoder adds no products of its own."""
+
+    def build(action_dim):
+        model = ls.KoopmanAutoencoder(
+            3, 3, action_dim, action_latent_dim=action_dim or None, width=8,
+            discretization=discretization, key=jr.key(5),
+        )  # fmt: skip
+        identity = eqx.nn.Identity()
+        if action_dim:
+            return eqx.tree_at(lambda m: (m.encoder, m.action_encoder), model, (identity,) * 2)
+        return eqx.tree_at(lambda m: m.encoder, model, identity)
+
+    model, autonomous = build(2), build(0)
+    x0, us = jnp.ones(3), jnp.ones((STEPS, 2))
+    ts = 0.01 * jnp.arange(STEPS + 1.0)
+    highest = (jax.lax.Precision.HIGHEST,) * 2
+    runs = {
+        f"unroll {method}": lambda method=method: ls.unroll(
+            model, x0, us, steps=STEPS, reencode_every=5, method=method
+        )
+        for method in ("parallel", "sequential")
+    }
+    runs["unroll readout"] = lambda: ls.unroll(autonomous, x0, steps=STEPS)
+    runs["exact flow"] = lambda: ls.unroll_continuous(
+        autonomous, x0, ts, reencode_dt=0.05, exact=True
+    )
+    runs["vector field"] = lambda: model.dynamics.vector_field(x0, us[0])
+    runs["decoder"] = lambda: model.decode(x0)
+    for name, run in runs.items():
+        # As on a GPU (the suite's default is "highest", see conftest.py).
+        with jax.default_matmul_precision("tensorfloat32"):
+            precisions = _dot_precisions(jax.make_jaxpr(run)().jaxpr)
+        assert precisions and all(p == highest for p in precisions), (name, precisions)

@@ -17,7 +17,13 @@ from .._checks import (
     check_real,
     check_state_control,
 )
-from ._dynamics import _DISCRETIZATIONS, AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
+from ._dynamics import (
+    _DISCRETIZATIONS,
+    AbstractLatentDynamics,
+    LinearKoopmanDynamics,
+    MLPDynamics,
+    matmul,
+)
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
@@ -58,7 +64,7 @@ class UnitNormLinear(eqx.Module):
         z = as_float_array("z", z)
         if z.shape != self.weight.shape[1:]:
             raise ValueError(f"z must have shape ({self.weight.shape[1]},), got z.shape={z.shape}")
-        return self.normalized_weight() @ z + self.bias
+        return matmul(self.normalized_weight(), z) + self.bias
 
 
 class KoopmanAutoencoder(eqx.Module):

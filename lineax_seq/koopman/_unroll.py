@@ -7,7 +7,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, jaxtyped
@@ -23,7 +22,7 @@ from .._checks import (
     short_repr,
 )
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
-from ._dynamics import LinearKoopmanDynamics
+from ._dynamics import HIGHEST, LinearKoopmanDynamics, expm, matmul
 
 # Without reencoding the latent recurrence is still cut into chunks of at most this many
 # steps, so the table of powers of Kbar stays small (the chunks are chained exactly).
@@ -87,7 +86,7 @@ def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
 def _powers(Kbar: Array, length: int) -> Array:
     """`[Kbar^1, ..., Kbar^length]`, shape `(length, n, n)`, by a parallel prefix product."""
     mats = jnp.broadcast_to(Kbar, (length, *Kbar.shape))
-    return jax.lax.associative_scan(jnp.matmul, mats)
+    return jax.lax.associative_scan(matmul, mats)
 
 
 def _forced(powers: Array, b: Array) -> Array:
@@ -100,7 +99,7 @@ def _forced(powers: Array, b: Array) -> Array:
     def combine(left, right):
         c1, s1 = left
         c2, s2 = right
-        return c1 + c2, jnp.einsum("...ij,...j->...i", powers[c2 - 1], s1) + s2
+        return c1 + c2, jnp.einsum("...ij,...j->...i", powers[c2 - 1], s1, precision=HIGHEST) + s2
 
     counts = jnp.ones(b.shape[0], dtype=jnp.int32)
     _, s = jax.lax.associative_scan(combine, (counts, b))
@@ -128,18 +127,22 @@ def _readout_rollout(
     Kbar, _ = model.dynamics.discretize()
 
     def grow(r, _):
-        r = r @ Kbar
+        r = matmul(r, Kbar)
         return r, r
 
     # W Kbar^1 .. W Kbar^block: `block` small (d, n) @ (n, n) products.
     _, readout = jax.lax.scan(grow, model.decoder.normalized_weight(), None, length=block)
     readout = readout.reshape(-1, model.latent_dim)
     bias = model.decoder.bias
-    jump = None if reencode else jnp.linalg.matrix_power(Kbar, block)
+    if reencode:
+        jump = None
+    else:
+        with jax.default_matmul_precision("highest"):
+            jump = jnp.linalg.matrix_power(Kbar, block)
 
     def body(z, _):
-        xs = (readout @ z).reshape(block, -1) + bias
-        z_next = model.encode(xs[-1]) if reencode else jump @ z
+        xs = matmul(readout, z).reshape(block, -1) + bias
+        z_next = model.encode(xs[-1]) if reencode else matmul(jump, z)
         return z_next, xs
 
     _, xs = jax.lax.scan(body, z0, None, length=num_blocks)
@@ -175,15 +178,15 @@ def _latent_rollout(
     def run_block(z, v_block):
         if linear and method == "parallel":
             # One (block * n, n) @ (n,) product; under vmap a single GEMM.
-            zs = (powers.reshape(-1, powers.shape[-1]) @ z).reshape(block, -1)
+            zs = matmul(powers.reshape(-1, powers.shape[-1]), z).reshape(block, -1)
             if v_block is not None:
                 # z_j = Kbar^j z_0 + sum_{i < j} Kbar^(j - 1 - i) Lbar v_i
-                zs = zs + _forced(powers, v_block @ Lbar.T)
+                zs = zs + _forced(powers, matmul(v_block, Lbar.T))
             return zs
 
         def one(z, v):
             if linear:
-                z = Kbar @ z if v is None else Kbar @ z + Lbar @ v
+                z = matmul(Kbar, z) if v is None else matmul(Kbar, z) + matmul(Lbar, v)
             else:
                 z = model.dynamics(z, v)
             return z, z
@@ -266,7 +269,10 @@ def unroll(
     `Kbar` and an associative scan for the control inputs; with the linear decoder and no
     controls the decoder is folded into the table, `x_{j} = (W Kbar^j) z_0 + b`, so a
     step costs `O(state_dim * latent_dim)`); `method="sequential"` is the plain
-    step-by-step `lax.scan` (same result, for reference and benchmarks).
+    step-by-step `lax.scan` (same result, for reference and benchmarks). The latent
+    products run at `Precision.HIGHEST` (see
+    [`LinearKoopmanDynamics`][lineax_seq.LinearKoopmanDynamics]); the encoder's and
+    MLP decoder's follow JAX's default (`jax.default_matmul_precision`).
 
     An [`MLPBaseline`][lineax_seq.MLPBaseline] is unrolled autoregressively
     (`reencode_every` must then be `None`). Batch over initial conditions with
@@ -728,24 +734,26 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
     (`steps[jump_index]` in order), the distinct `offsets` of the output times from the
     start of their segment `seg` (`offsets[index]` in order; `index=None`: one each)."""
     generator = model.dynamics.generator().astype(offsets.dtype)  # a half model's: float32
-    expm = jax.vmap(lambda s: jsl.expm(s * generator))
+    flow = jax.vmap(lambda s: expm(s * generator))
 
     def advance(z, jump):
-        z_end = jump @ z
+        z_end = matmul(jump, z)
         z_next = model.encode(model.decode(z_end)) if reencode else z_end
         return z_next, z
 
-    _, starts = jax.lax.scan(advance, model.encode(x0), expm(steps)[jump_index])
+    _, starts = jax.lax.scan(advance, model.encode(x0), flow(steps)[jump_index])
     # z(ts[i]) = exp(offset_i K) z(tau_seg[i]); a linear decoder is folded into the
     # flows, psi(z(ts[i])) = (W exp(offset_i K)) z(tau_seg[i]) + b.
-    flows = expm(offsets)
+    flows = flow(offsets)
     fused = isinstance(model.decoder, UnitNormLinear)
     if fused:
-        flows = jnp.einsum("dn,unm->udm", model.decoder.normalized_weight(), flows)
+        flows = jnp.einsum(
+            "dn,unm->udm", model.decoder.normalized_weight(), flows, precision=HIGHEST
+        )
     if index is None:
-        out = jnp.einsum("tij,tj->ti", flows, starts[seg])
+        out = jnp.einsum("tij,tj->ti", flows, starts[seg], precision=HIGHEST)
     else:
-        out = jnp.einsum("uij,sj->usi", flows, starts)[index, seg]
+        out = jnp.einsum("uij,sj->usi", flows, starts, precision=HIGHEST)[index, seg]
     return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
 
