@@ -20,9 +20,9 @@ islands: attention logits and softmax, the S4D kernel and the FFT convolution.
 `--attention cudnn` builds every layer with `attention_implementation="cudnn"` (cuDNN's
 fused flash attention; NVIDIA GPUs, bfloat16).
 Runs unchanged on GPU, where the blocks of BST run in parallel while BRECT's scan over
-blocks cannot fill the device (on an H200 in bfloat16, BRECT is 3.9-4.8x slower than
-BST:SH at 16k-64k with XLA's attention and 8.0-9.1x with cuDNN's, against the paper's
-6-11x); on a 2-core CPU the parallelism has little room to pay off.
+blocks cannot fill the device (on an H200 in bfloat16, BRECT is 3.6x slower than
+BST:SH at 16k with XLA's attention and 7.0-8.2x at 16k-64k with cuDNN's, against the
+paper's 6-11x); on a 2-core CPU the parallelism has little room to pay off.
 """
 
 import argparse
