@@ -17,18 +17,13 @@ _DISCRETIZATIONS = ("bilinear", "exact")
 
 # The latent recurrence compounds every product's rounding over hundreds of steps:
 # float32 throughout, not the TF32 that XLA:GPU uses for float32 matmuls by default.
-HIGHEST = jax.lax.Precision.HIGHEST
+# (`jax.scipy.linalg.expm` multiplies at HIGHEST already.)
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def matmul(a: Array, b: Array) -> Array:
     """`a @ b` at `HIGHEST` precision."""
-    return jnp.matmul(a, b, precision=HIGHEST)
-
-
-def expm(a: Array) -> Array:
-    """`jax.scipy.linalg.expm(a)` with its products at `HIGHEST` precision."""
-    with jax.default_matmul_precision("highest"):
-        return jsl.expm(a)
+    return jnp.matmul(a, b, precision=_HIGHEST)
 
 
 def _check_sizes(
@@ -215,11 +210,11 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         n = self.latent_dim
         if self.discretization == "exact":
             if L is None:
-                return expm(delta * K).astype(dtype), None
+                return jsl.expm(delta * K).astype(dtype), None
             m = self.action_latent_dim
             # exp([[K, L], [0, 0]] delta) = [[exp(K delta), int_0^delta exp(K s) ds L], [0, I]].
             block = jnp.zeros((n + m, n + m), work).at[:n, :n].set(K).at[:n, n:].set(L)
-            big = expm(delta * block).astype(dtype)
+            big = jsl.expm(delta * block).astype(dtype)
             return big[:n, :n], big[:n, n:]
         eye = jnp.eye(n, dtype=work)
         rhs = eye + 0.5 * delta * K

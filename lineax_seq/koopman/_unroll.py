@@ -7,6 +7,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, jaxtyped
@@ -22,7 +23,7 @@ from .._checks import (
     short_repr,
 )
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
-from ._dynamics import HIGHEST, LinearKoopmanDynamics, expm, matmul
+from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
 
 # Without reencoding the latent recurrence is still cut into chunks of at most this many
 # steps, so the table of powers of Kbar stays small (the chunks are chained exactly).
@@ -99,7 +100,7 @@ def _forced(powers: Array, b: Array) -> Array:
     def combine(left, right):
         c1, s1 = left
         c2, s2 = right
-        return c1 + c2, jnp.einsum("...ij,...j->...i", powers[c2 - 1], s1, precision=HIGHEST) + s2
+        return c1 + c2, jnp.einsum("...ij,...j->...i", powers[c2 - 1], s1, precision=_HIGHEST) + s2
 
     counts = jnp.ones(b.shape[0], dtype=jnp.int32)
     _, s = jax.lax.associative_scan(combine, (counts, b))
@@ -734,7 +735,7 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
     (`steps[jump_index]` in order), the distinct `offsets` of the output times from the
     start of their segment `seg` (`offsets[index]` in order; `index=None`: one each)."""
     generator = model.dynamics.generator().astype(offsets.dtype)  # a half model's: float32
-    flow = jax.vmap(lambda s: expm(s * generator))
+    flow = jax.vmap(lambda s: jsl.expm(s * generator))
 
     def advance(z, jump):
         z_end = matmul(jump, z)
@@ -748,12 +749,12 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
     fused = isinstance(model.decoder, UnitNormLinear)
     if fused:
         flows = jnp.einsum(
-            "dn,unm->udm", model.decoder.normalized_weight(), flows, precision=HIGHEST
+            "dn,unm->udm", model.decoder.normalized_weight(), flows, precision=_HIGHEST
         )
     if index is None:
-        out = jnp.einsum("tij,tj->ti", flows, starts[seg], precision=HIGHEST)
+        out = jnp.einsum("tij,tj->ti", flows, starts[seg], precision=_HIGHEST)
     else:
-        out = jnp.einsum("uij,sj->usi", flows, starts, precision=HIGHEST)[index, seg]
+        out = jnp.einsum("uij,sj->usi", flows, starts, precision=_HIGHEST)[index, seg]
     return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
 

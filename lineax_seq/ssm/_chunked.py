@@ -13,16 +13,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _isolated_einsum(spec: str, *operands: Array) -> Array:
-    """`jnp.einsum(spec, *operands)` at HIGHEST precision, its operands and result (and
-    so, in a backward pass, its cotangents) behind optimisation barriers.
+    """`jnp.einsum(spec, *operands)` at HIGHEST precision, each operand and the result
+    (so, in a backward pass, its cotangent) behind its own optimisation barrier.
 
     XLA:GPU fuses the transposes, slices and bias additions that produce such operands
-    into a Triton GEMM, and at HIGHEST precision with a batch axis made minor by the
-    fused transpose its autotuner found no configuration to compile (H200, jax 0.11.2:
-    a BST layer's block-end states at length 16k, a BST LM's chunked convolution in a
-    train step). Behind the barriers the product is a plain batched GEMM.
+    into a Triton GEMM. At HIGHEST precision, with a batch axis that a fused transpose
+    made minor, its autotuner found no configuration to compile (H200, jax 0.11.2: a BST
+    layer's block-end states at length 16k; a BST LM's chunked convolution in a train
+    step). Behind the barriers the product is a plain batched GEMM. One barrier per
+    operand: under `jax.jvp` an operand without a tangent then adds no zero product.
     """
-    operands = jax.lax.optimization_barrier(operands)
+    operands = [jax.lax.optimization_barrier(a) for a in operands]
     return jax.lax.optimization_barrier(jnp.einsum(spec, *operands, precision=_HIGHEST))
 
 
