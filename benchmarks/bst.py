@@ -305,7 +305,9 @@ def _report(
     stem += "_cudnn" if attention == "cudnn" else ""
     saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention"))
     path = save(f"{stem}_quick" if quick else stem, payload, **saving)  # quick runs keep the full
-    _plot(times, memory, done, path.with_suffix(".png"), f"{dtype}, {attention} attention")
+    device, backend = jax.devices()[0].device_kind, jax.default_backend()
+    label = f"{dtype}, {attention} attention"
+    _plot(times, memory, done, path.with_suffix(".png"), label, device=device, backend=backend)
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return path
 
@@ -371,7 +373,9 @@ def _targets(times, ratios, lengths) -> dict[str, str]:
     return out
 
 
-def _plot(times, memory, lengths, path: pathlib.Path, label: str) -> None:
+def _plot(
+    times, memory, lengths, path: pathlib.Path, label: str, *, device: str, backend: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -383,19 +387,18 @@ def _plot(times, memory, lengths, path: pathlib.Path, label: str) -> None:
         ax_t.plot(xs, [times[variant][k] * 1e3 for k in xs], "o-", label=variant)
         ax_m.plot(xs, [memory[variant][k] / 2**20 for k in xs], "o-", label=variant)
     for ref in MELIAD_CPU.values():
-        if jax.default_backend() == "cpu":
+        if backend == "cpu":
             ax_t.plot(list(ref), [t * 1e3 for t in ref.values()], "x:", color="grey")
-    for ax, label in ((ax_t, "forward time (ms)"), (ax_m, "peak memory (MiB)")):
+    for ax, ylabel in ((ax_t, "forward time (ms)"), (ax_m, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length L")
-        ax.set_ylabel(label)
+        ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
-    device = jax.devices()[0].device_kind
     ax_t.set_title(f"one layer, E={DIM}, H={HEADS}, W={WINDOW}, {label} ({device})")
     ax_m.set_title("XLA-planned peak memory of one call")
-    if jax.default_backend() == "cpu":
+    if backend == "cpu":
         ax_t.annotate("x: meliad reference (SLIDE, BRECT)", (0.02, 0.95), xycoords="axes fraction")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
