@@ -7,6 +7,7 @@ import math
 import pathlib
 import re
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -167,7 +168,11 @@ def test_format_table_ours_beside_paper():
         (["--prediction", "-1"], "'-1' is not a non-negative finite number"),
         (["--system-param", "g"], "expected NAME=VALUE .* got 'g'"),
         (["--system-param", "g=fast"], "expected NAME=VALUE .* got 'g=fast'"),
-        (["--k-scale", "nan"], "'nan' is not a finite number"),  # trained every model to NaN
+        (["--k-scale", "nan"], "'nan' is not a finite number"),
+        (
+            ["--train-reencode", "0"],
+            "argument --train-reencode: '0' is not a positive integer",
+        ),  # trained every model to NaN
         (["--horizons", "10" * 11], r"at most 100,000 steps"),  # an OverflowError
     ],
 )
@@ -198,6 +203,7 @@ def test_main_imports_only_the_chosen_command(monkeypatch, capsys):
     [
         (["--window", "41"], r"--window 41: must be at most --train-length 40 \(.* 42 states"),
         (["--window", "600", "--train-length", "500"], "--window 600: must be at most"),
+        (["--train-reencode", "5"], r"--train-reencode 5: must be below --window 5 \(a 5-step"),
         (
             ["--system", "pendulum", "--system-param", "g=1", "--system-param", "g=2"],
             r"--system-param g=2: g is already given \(g=1\); give each parameter once",
@@ -463,3 +469,38 @@ def test_discretization_option(key):
     assert isinstance(build(("mlp", "linear")).dynamics, ls.MLPDynamics)  # Euler steps
     with pytest.raises(SystemExit):
         _parse("--discretization", "zoh")
+
+
+def test_train_reencode_option(key, monkeypatch):
+    """`--train-reencode K` reaches the autoencoders' training loss (the library's
+    `koopman_loss(reencode_every=K)`), changes what they learn, and is recorded."""
+    assert _parse().train_reencode is None  # the paper's setting for these systems
+    args = _parse("--small", "--train-reencode", "2")
+    assert kx.options_problem(args) is None
+    assert "--train-reencode 2" in " ".join(kx._command_line(args))
+
+    seen, real = [], ls.koopman_loss
+    monkeypatch.setattr(
+        ls, "koopman_loss", lambda *a, **kw: seen.append(kw["reencode_every"]) or real(*a, **kw)
+    )
+    xs = np.asarray(jr.normal(key, (2, 12, 2)))
+    model = kx.build_model(("koopman", "mlp"), 2, 0.01, latent=4, width=8, key=key)
+    train = lambda every: kx.train_model(
+        model,
+        xs,
+        steps=3,
+        batch_size=4,
+        window=5,
+        lr=1e-2,
+        dynamics_lr=1e-2,
+        weight_decay=0.0,
+        prediction=1.0,
+        reencode_every=every,
+        key=key,
+    )[0]
+    flat = lambda m: np.concatenate(
+        [np.ravel(a) for a in jax.tree.leaves(eqx.filter(m, eqx.is_array))]
+    )
+    plain, reencoded = train(None), train(2)
+    assert seen == [None, 2]  # traced once per training
+    assert not np.allclose(flat(plain), flat(reencoded))
