@@ -164,6 +164,39 @@ def test_minus_infinity_bias_blocks_like_the_mask(getkey, dtype):
     assert np.all(np.isfinite(np.asarray(grad, np.float32)))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_minus_infinity_bias_never_lets_in_a_masked_key(getkey, dtype):
+    """A query whose visible keys are all blocked by a `-inf` bias must still not read the
+    keys that the mask (or the window) leaves out: future tokens under a causal mask.
+    Both were -1e30 in bfloat16 / float64, so such a row averaged every value."""
+    with jax.enable_x64(dtype == "float64"), jax.numpy_dtype_promotion("standard"):
+        cast = lambda tree: jax.tree.map(
+            lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
+        )
+        mha = cast(ls.MultiHeadAttention(4, 1, key=getkey()))
+        x = cast(jr.normal(getkey(), (8, 4)))
+        causal = jnp.tril(jnp.ones((8, 8), bool))
+        bias = cast(jnp.zeros((1, 8, 8)).at[0, 5, :6].set(-jnp.inf))
+        run = lambda x: mha(x, mask=causal, bias=bias)
+        changed = run(x.at[6:].add(10.0))  # only keys that row 5's mask leaves out
+        np.testing.assert_array_equal(np.asarray(changed[:6]), np.asarray(run(x)[:6]))
+        # The row attends to its visible keys alike: the mean of their values.
+        values = mha.keys_values(x)[1][:6, 0]
+        want = mha.merge_heads(jnp.mean(values, axis=0)[None, None])[0]
+        np.testing.assert_allclose(
+            np.asarray(run(x)[5], np.float32), np.asarray(want, np.float32), rtol=2e-2
+        )
+
+        w = 4  # the same for the window: row 1 of the frame, every in-window key at -inf
+        q, k, v = (cast(jr.normal(getkey(), (8, 1, 4))) for _ in range(3))
+        visible = ls.sliding_window_mask(w)[1]
+        frame_bias = cast(jnp.zeros((1, w, 2 * w)).at[0, 1].set(jnp.where(visible, -jnp.inf, 0)))
+        swa = lambda v: ls.sliding_window_attention(q, k, v, window=w, bias=frame_bias)
+        for later in (2, 6):  # block 0's row 1 (position 1), block 1's (position 5)
+            changed = swa(v.at[later:].add(10.0))
+            np.testing.assert_array_equal(np.asarray(changed[:later]), np.asarray(swa(v)[:later]))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_multi_head_attention_fully_masked_row(getkey, dtype):
     """A query that sees no key gets the plain mean of the values, and (float64 added

@@ -11,6 +11,21 @@ from jaxtyping import Array, Bool, Float
 IMPLEMENTATIONS = ("xla", "cudnn")
 
 
+MASKED = -1e30
+"""The logit of a key that a mask (or the window) leaves out."""
+
+BIAS_FLOOR = -1e29
+"""Where users' additive biases are clipped: a `-inf` bias blocks a key, yet ranks above
+every masked key, so a query whose visible keys are all blocked by its bias still never
+reads a masked (e.g. future) one."""
+
+
+def clip_bias(bias: Float[Array, "..."]) -> Float[Array, "..."]:
+    """A user's additive `bias` in float32 (float64 stays), clipped at `BIAS_FLOOR`."""
+    wide = jnp.float64 if bias.dtype == jnp.float64 else jnp.float32
+    return jnp.maximum(bias.astype(wide), BIAS_FLOOR)
+
+
 def check_implementation(value: object, name: str = "implementation") -> str | None:
     """`value` if it is `None`, `"xla"` or `"cudnn"`; else a `ValueError` naming `name`.
 
@@ -54,7 +69,7 @@ def fused_attention(
     if implementation == "cudnn":
         q, k, v = (jnp.ravel(a).reshape(a.shape) for a in (q, k, v))
     if bias is not None:
-        # A blocked key's -1e30 is -inf in float16: kept finite (a row of -inf is 0 / 0).
+        # A blocked key's bias is -inf in float16: kept finite (a row of -inf is 0 / 0).
         bias = jnp.maximum(bias.astype(q.dtype), jnp.finfo(q.dtype).min / 2)
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, implementation=implementation
@@ -66,11 +81,11 @@ def masked_bias(
     bias: Float[Array, "heads q k"] | None = None,
 ) -> Float[Array, "#heads q k"]:
     """Fold a boolean mask, shared by the heads or per head, into an additive bias
-    (`-1e30` where `mask` is `False`).
+    (`MASKED` where `mask` is `False`).
 
     Every query must see at least one key.
     """
-    blocked = jnp.where(mask, 0.0, -1e30)
+    blocked = jnp.where(mask, 0.0, MASKED)
     blocked = blocked[None] if mask.ndim == 2 else blocked
     return blocked if bias is None else bias + blocked
 
@@ -87,7 +102,7 @@ def head_major_attention(
     Logits and the softmax are float32, or float64 for float64 inputs (the outputs are
     cast back to `v`'s dtype);
     normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
-    `bias` is additive (`-1e30` blocks a key); `mask` (`False` blocks a key) replaces the
+    `bias` is additive (`MASKED` blocks a key); `mask` (`False` blocks a key) replaces the
     blocked logits, as `jax.nn.dot_product_attention` does, so a query that sees no key
     gets the plain mean of the values and no gradient through its logits.
     """
@@ -97,7 +112,7 @@ def head_major_attention(
     if bias is not None:
         logits = logits + bias.astype(acc)
     if mask is not None:
-        logits = jnp.where(mask, logits, -1e30)
+        logits = jnp.where(mask, logits, MASKED)
     # (`initial`: no keys at all, as in self-attention over an empty sequence, is fine.)
     weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf))
     out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)

@@ -1,7 +1,6 @@
 """Multi-head (self- and cross-) attention on `jax.nn.dot_product_attention`."""
 
 import equinox as eqx
-import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from beartype import beartype
@@ -9,7 +8,7 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, as_arrays, check_bool, check_int, check_key
-from ._core import attend, check_implementation
+from ._core import attend, check_implementation, clip_bias
 
 
 def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
@@ -133,8 +132,9 @@ class MultiHeadAttention(eqx.Module):
           `(heads, q, k)`. Every query should see at least one key: a query that sees
           none gets the plain mean of all values (its logits are all masked alike).
         - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
-          [`lineax_seq.RelativePositionBias`][]); `-inf` blocks a key as `mask` does (a
-          query with every key blocked gets the mean of the values, not NaN).
+          [`lineax_seq.RelativePositionBias`][]); `-inf` blocks a key, but never lets in
+          one that `mask` leaves out: a query whose visible keys are all blocked by
+          `-inf` gets the mean of their values, not NaN.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
@@ -176,10 +176,9 @@ class MultiHeadAttention(eqx.Module):
                     f"axis, got shape {value.shape}."
                 )
         if bias is not None:
-            # -inf as the masks' -1e30 (finite in float32 / bfloat16): a row of -inf
-            # would make the softmax 0 / 0.
-            wide = jnp.float64 if bias.dtype == jnp.float64 else jnp.float32
-            bias = jnp.maximum(bias.astype(wide), -1e30)
+            # -inf kept finite (a row of -inf would make the softmax 0 / 0), and above
+            # the masked keys' logits (see `clip_bias`).
+            bias = clip_bias(bias)
         q = self.queries(x)
         k, v = self.keys_values(context)
         out = attend(q, k, v, bias=bias, mask=mask, implementation=self.implementation)

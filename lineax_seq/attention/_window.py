@@ -13,7 +13,9 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 from .._checks import IntLike, as_array, check_int, check_key
 from ._bias import RelativePositionBias
 from ._core import (
+    MASKED,
     check_implementation,
+    clip_bias,
     fused_attention,
     head_major_attention,
     masked_bias,
@@ -87,7 +89,8 @@ def sliding_window_attention(
     - `window`: the block size `W`; `length` must be a multiple of it.
     - `bias`: additive bias for the `(window, 2 * window)` block frame (queries at frame
       positions `window .. 2*window - 1`), e.g.
-      `RelativePositionBias(...)(window, 2 * window, query_offset=window)`.
+      `RelativePositionBias(...)(window, 2 * window, query_offset=window)`; `-inf`
+      blocks a key, never letting in one outside the window.
     - `implementation`: `None` or `"xla"` (XLA, any platform), or `"cudnn"`; see
       [`lineax_seq.MultiHeadAttention`][].
 
@@ -116,6 +119,7 @@ def sliding_window_attention(
             f"`bias` must have shape (heads, window, 2 * window)={expected}, "
             f"got shape {bias.shape}."
         )
+    bias = None if bias is None else clip_bias(bias)  # -inf: blocked, above the window's
     if check_implementation(implementation) == "cudnn":
         return _frame_attention(q, k, v, window, bias, implementation="cudnn")
     # Head-major blocks: (heads, blocks, w, d). The batched products then have their
@@ -129,7 +133,7 @@ def sliding_window_attention(
     # is blocked by a (blocks, 2w) term. Both broadcast inside the softmax's loop.
     frame_bias = masked_bias(sliding_window_mask(window), bias)[:, None]
     no_previous = (jnp.arange(num_blocks)[:, None] == 0) & (jnp.arange(2 * window) < window)
-    frame_bias = frame_bias + jnp.where(no_previous, -1e30, 0.0)[None, :, None]
+    frame_bias = frame_bias + jnp.where(no_previous, MASKED, 0.0)[None, :, None]
     out = head_major_attention(q, k_frame, v_frame, frame_bias)
     return rearrange(out, "h n w d -> (n w) h d")
 
