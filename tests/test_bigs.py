@@ -950,3 +950,39 @@ def test_encoder_after_device_put_and_under_plain_jit():
     np.testing.assert_allclose(jitted, want, rtol=1e-6, atol=1e-6)
     layer = jax.device_put(model.layer(0), jax.devices()[0])  # a 0-d array rate of 0
     np.testing.assert_array_equal(layer(want), model.layer(0)(want))
+
+
+def test_placed_model_runs_as_the_original():
+    """After `jax.device_put` (the dropout rates and flags become 0-d arrays) a BiGS runs
+    as before without `inference=`: eagerly (the scan traced the flag: a boolean
+    conversion error), with dropout keys (a training call), `layer(i)` (it indexed the
+    0-d arrays) and `kernels` (it vmapped them); a traced flag is a clear error."""
+    model = ls.BiGS(50, 8, 2, state_size=4, dropout=0.1, key=jr.key(0))
+    placed = jax.device_put(model, jax.devices()[0])
+    assert isinstance(placed.dropout.inference, jax.Array)  # what the fix has to handle
+    tokens, key = jnp.arange(12), jr.key(1)
+    np.testing.assert_array_equal(placed(tokens, key=key), model(tokens, key=key))
+    off = eqx.nn.inference_mode(model)
+    np.testing.assert_array_equal(jax.device_put(off)(tokens), off(tokens))
+    np.testing.assert_array_equal(placed.kernels(6), model.kernels(6))
+    x = off(tokens)
+    np.testing.assert_array_equal(
+        placed.layer(1)(x, inference=True), model.layer(1)(x, inference=True)
+    )
+    with pytest.raises(TypeError, match="`inference` flag is traced .* inference=True or False"):
+        eqx.filter_jit(lambda m: m(tokens, key=key))(placed)
+
+
+@pytest.mark.parametrize("rate", [np.float64(0.1), jnp.asarray(0.0)])
+def test_head_dropout_rate_is_a_static_float(rate):
+    """A NumPy or JAX rate was kept as an array leaf: trained (weight decay shrank it) and,
+    at 0, traced under jit, where it asked for a key."""
+    head = ls.SequenceClassificationHead(8, 3, dropout=rate, key=jr.key(0))
+    assert type(head.dropout.p) is float and head.dropout.p == float(rate)
+    assert all(a.ndim > 0 for a in jax.tree.leaves(eqx.filter(head, eqx.is_array)))
+    x = jr.normal(jr.key(1), (5, 8))
+    call = eqx.filter_jit(lambda h, x, key: h(x, key=key))
+    out = call(head, x, None if float(rate) == 0 else jr.key(2))
+    assert out.shape == (3,)
+    choice = ls.MultipleChoiceHead(8, dropout=rate, key=jr.key(0))
+    assert type(choice.scorer.dropout.p) is float

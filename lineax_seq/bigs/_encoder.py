@@ -32,8 +32,8 @@ from ._layers import (
     apply_dropout,
     apply_norm,
     check_dropout,
-    check_dropout_key,
     check_init_std,
+    dropout_mode,
 )
 
 BIGS_CONFIGS: dict[str, dict[str, Any]] = {
@@ -120,6 +120,20 @@ def _build(
     )
 
 
+def _stacked(x: object) -> bool:
+    """Whether `x` is one of the stacked layers' arrays (a leading layer axis), not a 0-d
+    array that `jax.device_put` or `jax.jit` made of a scalar field (a dropout rate)."""
+    return eqx.is_array(x) and x.ndim > 0
+
+
+def _scalar_fields(layers):
+    """`layers` with concrete 0-d arrays (scalar fields, such as the dropout rates, that
+    `jax.device_put` made arrays of) as Python scalars again, so that the jitted scan
+    sees them as the constants they are (a rate of 0 needs no key)."""
+    concrete = lambda x: eqx.is_array(x) and x.ndim == 0 and not isinstance(x, jax.core.Tracer)
+    return jax.tree.map(lambda x: x.item() if concrete(x) else x, layers)
+
+
 # Jitted, so that an eager call compiles the scan over the layers once per structure and
 # shape (its body is a fresh closure, which eager JAX would compile anew on every call).
 @eqx.filter_jit
@@ -127,7 +141,7 @@ def _run_layers(layers, h, mask, layer_keys, inference):
     """`h` through the stacked `layers` in order, one `lax.scan` over the stacked arrays
     (those with a leading layer axis; `jax.device_put` or `jax.jit` also turn scalars such
     as a dropout rate into 0-d arrays, which are shared, not scanned)."""
-    params, static = eqx.partition(layers, lambda x: eqx.is_array(x) and x.ndim > 0)
+    params, static = eqx.partition(layers, _stacked)
 
     def step(h, xs):
         layer_params, layer_key = xs
@@ -381,7 +395,7 @@ class BiGS(eqx.Module):
         if index is None or not -n <= index() < n:
             raise ValueError(f"i must be an integer in [-{n}, {n}), got i={i!r}")
         i = index()  # also NumPy integers
-        return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.layers)
+        return jax.tree.map(lambda x: x[i] if _stacked(x) else x, self.layers)
 
     def kernels(self, length: IntLike) -> Float[Array, "layers 2 kc {length}"]:
         """Every layer's forward and backward SSM kernels (`routing="ssm"` only).
@@ -398,7 +412,8 @@ class BiGS(eqx.Module):
         """
         if self.routing != "ssm":
             raise ValueError(f"kernels() needs routing='ssm', the model has {self.routing!r}")
-        return eqx.filter_vmap(lambda layer: jnp.stack(layer.kernels(length)))(self.layers)
+        params, static = eqx.partition(self.layers, _stacked)
+        return jax.vmap(lambda p: jnp.stack(eqx.combine(p, static).kernels(length)))(params)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -441,9 +456,8 @@ class BiGS(eqx.Module):
                 f"tokens has length {length} > max_length={self.max_length} "
                 "(the absolute position embeddings)"
             )
-        if inference is None:  # the encoder's flag decides for every layer
-            inference = self.dropout.inference
-        check_dropout_key(self.dropout, key, inference)
+        # The encoder's flag decides for every layer (`None`: the embedding dropout's own).
+        inference = dropout_mode(self.dropout, key, inference)
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)
@@ -471,7 +485,7 @@ class BiGS(eqx.Module):
         if mask is not None:
             h = jnp.where(mask[:, None], h, 0)
         layer_keys = None if keys[1] is None else jr.split(keys[1], self.num_layers)
-        h = _run_layers(self.layers, h, mask, layer_keys, inference)
+        h = _run_layers(_scalar_fields(self.layers), h, mask, layer_keys, inference)
         if self.final_norm is not None:
             h = apply_norm(self.final_norm, h)
             if mask is not None:

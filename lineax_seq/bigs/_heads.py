@@ -15,9 +15,9 @@ from ._layers import (
     apply_dropout,
     apply_norm,
     check_dropout,
-    check_dropout_key,
     check_init_std,
     dense,
+    dropout_mode,
     gelu,
 )
 
@@ -177,7 +177,7 @@ class SequenceClassificationHead(eqx.Module):
         check_key("key", key)
         dim = check_int("dim", dim)
         num_outputs = check_int("num_outputs", num_outputs)
-        check_dropout(dropout)
+        dropout = check_dropout(dropout)  # a Python float: a static rate, never trained
         init_std = check_init_std(init_std)
         pool_key, cls_key = jr.split(key)
         self.pooler = dense(dim, dim, std=init_std, key=pool_key)
@@ -210,7 +210,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
-        check_dropout_key(self.dropout, key, inference)
+        inference = dropout_mode(self.dropout, key, inference)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
@@ -314,7 +314,7 @@ class MultipleChoiceHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
-        check_dropout_key(self.scorer.dropout, key, inference)
+        inference = dropout_mode(self.scorer.dropout, key, inference)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]

@@ -69,15 +69,23 @@ def apply_dropout(
     return dropout(x, key=key, inference=inference)
 
 
-def check_dropout_key(
-    dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None
-) -> None:
-    """A `ValueError` if `dropout` would run (a positive rate, not in inference) without
-    a `key` (Equinox's own error names neither the argument nor the way out)."""
+def dropout_mode(dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None) -> bool:
+    """Whether dropout is off: `inference`, or (`None`) `dropout`'s own flag, as a Python
+    bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if dropout would
+    run (a positive rate, not in inference) without a `key` (Equinox's own error names
+    neither the argument nor the way out); a `TypeError` if the flag is traced."""
     if inference is None:
         inference = dropout.inference
+    if isinstance(inference, jax.core.Tracer):
+        raise TypeError(
+            "the dropout modules' `inference` flag is traced (an array leaf, as "
+            "jax.device_put makes it, passed through jax.jit or eqx.filter_jit): pass "
+            "inference=True or False explicitly, or keep the flag a Python bool (move "
+            "only the arrays: jax.device_put(eqx.filter(model, eqx.is_array)))"
+        )
+    inference = bool(inference)
     if inference or key is not None or _zero_rate(dropout):
-        return
+        return inference
     raise ValueError(
         "key is required for dropout (dropout > 0) unless inference=True or the "
         "model is in eqx.nn.inference_mode"
@@ -332,7 +340,7 @@ class _Layer(eqx.Module):
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
-        check_dropout_key(self.dropout, key, inference)
+        inference = dropout_mode(self.dropout, key, inference)
         return self._masked_apply(x, mask, key, inference)
 
     def _masked_apply(self, x, mask, key, inference):
