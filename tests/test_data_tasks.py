@@ -478,6 +478,10 @@ def test_listops_checks_its_arguments_up_front():
     # is refused up front too, not by a RuntimeError on the first read.
     with pytest.raises(ValueError, match="no expression .* between min_length=5 and max_len"):
         ls.listops(1, min_length=5, max_length=6, max_depth=2, max_args=2, branch_prob=0.5)
+    # A reachable range that the grammar almost never draws (every read took 100,000
+    # redraws, seconds, then a RuntimeError) is refused up front as well.
+    with pytest.raises(ValueError, match="rarely have between min_length=150 and max_length=187"):
+        ls.listops(4, min_length=150, max_length=187, max_depth=3, max_args=5)
     # The bound is exact: depth 2 with 2 arguments, [OP [OP d d ] [OP d d ] ], is 10 tokens.
     deepest = ls.listops(2, min_length=10, max_length=10, max_depth=2, max_args=2, branch_prob=0.9)
     assert len(deepest[1]["text"].split()) == 10

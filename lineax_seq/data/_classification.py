@@ -571,14 +571,17 @@ def _listops_lengths(
 class _ListOpsExample:
     """Picklable map: index -> one ListOps example, deterministic in (seed, index)."""
 
+    tries = 100_000
+
     def __init__(self, seed, min_length, max_length, max_depth, max_args, branch_prob):
         self.seed = seed
         self.args = (min_length, max_length, max_depth, max_args, branch_prob)
 
-    def __call__(self, index):
+    def draw(self, index, tries: int) -> dict | None:
+        """Example `index`, or `None` if `tries` draws all fell outside the lengths."""
         min_length, max_length, max_depth, max_args, branch_prob = self.args
         rng = np.random.default_rng([self.seed, int(index)])
-        for _ in range(100_000):
+        for _ in range(tries):
             try:
                 tokens, value = _listops_tree(
                     rng, 0, max_depth, max_args, branch_prob, [max_length]
@@ -587,9 +590,17 @@ class _ListOpsExample:
                 continue
             if len(tokens) >= min_length:
                 return {"text": " ".join(tokens), "label": value}
-        raise RuntimeError(  # a reachable length that 100000 draws did not hit
-            f"no ListOps sequence with {min_length}-{max_length} tokens in 100000 tries"
-        )
+        return None
+
+    def __call__(self, index):
+        example = self.draw(index, self.tries)
+        if example is None:  # a length range that `listops`'s probe found drawable
+            min_length, max_length = self.args[:2]
+            raise RuntimeError(
+                f"no ListOps sequence with {min_length}-{max_length} tokens in "
+                f"{self.tries} tries for example {index}"
+            )
+        return example
 
 
 @beartype
@@ -632,7 +643,9 @@ def listops(
 
     `ValueError` for out-of-range arguments, for a `min_length` longer than any
     expression of depth `max_depth` with `max_args` arguments per operator can be, and
-    for a range `[min_length, max_length]` that no such expression's length falls in.
+    for a range `[min_length, max_length]` that no such expression's length falls in,
+    or that 10,000 draws for the first example all miss (reachable, but improbable).
+    Reading an example raises `RuntimeError` if 100,000 draws miss the range.
     """
     num_examples = check_int("num_examples", num_examples)
     seed = check_int("seed", seed, minimum=0)
@@ -662,4 +675,12 @@ def listops(
             f"{lengths.max(initial=0)}); widen the range"
         )
     make = _ListOpsExample(seed, min_length, max_length, max_depth, max_args, branch_prob)
+    probe = 10_000  # draws: a range that these miss would take seconds per example
+    if make.draw(0, probe) is None:
+        raise ValueError(
+            f"expressions with {shape} rarely have between min_length={min_length} and "
+            f"max_length={max_length} tokens: none of {probe} draws did (reachable, but "
+            "each example would take seconds of redrawing); widen the range, or change "
+            "branch_prob, max_depth or max_args towards it"
+        )
     return grain.MapDataset.range(num_examples).map(make)
