@@ -78,10 +78,11 @@ def dropout_mode(dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: b
         inference = dropout.inference
     if isinstance(inference, jax.core.Tracer):
         raise TypeError(
-            "the dropout modules' `inference` flag is traced (an array leaf, as "
-            "jax.device_put makes it, passed through jax.jit or eqx.filter_jit): pass "
-            "inference=True or False explicitly, or keep the flag a Python bool (move "
-            "only the arrays: jax.device_put(eqx.filter(model, eqx.is_array)))"
+            "the dropout modules' `inference` flag is traced (jax.jit traces every leaf; "
+            "eqx.filter_jit traces it once jax.device_put has made it an array): pass "
+            "inference=True or False explicitly, or jit with eqx.filter_jit and move "
+            "only the arrays: params, static = eqx.partition(model, eqx.is_array); "
+            "model = eqx.combine(jax.device_put(params), static)"
         )
     inference = bool(inference)
     if inference or key is not None or _zero_rate(dropout):
