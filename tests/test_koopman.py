@@ -547,6 +547,13 @@ def test_loss_options_are_checked(model, controlled):
             ls.koopman_loss(model, xs, **{name: bad})
     with pytest.raises(ValueError, match="action=0.5 weighs the action head's loss, but the"):
         ls.koopman_loss(controlled, xs, jnp.zeros((4, 1)), action=0.5)
+    # The action weight is checked also when its term is absent (a head, no actions).
+    headed = ls.KoopmanAutoencoder(
+        2, 6, width=8, action_head=True, head_action_dim=3, key=jr.key(0)
+    )
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="action must be a finite, non-negative"):
+            ls.koopman_loss(headed, xs, action=bad)
     with pytest.raises(ValueError, match="decoder_layers=7 is the MLP decoder's depth"):
         ls.KoopmanAutoencoder(2, 4, decoder_layers=7, key=jr.key(0))
     deep = ls.KoopmanAutoencoder(2, 4, decoder="mlp", decoder_layers=3, width=8, key=jr.key(0))

@@ -141,7 +141,9 @@ def koopman_loss(
         "sparsity": sparsity,
         "action": action,
     }
-    loss = sum(_weight(name, weights[name]) * value for name, value in terms.items())
+    # Every weight is checked, also one whose term is absent (an action head without actions).
+    weights = {name: _weight(name, value) for name, value in weights.items()}
+    loss = sum(weights[name] * value for name, value in terms.items())
     return loss, terms
 
 
