@@ -791,7 +791,7 @@ def _all_paths(model, x0, ts, reencode_dt, num_segments, **options):
 def test_float64_times_near_a_reencoding_time():
     """float64 times: with a Python float `reencode_dt` (exact) a time 2e-6 past the
     reencoding time is reencoded first; with a float32 one a time within 16 float32
-    units of the span past it counts as the reencoding time, and is evaluated at its
+    units of its distance from ts[0] past it counts as the reencoding time, and is evaluated at its
     own offset on every path. (The float32 term applied to every `reencode_dt`, so the
     first time was not reencoded; the ODE path evaluated the second at the
     reencoding time.)"""
@@ -808,7 +808,7 @@ def test_float64_times_near_a_reencoding_time():
             np.testing.assert_allclose(got[1:3], jnp.stack([x1, x2]), rtol=1e-7, atol=1e-9)
 
         reencode_dt = np.float32(1.1)  # 1.1000000238
-        ts = jnp.array([0.0, float(reencode_dt) + 3e-6, 2.2])
+        ts = jnp.array([0.0, float(reencode_dt) + 1.5e-6, 2.2])  # 16 units of 1.1: 2.1e-6
         own = _flow(m, ts[1], m.encode(x0))
         at_reencoding_time = _flow(m, float(reencode_dt), m.encode(x0))
         assert not np.allclose(own, at_reencoding_time, rtol=0, atol=1e-7)
@@ -816,11 +816,29 @@ def test_float64_times_near_a_reencoding_time():
             np.testing.assert_allclose(got[1], own, rtol=1e-8, atol=1e-9)
 
 
+def test_a_late_output_time_does_not_move_early_reencodings():
+    """The rounding tolerance is each time's own: one output time at 6,000 (float32)
+    widened every time's to 0.23 segments, so the early ones were merged with the
+    reencoding times after them (outputs off by ~0.5)."""
+    m = ls.KoopmanAutoencoder(2, 8, width=16, dt=0.01, discretization="exact", key=jr.key(0))
+    K = m.dynamics.K
+    m = eqx.tree_at(lambda m: m.dynamics.K, m, 20 * (K - K.T) - 2 * jnp.eye(8))
+    x0 = jnp.array([0.5, -0.3])
+    near = np.float32(0.01) * np.arange(21, dtype=np.float32)
+    far = np.concatenate([near, np.float32([6000.0])])
+    discrete = ls.unroll(m, x0, steps=20, reencode_every=5)
+    for ts in (near, far):
+        got = ls.unroll_continuous(m, x0, ts, reencode_dt=0.05, exact=True)
+        np.testing.assert_allclose(got[1:21], discrete, rtol=1e-4, atol=1e-5)
+
+
 def test_float32_reencode_dt_widens_the_tolerance(model):
-    """float32 times: a time 5e-6 past the reencoding time 1 is within 16 float32 units
-    of the span (7.6e-6) but not of `max |ts| = 2` (3.8e-6): reencoded for a Python
-    float `reencode_dt`, the reencoding time itself for a float32 one."""
-    x0, ts = jnp.array([0.5, -0.4]), jnp.array([0.0, 1.000005, 2.0])
+    """float32 times: a time 2.8e-6 past the reencoding time 1 is within 16 float32
+    units of its own rounding plus 16 of its distance from ts[0] (3.8e-6), but not of
+    its rounding alone (1.9e-6): reencoded for a Python float `reencode_dt`, the
+    reencoding time itself for a float32 one. (The tolerance is the time's own: a
+    later time, here 2, does not widen it.)"""
+    x0, ts = jnp.array([0.5, -0.4]), jnp.array([0.0, 1.0000028, 2.0])
     z0 = model.encode(x0)
     reencoded = _flow(model, ts[1] - 1.0, model.encode(_flow(model, 1.0, z0)))
     not_reencoded = _flow(model, ts[1], z0)
@@ -832,14 +850,23 @@ def test_float32_reencode_dt_widens_the_tolerance(model):
 
 def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
     """Float32 times near 1e6 left the solver no room to step (it failed after max_steps,
-    though the latent ODE does not depend on time); and a segment that dt0 divides only up
+    though the latent ODE does not depend on time), and a reencoding interval they cannot
+    resolve is an error; a segment that dt0 divides only up
     to rounding (0.2 / 0.05 = 4.000000000000001) took a fifth Euler step."""
     x0 = jnp.array([0.3, -0.2])
-    ts = jnp.float32(1e6) + jnp.linspace(0.5, 1.5, 11)
-    for reencode_dt in (None, 0.25):
+    ts = jnp.float32(1e6) + jnp.linspace(0.5, 16.5, 17)  # float32 spacing there: 0.0625
+    for reencode_dt in (None, 8.0):
         ode = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt)
         exact = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, exact=True)
         np.testing.assert_allclose(ode, exact, rtol=1e-5, atol=1e-6)
+    # Reencoding every 0.25 there is below the times' rounding (16 units: 1.9): refused
+    # (it counted one segment, no reencoding at all); relative to ts[0] it runs.
+    with pytest.raises(ValueError, match=r"reencode_dt=0.25 is too fine for float32 times"):
+        ls.unroll_continuous(model, x0, ts, reencode_dt=0.25, exact=True)
+    assert ls.unroll_continuous(model, x0, ts - ts[0], reencode_dt=0.25, exact=True).shape == (
+        17,
+        2,
+    )
     with jax.enable_x64(True):
         mlp = ls.KoopmanAutoencoder(2, 6, dynamics="mlp", width=8, dt=0.05, key=jr.key(3))
         x0 = x0.astype(jnp.float64)

@@ -364,11 +364,11 @@ def _segments(
                 "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
             )
         # Too few segments would stop reencoding early: an error, not a wrong answer.
-        short = ts[-1] - ts[0] > (num_segments + tolerance) * reencode_dt
+        short = ts[-1] - ts[0] > (num_segments + tolerance[-1]) * reencode_dt
         message = f"num_segments={num_segments} is fewer than ceil((ts[-1] - ts[0]) / reencode_dt)"
         return eqx.error_if(ts, short, message), num_segments
     span = float(ts_host[-1] - ts_host[0])
-    num = max(1, math.ceil(span / reencode_dt - tolerance))
+    num = max(1, math.ceil(span / reencode_dt - float(tolerance[-1])))
     if num_segments is not None and num_segments != num:
         raise ValueError(
             f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
@@ -386,16 +386,29 @@ _ULPS = 16
 
 
 def _tolerance(ts, reencode_dt: float, reencode_eps: float):
-    """How far past a reencoding time, in segments, a time still counts as equal to it:
-    `_ULPS` units in the last place of `max |ts|` (the rounding of computed times) plus
-    `_ULPS` units of the span in `reencode_eps` (the precision `reencode_dt` came in: 0
-    for a Python number, float32's for a float32 one), and no more (a later time is
-    reencoded). Used both to count segments and to assign times to them; a `float` for
-    host `ts`."""
+    """How far past a reencoding time, in segments, each time `t` of `ts` still counts as
+    equal to it: `_ULPS` units in the last place of `max(|t|, |ts[0]|)` (the rounding of
+    computed times) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the precision
+    `reencode_dt` came in: 0 for a Python number, float32's for a float32 one), and no
+    more (a later time is reencoded). Per time, so that a late time does not widen an
+    early one's. The last time's counts the segments. A `ValueError` (host `ts`; an
+    `eqx.error_if` for traced ones) if it reaches half a segment: the times cannot then
+    be placed on the grid."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    rounding = float(xp.finfo(ts.dtype).eps) * xp.max(xp.abs(ts))
-    tolerance = _ULPS * (rounding + reencode_eps * (ts[-1] - ts[0])) / reencode_dt
-    return float(tolerance) if xp is np else tolerance
+    rounding = float(xp.finfo(ts.dtype).eps) * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
+    tolerance = _ULPS * (rounding + reencode_eps * (ts - ts[0])) / reencode_dt
+    message = (
+        f"reencode_dt={reencode_dt!r} is too fine for {ts.dtype} times this far from 0: "
+        f"their rounding ({_ULPS} units in the last place) reaches half a reencoding "
+        "interval, so reencoding times cannot be told from the output times next to "
+        "them; pass float64 times (jax_enable_x64), or ts - ts[0] (the model is "
+        "autonomous: the same states)"
+    )
+    if xp is jnp:
+        return eqx.error_if(tolerance, tolerance[-1] >= 0.5, message)
+    if tolerance[-1] >= 0.5:
+        raise ValueError(f"{message}; here max |ts| = {np.max(np.abs(ts)):g}")
+    return tolerance
 
 
 def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
@@ -550,11 +563,13 @@ def unroll_continuous(
     estimate, e.g. `diffrax.Euler()`, takes fixed steps, `ConstantStepSize()`, of `dt0`,
     by default the data's sampling interval `model.dynamics.dt`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
-    `ts`; a time equal to a reencoding time (up to the rounding of computed times such
-    as `jnp.linspace`: 16 units in the last place of `max |ts|`, plus 16 float32 units
-    of the span for a NumPy or JAX `reencode_dt` of float32 precision; a Python number
-    is exact) is decoded *before* reencoding, as in [`unroll`][lineax_seq.unroll], and
-    the reencoding happens at that time. Differentiable (diffrax's adjoint, default
+    `ts`; a time `t` equal to a reencoding time (up to the rounding of computed times
+    such as `jnp.linspace`: 16 units in the last place of `max(|t|, |ts[0]|)`, plus 16
+    float32 units of `t - ts[0]` for a NumPy or JAX `reencode_dt` of float32 precision;
+    a Python number is exact) is decoded *before* reencoding, as in
+    [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. A
+    `reencode_dt` under 32 such units of the last time is an error (float32 times far
+    from 0 cannot resolve it). Differentiable (diffrax's adjoint, default
     recursive checkpointing), so models can be trained through it; with
     `diffrax.BacksolveAdjoint` not with respect to a traced `ts` (diffrax's limitation).
     Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
