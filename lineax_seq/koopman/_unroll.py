@@ -757,19 +757,26 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
         z_next = model.encode(model.decode(z_end)) if reencode else z_end
         return z_next, z
 
-    _, starts = jax.lax.scan(advance, model.encode(x0), flow(steps)[jump_index])
+    # One batch of exponentials for the jumps and the offsets: two large ones in one
+    # program deadlocked XLA:CPU (jaxlib 0.10.2, 2 cores, ~1,000 of each).
+    exponentials = flow(jnp.concatenate([steps, offsets]))
+    jumps, flows = exponentials[: steps.shape[0]], exponentials[steps.shape[0] :]
+    _, starts = jax.lax.scan(advance, model.encode(x0), jumps[jump_index])
     # z(ts[i]) = exp(offset_i K) z(tau_seg[i]); a linear decoder is folded into the
     # flows, psi(z(ts[i])) = (W exp(offset_i K)) z(tau_seg[i]) + b.
-    flows = flow(offsets)
     fused = isinstance(model.decoder, UnitNormLinear)
     if fused:
         flows = jnp.einsum(
             "dn,unm->udm", model.decoder.normalized_weight(), flows, precision=_HIGHEST
         )
+    per_time = lambda flows: jnp.einsum("tij,tj->ti", flows, starts[seg], precision=_HIGHEST)
     if index is None:
-        out = jnp.einsum("tij,tj->ti", flows, starts[seg], precision=_HIGHEST)
-    else:
+        out = per_time(flows)
+    elif flows.shape[0] * starts.shape[0] <= index.shape[0] * starts.shape[1]:
+        # Few distinct offsets (a regular grid): every offset's flow of every start.
         out = jnp.einsum("uij,sj->usi", flows, starts, precision=_HIGHEST)[index, seg]
+    else:  # irregular times: the (offsets, starts) table would outgrow one flow per time
+        out = per_time(flows[index])
     return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
 
