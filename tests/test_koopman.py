@@ -878,13 +878,26 @@ def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
         exact = ls.unroll_continuous(model, x0, ts, reencode_dt=reencode_dt, exact=True)
         np.testing.assert_allclose(ode, exact, rtol=1e-5, atol=1e-6)
     # Reencoding every 0.25 there is below the times' rounding (16 units: 1.9): refused
-    # (it counted one segment, no reencoding at all); relative to ts[0] it runs.
-    with pytest.raises(ValueError, match=r"reencode_dt=0.25 is too fine for float32 times"):
+    # (it counted one segment, no reencoding at all), under jit too; relative to ts[0] it
+    # runs, and so do times that span no reencoding time.
+    message = "reencode_dt=0.25 cannot place the reencoding times among the output times"
+    with pytest.raises(ValueError, match=message + ": float32 times this far from 0 .*float64"):
         ls.unroll_continuous(model, x0, ts, reencode_dt=0.25, exact=True)
-    assert ls.unroll_continuous(model, x0, ts - ts[0], reencode_dt=0.25, exact=True).shape == (
-        17,
-        2,
+    traced = jax.jit(
+        lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.25, num_segments=64)
     )
+    with pytest.raises(Exception, match=message):
+        traced(ts).block_until_ready()
+    assert traced(ts - ts[0]).shape == (17, 2)
+    for short in (ts[:1], ts[0] + jnp.array([0.0, 0.125])):  # one time; two, 0.125 apart
+        assert ls.unroll_continuous(model, x0, short, reencode_dt=0.25).shape == (len(short), 2)
+    # A float32 reencode_dt over 1e6 intervals (float64 times): its own precision is the
+    # cause, and a Python float the cure.
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        long = jnp.asarray([0.0, 1e4])
+        with pytest.raises(ValueError, match="a float32 reencode_dt summed over .* Python float"):
+            ls.unroll_continuous(model, x0, long, reencode_dt=np.float32(0.01), exact=True)
+        assert ls.unroll_continuous(model, x0, long, reencode_dt=0.01, exact=True).shape == (2, 2)
     with jax.enable_x64(True):
         mlp = ls.KoopmanAutoencoder(2, 6, dynamics="mlp", width=8, dt=0.05, key=jr.key(3))
         x0 = x0.astype(jnp.float64)

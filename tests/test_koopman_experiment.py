@@ -168,11 +168,8 @@ def test_format_table_ours_beside_paper():
         (["--prediction", "-1"], "'-1' is not a non-negative finite number"),
         (["--system-param", "g"], "expected NAME=VALUE .* got 'g'"),
         (["--system-param", "g=fast"], "expected NAME=VALUE .* got 'g=fast'"),
-        (["--k-scale", "nan"], "'nan' is not a finite number"),
-        (
-            ["--train-reencode", "0"],
-            "argument --train-reencode: '0' is not a positive integer",
-        ),  # trained every model to NaN
+        (["--k-scale", "nan"], "'nan' is not a finite number"),  # trained every model to NaN
+        (["--train-reencode", "0"], "--train-reencode: '0' is not a positive integer"),
         (["--horizons", "10" * 11], r"at most 100,000 steps"),  # an OverflowError
     ],
 )

@@ -392,22 +392,30 @@ def _tolerance(ts, reencode_dt: float, reencode_eps: float):
     `reencode_dt` came in: 0 for a Python number, float32's for a float32 one), and no
     more (a later time is reencoded). Per time, so that a late time does not widen an
     early one's. The last time's counts the segments. A `ValueError` (host `ts`; an
-    `eqx.error_if` for traced ones) if it reaches half a segment: the times cannot then
-    be placed on the grid."""
+    `eqx.error_if` for traced ones) if the times span a reencoding time and the last
+    time's tolerance reaches half a segment: the times cannot then be placed on the grid."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    rounding = float(xp.finfo(ts.dtype).eps) * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
-    tolerance = _ULPS * (rounding + reencode_eps * (ts - ts[0])) / reencode_dt
-    message = (
-        f"reencode_dt={reencode_dt!r} is too fine for {ts.dtype} times this far from 0: "
-        f"their rounding ({_ULPS} units in the last place) reaches half a reencoding "
-        "interval, so reencoding times cannot be told from the output times next to "
-        "them; pass float64 times (jax_enable_x64), or ts - ts[0] (the model is "
-        "autonomous: the same states)"
+    rounding = _ULPS * float(xp.finfo(ts.dtype).eps) * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
+    interval = _ULPS * reencode_eps * (ts - ts[0])
+    tolerance = (rounding + interval) / reencode_dt
+    unresolved = (tolerance[-1] >= 0.5) & (ts[-1] - ts[0] > reencode_dt)
+    times = (
+        f"{ts.dtype} times this far from 0 are known only to within half an interval "
+        f"({_ULPS} units in the last place): pass float64 times (jax_enable_x64), or "
+        "ts - ts[0] (the model is autonomous: the same states)"
+    )
+    interval_dt = (
+        f"a float32 reencode_dt summed over this many intervals is known only to within "
+        f"half an interval ({_ULPS} float32 units of the span): pass it as a Python float"
+    )
+    intro = (
+        f"reencode_dt={reencode_dt!r} cannot place the reencoding times among the output times: "
     )
     if xp is jnp:
-        return eqx.error_if(tolerance, tolerance[-1] >= 0.5, message)
-    if tolerance[-1] >= 0.5:
-        raise ValueError(f"{message}; here max |ts| = {np.max(np.abs(ts)):g}")
+        return eqx.error_if(tolerance, unresolved, f"{intro}{times}; or {interval_dt}")
+    if unresolved:
+        cause = interval_dt if interval[-1] > rounding[-1] else times
+        raise ValueError(f"{intro}{cause} (ts from {ts[0]:.9g} to {ts[-1]:.9g})")
     return tolerance
 
 
@@ -567,11 +575,13 @@ def unroll_continuous(
     such as `jnp.linspace`: 16 units in the last place of `max(|t|, |ts[0]|)`, plus 16
     float32 units of `t - ts[0]` for a NumPy or JAX `reencode_dt` of float32 precision;
     a Python number is exact) is decoded *before* reencoding, as in
-    [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. A
-    `reencode_dt` under 32 such units of the last time is an error (float32 times far
-    from 0 cannot resolve it). Differentiable (diffrax's adjoint, default
-    recursive checkpointing), so models can be trained through it; with
-    `diffrax.BacksolveAdjoint` not with respect to a traced `ts` (diffrax's limitation).
+    [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. Where the
+    times span a reencoding time and the last one's tolerance reaches half a
+    `reencode_dt` (float32 times far from 0, or a float32 `reencode_dt` over very many
+    intervals), the reencoding times cannot be placed: an error that names the way out.
+    Differentiable (diffrax's adjoint, default recursive checkpointing), so models can be
+    trained through it; with `diffrax.BacksolveAdjoint` not with respect to a traced `ts`
+    (diffrax's limitation).
     Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
     default adjoint is a `custom_vjp`. Under a sharded `jax.jit`, `throw=True`'s error
     check is a host callback on one device; `throw=False` avoids it. The paper's
