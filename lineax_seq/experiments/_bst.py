@@ -394,9 +394,9 @@ def _short_float(x: float) -> str:
 def output_stem(cfg: Config, corpus: str | None) -> str:
     """`bst_lm`, and for settings other than the default run's a suffix, so that they do
     not overwrite its results: `_<N>steps` and `_dt_min_<x>` (the runs the README and
-    `benchmarks/RESULTS.md` quote), then a
-    short hash of every other setting that differs (at other --steps, the models are
-    left out of it for SLIDE and BST:SH:S4 only: the README's longer comparison)."""
+    `benchmarks/RESULTS.md` quote), then a short hash of every other setting that
+    differs (at other --steps, the models are left out of it for SLIDE and BST:SH:S4
+    only: the README's longer comparison)."""
     if cfg.dt_min is not None and cfg.dt_min == dataclasses.replace(cfg, dt_min=None).ssm_dt_min():
         cfg = dataclasses.replace(cfg, dt_min=None)  # the default range, given explicitly
     default = dataclasses.asdict(Config())
