@@ -168,8 +168,18 @@ def test_kernel_image_bad_input():
 
 
 def test_plot_kernels_and_ablation_files(tmp_path):
+    import matplotlib
+    import matplotlib.pyplot as plt
+
     k = np.random.default_rng(0).normal(size=(2, 32))
-    png = _bigs_kernels.plot_kernels({"a": (k, k), "b": (k[:1], k[:1])}, tmp_path / "k.png")
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:  # no pyplot: the backend stays the caller's (it was forced to Agg), no figure open
+        figures = plt.get_fignums()
+        png = _bigs_kernels.plot_kernels({"a": (k, k), "b": (k[:1], k[:1])}, tmp_path / "k.png")
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == figures
+    finally:
+        matplotlib.use(before)
     assert png.stat().st_size > 0
     results = [
         {

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+import optax
 import pytest
 
 import lineax_seq as ls
@@ -336,10 +337,14 @@ def test_eval_runs_in_inference_mode():
     np.testing.assert_allclose(losses, [want, want], rtol=1e-6)
 
 
-def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_path):
-    """The final checkpoint follows the final evaluation: a run that dies evaluating
-    resumes from the previous checkpoint and evaluates (the checkpoint at the last step
-    used to come first, and the resumed run, finding it, never evaluated)."""
+@pytest.mark.parametrize("steps", [4, 6])
+def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_path, steps):
+    """A run that dies in its final evaluation evaluates when resumed. At steps=4 the
+    final checkpoint follows the final evaluation, so the run resumes from step 2 (the
+    checkpoint at the last step used to come first, and the resumed run, finding it,
+    never evaluated). At steps=6 the 4 batches run out at step 4, after that step's
+    periodic checkpoint: the resumed run starts there, and the metrics say that step
+    was not evaluated (it used to take any checkpoint's step as evaluated)."""
 
     class Killed(Exception):
         pass
@@ -353,26 +358,64 @@ def test_a_run_killed_in_its_final_evaluation_evaluates_when_resumed(data, tmp_p
                 raise Killed
             return iter(data[:2])
 
-    run = lambda eval_data: ls.train(
-        common.make_model(),
-        common.optimizer(),
-        common.loss_fn,
-        data[:4],
-        steps=4,
-        key=jr.key(0),
-        eval_data=eval_data,
-        out_dir=tmp_path,
-        checkpoint_every=2,
-        progress=False,
-    )
+    def run(eval_data):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "`data` ran out", UserWarning)
+            return ls.train(
+                common.make_model(),
+                common.optimizer(),
+                common.loss_fn,
+                data[:4],
+                steps=steps,
+                key=jr.key(0),
+                eval_data=eval_data,
+                out_dir=tmp_path,
+                checkpoint_every=2,
+                progress=False,
+            )
+
     with pytest.raises(Killed):
         run(DiesEvaluating())
-    assert [c.name for c in ls.list_checkpoints(tmp_path / "checkpoints")] == ["step_00000002"]
+    written = [c.name for c in ls.list_checkpoints(tmp_path / "checkpoints")]
+    assert written == ["step_00000002"] if steps == 4 else ["step_00000002", "step_00000004"]
     result = run(data[:2])
-    assert result.resumed_from == 2
+    assert result.resumed_from == (2 if steps == 4 else 4)
     assert [(r["step"], r["split"]) for r in result.history if r["split"] == "eval"] == [
         (4, "eval")
     ]
+    # Resumed again from its final checkpoint, the finished run does not evaluate twice.
+    again = run(data[:2])
+    assert again.resumed_from == 4
+    assert [(r["step"], r["split"]) for r in again.history if r["split"] == "eval"] == [(4, "eval")]
+
+
+def test_optimizer_with_extra_args_gets_the_loss(data):
+    """An optimiser taking extra arguments gets `value=loss`: reduce_on_plateau, which
+    needs it, trains (it failed inside the jitted step) and cuts its scale on a plateau."""
+    opt = optax.chain(
+        optax.sgd(1e-9), optax.contrib.reduce_on_plateau(patience=1, cooldown=0, factor=0.5)
+    )
+    with jax.numpy_dtype_promotion("standard"):  # optax's plateau adds int32 and float32
+        result = ls.train(
+            common.make_model(), opt, common.loss_fn, data, steps=6, key=jr.key(0), progress=False
+        )
+    assert result.step == 6
+    plateau = optax.tree_utils.tree_get(result.opt_state, "scale")
+    assert float(plateau) < 1.0  # the loss barely moves at lr 1e-9: the scale was cut
+
+
+def test_resume_from_a_checkpoint_without_a_key(data, tmp_path):
+    """A checkpoint saved with key=None resumes with the key given (as a run's own
+    checkpoints, which hold that key): the same steps as a run that saved it."""
+    model, opt = common.make_model(), common.optimizer()
+    params = eqx.filter(model, eqx.is_inexact_array)
+    ls.save_checkpoint(tmp_path / "checkpoints", 0, model=model, opt_state=opt.init(params))
+    kw = dict(steps=2, key=jr.key(3), progress=False)
+    resumed = ls.train(model, opt, common.loss_fn, data[:2], out_dir=tmp_path, **kw)
+    fresh = ls.train(model, opt, common.loss_fn, data[:2], **kw)
+    assert resumed.resumed_from == 0
+    assert jr.key_data(resumed.key).tolist() == jr.key_data(jr.key(3)).tolist()
+    assert eqx.tree_equal(resumed.model, fresh.model)
 
 
 def test_train_bad_input(data, tmp_path):
@@ -403,6 +446,10 @@ def test_train_bad_input(data, tmp_path):
     scalar_loss = lambda model, batch, key: common.loss_fn(model, batch, key)[0]
     with pytest.raises(ValueError, match=r"loss_fn must return a pair \(loss, aux\).*shape \(\)"):
         ls.train(args[0], args[1], scalar_loss, data, steps=1, key=jr.key(0), progress=False)
+    # Named before the gradient's own error ("Gradient only defined for scalar-output").
+    vector_loss = lambda model, batch, key: (jax.vmap(model)(batch[0]).sum(-1), None)
+    with pytest.raises(ValueError, match=r"loss_fn: the loss has shape \(8,\); it must be a"):
+        ls.train(args[0], args[1], vector_loss, data, steps=1, key=jr.key(0), progress=False)
     old = '{"step": 3, "split": "train", "loss": 1.0}\n'
     (tmp_path / "metrics.jsonl").write_text(old)
     with pytest.raises(ValueError, match=r"already holds a run .* resume=False"):
@@ -647,6 +694,29 @@ def test_plot_metrics_from_file(full_run):
     with pytest.raises(ValueError, match="no metrics"):
         ls.plot_metrics([])
     assert pathlib.Path(out / "curves.png").exists()
+
+
+def test_plot_metrics_leaves_pyplot_alone(full_run, tmp_path):
+    """Saving a plot neither switches matplotlib's backend (it forced Agg on every
+    caller: a notebook's inline backend was gone after `train(plot=True)`) nor leaves a
+    figure open in pyplot; without a path, the figure is pyplot's, for `plt.show()`."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    _, result = full_run
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        figures = plt.get_fignums()
+        ls.plot_metrics(result.history, tmp_path / "curves.png")
+        assert (tmp_path / "curves.png").stat().st_size > 1000
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == figures
+        shown = ls.plot_metrics(result.history)
+        assert plt.get_fignums() == [*figures, shown.number]
+        plt.close(shown)
+    finally:
+        matplotlib.use(before)
 
 
 def test_train_integer_arguments(data, tmp_path):

@@ -159,6 +159,14 @@ def test_param_group_bad_input(toy):
         ValueError, match="total_steps must be a positive integer, got total_steps=10.5"
     ):
         ls.make_schedule.__wrapped__(1.0, total_steps=10.5)
+    with pytest.raises(ValueError, match="total_steps must be a positive integer, got total_st"):
+        ls.make_schedule.__wrapped__(1.0, schedule="constant", total_steps="x")  # unused, checked
+    # Concrete JAX scalars are numbers, as in optax; arrays and bools are not.
+    from_jax = ls.make_optimizer.__wrapped__(jnp.float32(0.5), weight_decay=jnp.float32(0.1))
+    assert float(from_jax.learning_rate_schedule(3)) == 0.5
+    for bad in (jnp.ones(2), jnp.bool_(True)):
+        with pytest.raises(ValueError, match=r"learning_rate=Array\(.* must be a number"):
+            ls.make_optimizer.__wrapped__(bad)
 
 
 def test_param_group_predicates_see_shapes_not_values(toy):

@@ -259,12 +259,10 @@ def ablation_table(results: Sequence[dict[str, Any]]) -> str:
 
 def plot_ablation(results: Sequence[dict[str, Any]], path: pathlib.Path) -> pathlib.Path:
     """Save the ablation figure: MLM training curves, eval MLM loss, fine-tune accuracy."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig = Figure(figsize=(14, 3.8))
+    axes = fig.subplots(1, 3)
     names = [r["name"] for r in results]
     colors = [f"C{i}" for i in range(len(results))]
     for r, c in zip(results, colors, strict=True):
@@ -291,7 +289,6 @@ def plot_ablation(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

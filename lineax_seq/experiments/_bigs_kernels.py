@@ -83,21 +83,14 @@ def plot_kernels(
     The path written, `png_path(path)`.
     """
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     if not panels:
         raise ValueError("`panels` is empty: no model with SSM routing to plot")
     images = {title: kernel_image(f, b, radius=radius) for title, (f, b) in panels.items()}
     rows = max(image.shape[0] for image in images.values())
-    fig, axes = plt.subplots(
-        1,
-        len(images),
-        figsize=(4.4 * len(images), 1.2 + 0.32 * rows),
-        squeeze=False,
-        layout="constrained",
-    )
+    fig = Figure(figsize=(4.4 * len(images), 1.2 + 0.32 * rows), layout="constrained")
+    axes = fig.subplots(1, len(images), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
     for ax, (title, image) in zip(axes[0], images.items(), strict=True):
         im = ax.imshow(image, aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
@@ -113,7 +106,6 @@ def plot_kernels(
     path = png_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 

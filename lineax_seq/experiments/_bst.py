@@ -557,14 +557,12 @@ def table(payload: dict) -> str:
 
 def plot(payload: dict, path: pathlib.Path) -> None:
     """Perplexity against evaluation length (Fig. 2.3) and the training curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     lengths = payload["eval_lengths"]
     train_length = payload["config"]["train_length"]
-    fig, (ax_l, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    ax_l, ax_t = fig.subplots(1, 2)
     for name, r in payload["results"].items():
         if "perplexity" not in r:
             continue
@@ -592,7 +590,6 @@ def plot(payload: dict, path: pathlib.Path) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------------------

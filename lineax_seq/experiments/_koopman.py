@@ -575,10 +575,7 @@ def plot_portraits(
 ):
     """Fig. 1.4: 1000-step unrolls without / every step / periodic reencoding over grey
     truth, of the variant `label`; each panel's MSE in the table's units."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     steps = len(curves["none"])
     scale, unit = _mse_unit(system_name)
@@ -588,7 +585,8 @@ def plot_portraits(
         panels.append(("k=1", "(b) reencoding every step"))
     panels.append((f"k={best_k}", f"(c) periodic reencoding, k={best_k}"))
     j = 2 if test_xs.shape[-1] == 3 else 1
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 4), squeeze=False)
+    fig = Figure(figsize=(4.3 * len(panels), 4))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     truth = test_xs[:num]
     lo, hi = truth.min(axis=(0, 1)), truth.max(axis=(0, 1))
     pad = 0.25 * (hi - lo) + 1e-3
@@ -606,19 +604,16 @@ def plot_portraits(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"koopman_fig_portraits_{system_name}.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_curves(system_name, curves, baseline_curves, periods, out_dir, label: str):
     """Fig. 1.5: MSE (in the table's units) over the unroll horizon for every reencoding
     period of the variant `label`, and the MLP baseline."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
     scale, unit = _mse_unit(system_name)
     steps = np.arange(1, len(curves["none"]) + 1)
     ax.plot(steps, scale * curves["none"], label="reencode @ 0 (never)")
@@ -634,7 +629,6 @@ def plot_curves(system_name, curves, baseline_curves, periods, out_dir, label: s
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"koopman_fig_horizon_{system_name}.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

@@ -83,12 +83,10 @@ def _loss(model: MemoryModel, batch, key):
 
 
 def _plot_kernels(before: np.ndarray, after: np.ndarray, path: pathlib.Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    fig = Figure(figsize=(8, 5))
+    axes = fig.subplots(2, 1, sharex=True)
     lags = np.arange(before.shape[-1])
     for ax, kernels, title in ((axes[0], before, "at initialisation"), (axes[1], after, "learned")):
         for k in kernels:
@@ -98,7 +96,6 @@ def _plot_kernels(before: np.ndarray, after: np.ndarray, path: pathlib.Path) -> 
     axes[1].set_xlabel("lag")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def train_memory_task(

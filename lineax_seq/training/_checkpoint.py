@@ -618,7 +618,13 @@ def load_checkpoint(
     if not path.is_dir():
         raise CheckpointError(f"Checkpoint directory {path} does not exist.")
     manifest = _read_manifest(path)
-    apath = _verify_arrays(path, manifest)
+    return _load_verified(path, manifest, _verify_arrays(path, manifest), model, opt_state)
+
+
+def _load_verified(
+    path: pathlib.Path, manifest: dict, apath: pathlib.Path, model: PyTree, opt_state: PyTree
+) -> Checkpoint:
+    """`load_checkpoint` once the arrays file `apath` has been verified."""
     key_like = None
     for spec in manifest["leaves"]:
         if spec["path"] == "['key']":
@@ -672,9 +678,9 @@ def load_latest_checkpoint(
     for path in reversed(list_checkpoints(directory)):
         try:
             manifest = _read_manifest(path)
-            _verify_arrays(path, manifest)
+            apath = _verify_arrays(path, manifest)
         except CheckpointError as e:
             warnings.warn(f"Skipping checkpoint: {e}", stacklevel=2)
             continue
-        return load_checkpoint(path, model=model, opt_state=opt_state)
+        return _load_verified(path, manifest, apath, model, opt_state)
     return None

@@ -11,24 +11,25 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import optax
 from jaxtyping import PyTree
 
-from .._checks import IntLike, check_int
+from .._checks import IntLike, RealScalar, check_int
 
 SCHEDULES = ("cosine", "linear", "constant")
 DEFAULT_GROUP = "default"
 
 
 def make_schedule(
-    peak_lr: float | int,
+    peak_lr: RealScalar,
     *,
     schedule: str | None = None,
     warmup_steps: IntLike = 0,
     total_steps: IntLike | None = None,
-    init_lr: float | int = 0.0,
-    end_lr: float | int = 0.0,
+    init_lr: RealScalar = 0.0,
+    end_lr: RealScalar = 0.0,
 ) -> optax.Schedule:
     """Learning-rate schedule: linear warmup to `peak_lr`, then a decay.
 
@@ -59,6 +60,8 @@ def make_schedule(
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
     warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
+    if total_steps is not None:  # checked even where the schedule ignores it
+        total_steps = check_int("total_steps", total_steps)
     for name, value in (("peak_lr", peak_lr), ("init_lr", init_lr), ("end_lr", end_lr)):
         if not _finite(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
@@ -77,7 +80,6 @@ def make_schedule(
             f"schedule={schedule!r} decays until total_steps, but total_steps=None; pass "
             "total_steps, or schedule='constant'."
         )
-    total_steps = check_int("total_steps", total_steps)
     if total_steps <= warmup_steps:
         raise ValueError(
             f"total_steps={total_steps} must be an integer > warmup_steps={warmup_steps} "
@@ -125,8 +127,8 @@ class ParamGroup:
     match: str | re.Pattern | Callable[[str, Any], bool] | None = None
     where: Callable[[PyTree], Any] | None = None
     instance_of: type | tuple[type, ...] | None = None
-    learning_rate: float | int | None = None
-    weight_decay: float | int | None = None
+    learning_rate: RealScalar | None = None
+    weight_decay: RealScalar | None = None
 
     def __post_init__(self):
         given = [self.match is not None, self.where is not None, self.instance_of is not None]
@@ -162,9 +164,19 @@ class ParamGroup:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0 or None.")
 
 
+def _real(value: Any) -> bool:
+    """Whether `value` is a real number, not a bool: a Python or NumPy number, or a
+    concrete 0-d JAX array of an integer or floating dtype (as optax takes)."""
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        return value.shape == () and (
+            jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating)
+        )
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _finite(value: Any) -> bool:
     """Whether `value` is a real number (not a bool), neither NaN nor infinite."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return _real(value) and math.isfinite(value)
 
 
 def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
@@ -314,17 +326,17 @@ def _selects_nothing(name: str, group: ParamGroup, model: PyTree, paths: list[st
 
 
 def make_optimizer(
-    learning_rate: float | int = 1e-3,
+    learning_rate: RealScalar = 1e-3,
     *,
     schedule: str | None = None,
     warmup_steps: IntLike = 0,
     total_steps: IntLike | None = None,
-    end_lr_ratio: float | int = 0.0,
-    weight_decay: float | int = 0.01,
-    b1: float | int = 0.9,
-    b2: float | int = 0.999,
-    eps: float | int = 1e-8,
-    clip_norm: float | int | None = 1.0,
+    end_lr_ratio: RealScalar = 0.0,
+    weight_decay: RealScalar = 0.01,
+    b1: RealScalar = 0.9,
+    b2: RealScalar = 0.999,
+    eps: RealScalar = 1e-8,
+    clip_norm: RealScalar | None = 1.0,
     accumulate_steps: IntLike = 1,
     groups: Mapping[str, ParamGroup] | None = None,
 ) -> optax.GradientTransformation:
@@ -367,7 +379,7 @@ def make_optimizer(
     _check_groups(groups)
     groups = dict(groups)
     for name, value in (("learning_rate", learning_rate), ("end_lr_ratio", end_lr_ratio)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if not _real(value):
             raise ValueError(f"{name}={value!r} must be a number.")
     for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
         if not _finite(value) or value < 0:

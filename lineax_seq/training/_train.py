@@ -84,8 +84,6 @@ def _metrics(loss: Scalar, aux: Any, name: str) -> dict[str, Array]:
                 f"{name}: aux metric {k!r} has shape {jnp.shape(v)}; metrics must be scalars."
             )
         out[str(k)] = v
-    if jnp.ndim(loss) != 0:
-        raise ValueError(f"{name}: the loss has shape {jnp.shape(loss)}; it must be a scalar.")
     return out
 
 
@@ -101,6 +99,8 @@ def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, An
         raise ValueError(
             f"{name} must return a pair (loss, aux) (aux a dict of metrics, or None), got {got}."
         )
+    if jnp.ndim(out[0]) != 0:  # checked here, before the gradient's own error
+        raise ValueError(f"{name}: the loss has shape {jnp.shape(out[0])}; it must be a scalar.")
     return out
 
 
@@ -138,7 +138,9 @@ def _train_step_impl(static_and_batch, model, opt_state):
     metrics = _metrics(loss, aux, "loss_fn")
     metrics["grad_norm"] = optax.tree.norm(grads)
     params = eqx.filter(model, eqx.is_inexact_array)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    # The loss, for optimisers that take it (optax.contrib.reduce_on_plateau).
+    extra = {"value": loss} if isinstance(optimizer, optax.GradientTransformationExtraArgs) else {}
+    updates, opt_state = optimizer.update(grads, opt_state, params, **extra)
     model = eqx.apply_updates(model, updates)
     if mesh is not None:
         model = shard_params(model, mesh, min_shard_size=min_shard_size)
@@ -183,7 +185,9 @@ def make_train_step(
         fields (`"loss"`, `"grad_norm"`, `"lr"`, `"step"`, `"split"`, `"samples_per_s"`,
         `"tokens_per_s"`). It receives the whole batch and does its own `jax.vmap` over
         examples.
-    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
+    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][]. One
+        that takes extra arguments (an `optax.GradientTransformationExtraArgs`, such as
+        a chain with `optax.contrib.reduce_on_plateau`) gets `value=loss`.
     - `mesh`: if given, the new model and optimiser state are constrained to
         [`lineax_seq.param_sharding`][] on this mesh (tensor-parallel weights stay put).
         The batch is taken as placed: split it over `"data"` with
@@ -416,7 +420,8 @@ def train(
     **Arguments:**
 
     - `model`: the model (any PyTree; it is copied, so the caller's arrays stay valid).
-    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][].
+    - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][] (see
+        [`lineax_seq.make_train_step`][] for those taking the loss).
     - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, see
         [`lineax_seq.make_train_step`][].
     - `data`: an iterable of batches (a grain dataset or iterator from
@@ -428,7 +433,8 @@ def train(
         another place in the data, silently.
     - `steps`: total number of train steps (micro-batches) of the run.
     - `key`: PRNG key of the run, `jax.random.key(seed)` (or a raw `uint32` key of
-        `jax.random.PRNGKey`); ignored on resume: the checkpoint's key is used.
+        `jax.random.PRNGKey`); ignored on resume: the checkpoint's key is used (this
+        one if the checkpoint holds none, as `save_checkpoint(key=None)` writes).
     - `opt_state`: initial optimiser state (default `optimizer.init` on the inexact
         arrays of `model`).
     - `eval_data`: an iterable of evaluation batches; `iter(eval_data)` is called
@@ -562,7 +568,8 @@ def train(
             )
         ckpt = load_latest_checkpoint(ckpt_dir, model=model, opt_state=opt_state)
         if ckpt is not None:
-            model, opt_state, key = ckpt.model, ckpt.opt_state, ckpt.key
+            model, opt_state = ckpt.model, ckpt.opt_state
+            key = key if ckpt.key is None else ckpt.key
             start = resumed_from = ckpt.step
             if start > steps:
                 warnings.warn(
@@ -702,8 +709,13 @@ def train(
 
     step = start
     # A fresh run evaluates at its end even without a step to take (steps=0: evaluate
-    # only); a run resumed from its final checkpoint has evaluated (see the end below).
-    last_eval = start if resumed_from is not None else -1
+    # only). A resumed run has evaluated at its checkpoint's step when the metrics say
+    # so: a final checkpoint follows the final evaluation (see the end below), but a
+    # periodic one at the step where the data ran out precedes it.
+    evaluated = any(r.get("split") == "eval" and r.get("step") == start for r in history)
+    if jax.process_count() > 1:  # every process takes process 0's reading
+        evaluated = bool(multihost_utils.broadcast_one_to_all(np.int32(evaluated)))
+    last_eval = start if resumed_from is not None and evaluated else -1
     last_ckpt = start
     try:
         while step < steps:
@@ -791,7 +803,8 @@ def plot_metrics(
 
     - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`) or the
         path of a `metrics.jsonl` file.
-    - `path`: where to save the figure (PNG); `None` only returns it.
+    - `path`: where to save the figure (PNG), leaving pyplot's backend and figures
+        alone; `None` only returns it, as a pyplot figure (for `plt.show()`).
     - `keys`: metrics to plot, a name or a tuple of names (default: `"loss"` then every
         other metric found, except throughputs); each must be in some record.
 
@@ -799,12 +812,6 @@ def plot_metrics(
 
     The `matplotlib.figure.Figure`.
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     if not isinstance(history, list):
         if not pathlib.Path(history).is_file():
             raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
@@ -820,7 +827,16 @@ def plot_metrics(
             raise ValueError(f"keys: no record has the metric {k!r}; the history has {available}.")
     if not keys:
         raise ValueError("history holds no metrics to plot.")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+    figsize = (4 * len(keys), 3)
+    if path is None:  # a pyplot figure, for the caller's backend (plt.show, notebooks)
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=figsize)
+    else:  # saved only: no pyplot, whose backend and open figures are global state
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=figsize)
+    axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, k in zip(axes[0], keys, strict=True):
         for split, style in (("train", "-"), ("eval", "o-")):
             pts = [(r["step"], r[k]) for r in history if r.get("split") == split and k in r]
