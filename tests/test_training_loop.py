@@ -618,6 +618,32 @@ def test_checkpoint_of_model_only_round_trips(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_checkpoint_loads_the_model_without_its_optimiser_state(saved, tmp_path):
+    """`opt_state=None` loads the model alone, skipping a saved optimiser state (it was
+    a mismatch error, so inference needed an optimiser state to load weights), whatever
+    that state holds: arrays, Python scalars, typed PRNG keys."""
+    directory, model, opt_state, _ = saved
+    like = eqx.filter_eval_shape(common.make_model)
+    odd = {"adam": opt_state, "count": 3, "scale": 0.5, "flag": True, "key": jr.key(1)}
+    ls.save_checkpoint(tmp_path, 4, model=model, opt_state=odd, key=jr.key(2))
+    for where in (directory, tmp_path):
+        ckpt = ls.load_checkpoint(where, model=like)
+        assert ckpt.opt_state is None
+        for a, b in zip(_leaves(ckpt.model), _leaves(model), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert jnp.array_equal(jr.key_data(ckpt.key), jr.key_data(jr.key(2)))
+    assert ls.load_latest_checkpoint(tmp_path, model=like).step == 4
+    # With a template, the state still round-trips (and a wrong template is still named).
+    full = ls.load_checkpoint(tmp_path, model=like, opt_state=odd)
+    assert (full.opt_state["count"], full.opt_state["scale"], full.opt_state["flag"]) == (
+        3,
+        0.5,
+        True,
+    )
+    with pytest.raises(ls.CheckpointError, match="does not match the model/optimiser"):
+        ls.load_checkpoint(tmp_path, model=like, opt_state=opt_state)
+
+
 def test_truncated_checkpoint_is_reported_and_previous_loads(saved, tmp_path):
     src, model, opt_state, _ = saved
     directory = tmp_path / "c"

@@ -45,7 +45,7 @@ class Checkpoint:
     - `path`: the checkpoint directory.
     - `step`: number of train steps taken when it was written.
     - `model`: the model.
-    - `opt_state`: the optimiser state.
+    - `opt_state`: the optimiser state (`None` when loaded without a template).
     - `key`: the run's PRNG key.
     - `data_state`: the data iterator's state (JSON-compatible), or `None`.
     - `extra`: user metadata saved with it (JSON-compatible dict).
@@ -110,6 +110,15 @@ def _leaf_specs(tree: PyTree) -> list[dict]:
         elif eqx.is_array_like(leaf):
             specs.append({"path": jtu.keystr(path), "shape": [], "dtype": type(leaf).__name__})
     return specs
+
+
+def _leaf_like(spec: dict) -> jax.ShapeDtypeStruct | bool | int | float | complex:
+    """A template that `tree_deserialise_leaves` reads the leaf of `spec` into (an entry
+    of `_leaf_specs`: an array's shape and dtype, or a Python scalar's type)."""
+    scalar = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}.get(spec["dtype"])
+    if scalar is not None:
+        return scalar
+    return jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
 
 
 def _plain(value: Any) -> bool:
@@ -298,7 +307,7 @@ def save_checkpoint(
     - `step`: the number of train steps taken.
     - `model`: the model (any PyTree; typed PRNG keys among its leaves are saved as
         their `jax.random.key_data` and restored as keys of the same implementation).
-    - `opt_state`: the optimiser state.
+    - `opt_state`: the optimiser state (`None` when loaded without a template).
     - `key`: the run's PRNG key (typed `jax.random.key` or raw `uint32` key).
     - `data_state`: the data iterator's `get_state()` (JSON-compatible; bytes and
         NumPy arrays allowed), or `None`.
@@ -598,7 +607,8 @@ def load_checkpoint(
         is loaded.
     - `model`: a model of the same structure (values are ignored;
         `eqx.filter_eval_shape(Model, ...)` avoids allocating one).
-    - `opt_state`: an optimiser state of the same structure (or `None` if none was saved).
+    - `opt_state`: an optimiser state of the same structure, or `None` to load the model
+        only (a saved optimiser state is skipped; the result's `opt_state` is `None`).
 
     **Returns:**
 
@@ -631,12 +641,21 @@ def _load_verified(
             key_like = jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
     # Typed PRNG keys of the templates are compared as their raw key data.
     like, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key_like})
-    _check_typed_keys(path, manifest["typed_keys"], typed_keys)
-    _check_structure(path, manifest, like)
+    checked, skipped = manifest, []
+    if opt_state is None:  # the model only: a saved optimiser state is read and dropped
+        saved = lambda path: path.startswith("['opt_state']")
+        skipped = [_leaf_like(s) for s in manifest["leaves"] if saved(s["path"])]
+        checked = {
+            "leaves": [s for s in manifest["leaves"] if not saved(s["path"])],
+            "typed_keys": {k: v for k, v in manifest["typed_keys"].items() if not saved(k)},
+        }
+    _check_typed_keys(path, checked["typed_keys"], typed_keys)
+    _check_structure(path, checked, like)
     if isinstance(manifest.get("static"), dict):
         _warn_static(path, manifest["static"], _static_fields(like))
     try:
-        tree = eqx.tree_deserialise_leaves(apath, like)
+        tree = eqx.tree_deserialise_leaves(apath, {**like, "opt_state": skipped or None})
+        tree["opt_state"] = like["opt_state"]
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
         raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
     if manifest["key_impl"] is not None:
