@@ -889,6 +889,7 @@ def test_step_position_and_cache_named(zoo, sh_lm, key, no_jaxtyping):
         ({}, "`cache` must be a decoding state from BlockStateTransformerLM.init_cache"),
         (zoo["slide"].init_cache(L), "`cache` must be a decoding state"),
         ({**cache, "t": jnp.asarray(1.5)}, r"`cache\['t'\]` must have shape \(\) and dtype int32"),
+        ({**cache, "t": np.int64(1)}, r"`cache\['t'\]` must .* dtype int64 \(cast it\)"),
         ({**cache, "t": jnp.asarray(-1, jnp.int32)}, r"`cache\['t'\]` must be a position"),
         ({**cache, "layers": cache["layers"][:1]}, r"lacks cache\['layers'\]\[1\]"),
     ]:

@@ -67,9 +67,10 @@ def check_cache(name: str, cache: object, init: Callable[[int], object], held: i
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape != spec.shape or dtype != spec.dtype:
             value = f"{leaf!r}" if shape is None else f"shape {shape} and dtype {dtype}"
+            hint = "cast it" if shape == spec.shape else "a state of another model?"
             raise ValueError(
                 f"`{key}` must have shape {spec.shape} and dtype {spec.dtype}, as from "
-                f"{source}, got {value} (a state of another model?)"
+                f"{source}, got {value} ({hint})"
             )
 
 
@@ -360,8 +361,9 @@ class ContextSSM(eqx.Module):
                 t = eqx.error_if(
                     t,
                     t >= filt.shape[1],
-                    f"t: the decoding state holds {filt.shape[1]} positions (init_state's "
-                    "max_length); decode no further, or start from a larger max_length",
+                    f"the position is past the end: the decoding state holds {filt.shape[1]} "
+                    "positions (the max_length given to init_state, or to the LM's "
+                    "init_cache); decode no further, or start from a larger max_length",
                 )
             inputs = state["inputs"].at[t].set(u)
             lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
