@@ -307,7 +307,7 @@ def save_checkpoint(
     - `step`: the number of train steps taken.
     - `model`: the model (any PyTree; typed PRNG keys among its leaves are saved as
         their `jax.random.key_data` and restored as keys of the same implementation).
-    - `opt_state`: the optimiser state (`None` when loaded without a template).
+    - `opt_state`: the optimiser state.
     - `key`: the run's PRNG key (typed `jax.random.key` or raw `uint32` key).
     - `data_state`: the data iterator's `get_state()` (JSON-compatible; bytes and
         NumPy arrays allowed), or `None`.
@@ -641,7 +641,7 @@ def _load_verified(
             key_like = jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
     # Typed PRNG keys of the templates are compared as their raw key data.
     like, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key_like})
-    checked, skipped = manifest, []
+    checked, read = manifest, like
     if opt_state is None:  # the model only: a saved optimiser state is read and dropped
         saved = lambda path: path.startswith("['opt_state']")
         skipped = [_leaf_like(s) for s in manifest["leaves"] if saved(s["path"])]
@@ -649,13 +649,15 @@ def _load_verified(
             "leaves": [s for s in manifest["leaves"] if not saved(s["path"])],
             "typed_keys": {k: v for k, v in manifest["typed_keys"].items() if not saved(k)},
         }
+        read = {**like, "opt_state": skipped or None}
     _check_typed_keys(path, checked["typed_keys"], typed_keys)
     _check_structure(path, checked, like)
     if isinstance(manifest.get("static"), dict):
         _warn_static(path, manifest["static"], _static_fields(like))
     try:
-        tree = eqx.tree_deserialise_leaves(apath, {**like, "opt_state": skipped or None})
-        tree["opt_state"] = like["opt_state"]
+        tree = eqx.tree_deserialise_leaves(apath, read)
+        if opt_state is None:
+            tree = {**tree, "opt_state": None}
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
         raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
     if manifest["key_impl"] is not None:
