@@ -95,6 +95,17 @@ def check_key(name: str, key: object) -> None:
     )
 
 
+def check_option(name: str, value: object, cls: type) -> None:
+    """A `TypeError` naming the option `name` (a diffrax solver, controller...) unless it
+    is `None` or an instance of `cls`."""
+    if value is not None and not isinstance(value, cls):
+        module = cls.__module__.split(".")[0]
+        raise TypeError(
+            f"{name} must be None or an instance of {module}.{cls.__name__}, got "
+            f"{name}={short_repr(value)}"
+        )
+
+
 def host_arrays(*arrays: ArrayLike | None) -> tuple[Array | np.ndarray | None, ...]:
     """Each argument as an array without converting it to JAX: NumPy inputs (and Python
     scalars or lists) become NumPy arrays, JAX arrays and `None` are kept. Integer ids are

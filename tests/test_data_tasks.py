@@ -564,6 +564,25 @@ def test_trajectory_bad_inputs(trajectories):
         ls.trajectory_windows(states, actions[:3], length=2)
 
 
+def test_trajectory_arrays_checked_without_jaxtyping(trajectories, no_jaxtyping):
+    """The arrays are checked by the library too, not only by the hints (which
+    `JAXTYPING_DISABLE=1` turns off): fewer actions than trajectories failed at the last
+    windows, more were paired by index, 2-d actions and integer states passed."""
+    states, actions = trajectories
+    windows = inspect.unwrap(ls.trajectory_windows)  # as without jaxtyping's import hook
+    for bad in (actions[:5], np.concatenate([actions, actions[:2]])):
+        with pytest.raises(ValueError, match=r"actions must hold one row per trajectory .*\(10\)"):
+            windows(states, bad, length=2)
+    with pytest.raises(ValueError, match=r"actions must be a floating array of shape \(num, "):
+        windows(states, actions[..., 0], length=2)
+    with pytest.raises(
+        ValueError, match=r"states must be .* got shape \(10, 12, 3\) and dtype int"
+    ):
+        windows(states.astype(np.int64), length=2)
+    with pytest.raises(ValueError, match=r"split='all' has no trajectories out of 0"):
+        ls.split_trajectories(0, "all", valid_fraction=0.1, test_fraction=0.1)
+
+
 def test_trajectory_integer_and_real_arguments(trajectories):
     states, _ = trajectories
     everything = ls.trajectory_windows(

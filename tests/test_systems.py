@@ -216,6 +216,34 @@ def test_sample_trajectories_names_its_key(no_jaxtyping):
     assert ls.sample_trajectories(ls.Duffing(), jr.PRNGKey(0), 2, 2)[0].shape == (2, 3, 2)
 
 
+def test_systems_name_bad_arguments(no_jaxtyping):
+    """A system given by name, a solver or controller given as a string, a seed for a
+    key, and states of the wrong shape for an invariant are named (they failed deep
+    inside, or, for the invariants, gave numbers for the wrong shape)."""
+    with pytest.raises(TypeError, match=r"system must be a lineax_seq.DynamicalSystem, .*'duf"):
+        ls.sample_trajectories("duffing", jr.key(0), 2, 2)
+    with pytest.raises(TypeError, match=r"system must be a lineax_seq.DynamicalSystem"):
+        ls.simulate("duffing", jnp.zeros(2), 2)
+    for name, value, cls in [
+        ("solver", "dopri5", "diffrax.AbstractSolver"),
+        ("stepsize_controller", "pid", "diffrax.AbstractStepSizeController"),
+        ("adjoint", "direct", "diffrax.AbstractAdjoint"),
+    ]:
+        with pytest.raises(TypeError, match=f"{name} must be None or an instance of {cls}, got"):
+            ls.simulate(ls.Duffing(), jnp.zeros(2), 2, **{name: value})
+    with pytest.raises(TypeError, match="key must be one JAX PRNG key, .*got key=0"):
+        ls.Duffing().sample_initial(0, 2)
+    with pytest.raises(TypeError, match="key must be one JAX PRNG key, .*got key=0"):
+        ls.ControlledPendulum().sample_actions(0, 2, 3)
+    xs = ls.simulate(ls.Pendulum(), jnp.array([3.0, 0.0]), 5)
+    assert ls.Pendulum().energy(xs).shape == (6,)
+    for bad in (xs.T, jnp.zeros(3)):
+        with pytest.raises(ValueError, match=r"x must be states of shape \(\*batch, 2\) of Pend"):
+            ls.Pendulum().energy(bad)
+        with pytest.raises(ValueError, match=r"x must be states of shape \(\*batch, 2\) of Lotka"):
+            ls.LotkaVolterra().invariant(bad)
+
+
 def test_get_system_names_its_argument(no_jaxtyping):
     assert isinstance(ls.get_system("duffing"), ls.Duffing)
     with pytest.raises(TypeError, match=r"name must be a str, .*got name=\['duffing'\]"):

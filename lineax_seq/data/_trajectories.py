@@ -66,12 +66,11 @@ def split_trajectories(
     num_trajectories = check_int("num_trajectories", num_trajectories, minimum=0)
     split_seed = check_int("split_seed", split_seed, minimum=0)
     check_split(split, valid_fraction, test_fraction)
-    if split == "all":
-        return np.arange(num_trajectories)
     perm = np.random.default_rng(split_seed).permutation(num_trajectories)
     nv = int(round(valid_fraction * num_trajectories))
     nt = int(round(test_fraction * num_trajectories))
-    chosen = {"valid": perm[:nv], "test": perm[nv : nv + nt], "train": perm[nv + nt :]}[split]
+    parts = {"valid": perm[:nv], "test": perm[nv : nv + nt], "train": perm[nv + nt :]}
+    chosen = perm if split == "all" else parts[split]
     if chosen.size == 0:
         raise ValueError(
             f"split={split!r} has no trajectories out of {num_trajectories} "
@@ -80,8 +79,20 @@ def split_trajectories(
     return np.sort(chosen)
 
 
-def _as_finite(name, x):
+def _as_finite(name, x, num: int | None = None):
+    """`x` as a NumPy array, or a `ValueError` naming it unless it holds finite floats of
+    shape `(num, time, features)` (checked here as well as by the hints, which
+    `JAXTYPING_DISABLE=1` turns off)."""
     x = np.asarray(jax.device_get(x))
+    if x.ndim != 3 or not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(
+            f"{name} must be a floating array of shape (num, time, features), got shape "
+            f"{x.shape} and dtype {x.dtype}"
+        )
+    if num is not None and x.shape[0] != num:
+        raise ValueError(
+            f"{name} must hold one row per trajectory of states ({num}), got {name}.shape={x.shape}"
+        )
     bad = ~np.isfinite(x)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -135,7 +146,7 @@ def trajectory_windows(
     states = _as_finite("states", states)
     total = states.shape[1]
     if actions is not None:
-        actions = _as_finite("actions", actions)
+        actions = _as_finite("actions", actions, num=states.shape[0])
         if actions.shape[1] not in (total, total - 1):
             raise ValueError(
                 f"actions must have T_total={total} or T_total - 1={total - 1} steps, got "

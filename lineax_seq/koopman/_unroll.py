@@ -18,9 +18,9 @@ from .._checks import (
     check_bool,
     check_finite,
     check_int,
+    check_option,
     check_optional_int,
     check_real,
-    short_repr,
 )
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
@@ -496,15 +496,6 @@ def _check_ts(ts: Array, host: np.ndarray | None, given: np.ndarray | None) -> A
     return ts
 
 
-def _check_option(name: str, value: object, cls: type) -> None:
-    """A `TypeError` naming the diffrax option `name` unless it is `None` or a `cls`."""
-    if value is not None and not isinstance(value, cls):
-        raise TypeError(
-            f"{name} must be None or an instance of diffrax.{cls.__name__}, got "
-            f"{name}={short_repr(value)}"
-        )
-
-
 def _check_solver(solver: diffrax.AbstractSolver) -> None:
     """A `ValueError` naming `solver` if it needs more than one term (IMEX or SDE
     solvers, `SemiImplicitEuler`): the latent ODE is one `ODETerm`."""
@@ -644,10 +635,10 @@ def unroll_continuous(
     throw = check_bool("throw", throw)
     dt0 = _check_dt0(dt0)
     max_steps = check_optional_int("max_steps", max_steps)
-    _check_option("solver", solver, diffrax.AbstractSolver)
-    _check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
-    _check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
-    _check_option("progress_meter", progress_meter, diffrax.AbstractProgressMeter)
+    check_option("solver", solver, diffrax.AbstractSolver)
+    check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
+    check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
+    check_option("progress_meter", progress_meter, diffrax.AbstractProgressMeter)
     if solver is not None:
         _check_solver(solver)
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)

@@ -9,8 +9,25 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, check_finite, check_int, check_key, check_real
+from .._checks import (
+    IntLike,
+    RealScalar,
+    check_finite,
+    check_int,
+    check_key,
+    check_option,
+    check_real,
+    short_repr,
+)
 from ._systems import DynamicalSystem
+
+
+def _check_system(system: object) -> None:
+    if not isinstance(system, DynamicalSystem):
+        raise TypeError(
+            "system must be a lineax_seq.DynamicalSystem, e.g. lineax_seq.get_system("
+            f"'duffing'), got system={short_repr(system)}"
+        )
 
 
 def _check_state(system: DynamicalSystem, x0: Array) -> Array:
@@ -90,7 +107,10 @@ def simulate(
     - `max_steps`: passed to `diffrax.diffeqsolve`, a positive integer.
     - `stepsize_controller`: overrides the default controller (`PIDController(rtol,
         atol)` for adaptive solvers, `StepTo` the sampling times otherwise); not
-        `StepTo` with `actions` (each interval is solved on its own).
+        `StepTo` with `actions` (each interval is solved on its own). A `StepTo` given
+        must start and end on the sampling times as computed here, `dt *
+        jnp.arange(steps + 1, dtype=x0.dtype)` (diffrax requires its first and last
+        times to be `t0` and `t1` exactly; `jnp.linspace` rounds differently).
     - `dt0`: the initial (or constant) step, positive (default `dt`); not with `StepTo`
         (given or default), which fixes the steps itself.
     - `adjoint`: passed to `diffrax.diffeqsolve` (default diffrax's
@@ -103,6 +123,10 @@ def simulate(
     dtype of `x0` (promoted with `actions` and the system's parameters). Half-precision
     states (bfloat16, float16) are integrated in float32, whose result is cast back.
     """
+    _check_system(system)
+    check_option("solver", solver, diffrax.AbstractSolver)
+    check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
+    check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
     x0 = _check_state(system, jnp.asarray(x0))
     steps, dt = _check_steps(steps, dt)
     max_steps = check_int("max_steps", max_steps)
@@ -212,6 +236,7 @@ def sample_trajectories(
     `(states, actions)`: states `(num, steps + 1, state_dim)` and actions
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
+    _check_system(system)
     check_key("key", key)
     num = check_int("num", num)
     steps, dt = _check_steps(steps, dt)

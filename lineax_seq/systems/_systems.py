@@ -16,7 +16,9 @@ from .._checks import (
     IntLike,
     RealScalar,
     as_array,
+    as_float_array,
     check_int,
+    check_key,
     check_real,
     check_state_control,
 )
@@ -26,7 +28,9 @@ class DynamicalSystem(eqx.Module):
     """An ODE `dx/dt = f(t, x, u)` with a sampler of initial conditions.
 
     Subclasses define `state_dim`, `action_dim` (0 for autonomous systems), the default
-    sampling interval `dt`, `vector_field` and `sample_initial`. `args` of the vector
+    sampling interval `dt`, `vector_field` and `sample_initial` (and, for a controlled
+    system, `sample_actions(key, num, steps)`, the `(num, steps, action_dim)` controls
+    that [`lineax_seq.sample_trajectories`][] draws). `args` of the vector
     field is the control input `u` (`Float[Array, "action_dim"]`) or `None` (always
     `None` for an autonomous system). The systems here check `x` and `args` with
     `self._check(x, args)`; a subclass's `vector_field` can call it too.
@@ -73,6 +77,16 @@ class DynamicalSystem(eqx.Module):
         )
         return x, args
 
+    def _states(self, x: object) -> Array:
+        """`x` as an array of states `(*batch, state_dim)`, or a `ValueError` naming it."""
+        x = as_float_array("x", x)
+        if x.ndim == 0 or x.shape[-1] != self.state_dim:
+            raise ValueError(
+                f"x must be states of shape (*batch, {self.state_dim}) of "
+                f"{type(self).__name__}, got x.shape={x.shape}"
+            )
+        return x
+
     @abc.abstractmethod
     def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` initial conditions `(num, state_dim)` drawn from the paper's distribution
@@ -99,6 +113,7 @@ class ParabolicAttractor(DynamicalSystem):
 
     def sample_initial(self, key, num):
         """`num` states `(num, 2)`: `x1, x2 ~ U[-1, 1]`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=-1.0, maxval=1.0)
 
@@ -120,6 +135,7 @@ class Duffing(DynamicalSystem):
 
     def sample_initial(self, key, num):
         """`num` states `(num, 2)`: `x ~ U[-2, 2]`, `x' ~ U[-1, 1]`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         lo = jnp.array([-2.0, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
@@ -152,12 +168,14 @@ class LotkaVolterra(DynamicalSystem):
 
     def sample_initial(self, key, num):
         """`num` states `(num, 2)`: `x1, x2 ~ U[0.02, 3]`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         return jr.uniform(key, (num, 2), minval=0.02, maxval=3.0)
 
     def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
         """The conserved `delta x1 - gamma log x1 + beta x2 - alpha log x2`, shape `(*batch,)`,
         of states `x` `(*batch, 2)`."""
+        x = self._states(x)
         x1, x2 = x[..., 0], x[..., 1]
         return (
             self.delta * x1 - self.gamma * jnp.log(x1) + self.beta * x2 - self.alpha * jnp.log(x2)
@@ -197,6 +215,7 @@ class Pendulum(DynamicalSystem):
     def sample_initial(self, key, num):
         """`num` states `(num, 2)` released at rest: `theta` uniform within `max_offset_deg`
         of `release_deg`, `omega = 0`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         # Array fields are traced under jit.
         offset, centre = jnp.deg2rad(self.max_offset_deg), jnp.deg2rad(self.release_deg)
@@ -206,6 +225,7 @@ class Pendulum(DynamicalSystem):
     def energy(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
         """Energy per unit `m length^2`, `omega^2 / 2 - (g / length) cos(theta)`, shape
         `(*batch,)`, of states `x` `(*batch, 2)`."""
+        x = self._states(x)
         return 0.5 * x[..., 1] ** 2 - (self.g / self.length) * jnp.cos(x[..., 0])
 
 
@@ -245,6 +265,7 @@ class ControlledPendulum(DynamicalSystem):
 
     def sample_initial(self, key, num):
         """`num` states `(num, 2)`: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         lo = jnp.array([-math.pi, -1.0])
         return jr.uniform(key, (num, 2), minval=lo, maxval=-lo)
@@ -253,6 +274,7 @@ class ControlledPendulum(DynamicalSystem):
         self, key: PRNGKeyArray, num: IntLike, steps: IntLike
     ) -> Float[Array, "num steps 1"]:
         """Random piecewise-constant torques `(num, steps, 1)`, one per sampling interval."""
+        check_key("key", key)
         num, steps = check_int("num", num, minimum=0), check_int("steps", steps, minimum=0)
         return jr.uniform(key, (num, steps, 1), minval=-self.max_torque, maxval=self.max_torque)
 
@@ -286,6 +308,7 @@ class Lorenz63(DynamicalSystem):
 
     def sample_initial(self, key, num):
         """`num` states `(num, 3)`: `(0, 1, 1.05) + N(0, 1)`."""
+        check_key("key", key)
         num = check_int("num", num, minimum=0)
         return jnp.array([0.0, 1.0, 1.05]) + jr.normal(key, (num, 3))
 
