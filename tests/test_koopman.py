@@ -866,6 +866,31 @@ def test_float32_reencode_dt_widens_the_tolerance(model):
             np.testing.assert_allclose(got[1], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_times_keep_the_rounding_of_their_own_dtype():
+    """float32 times given to a float64 model (x64) are known only to float32's rounding:
+    a grid time that rounded up past a reencoding time is that time, decoded before
+    reencoding as by `unroll` (it took float64's tolerance, and was reencoded first:
+    outputs off by 8% of the state). A concrete num_segments may exceed the count (the
+    documented formula gives 4 for 0.1 * arange(4), whose span is 3 segments)."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        model = ls.KoopmanAutoencoder(2, 6, width=8, dt=0.1, discretization="exact", key=jr.key(0))
+        model = jax.tree.map(
+            lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, model
+        )
+        x0 = jnp.array([0.5, -0.4])
+        discrete = ls.unroll(model, x0, steps=10, reencode_every=1)
+        ts = np.float32(0.1) * np.arange(11, dtype=np.float32)  # some round up, some down
+        assert np.any(ts.astype(np.float64) > 0.1 * np.arange(11))
+        for exact in (True, False):
+            got = ls.unroll_continuous(model, x0, ts, reencode_dt=0.1, exact=exact)
+            np.testing.assert_allclose(got[1:], discrete, atol=1e-6)
+        grid = 0.1 * np.arange(4)
+        four = ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, num_segments=4, exact=True)
+        np.testing.assert_array_equal(
+            four, ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, exact=True)
+        )
+
+
 def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
     """Float32 times near 1e6 left the solver no room to step (it failed after max_steps,
     though the latent ODE does not depend on time), and a reencoding interval they cannot

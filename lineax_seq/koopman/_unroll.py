@@ -328,6 +328,12 @@ def _unroll(model, x0, actions, steps, reencode_every, method) -> Array:
     return jax.vmap(model.decode)(zs)
 
 
+def _given_dtype(ts: object) -> np.dtype | None:
+    """The floating dtype `ts` was given in (`None` for integers, which are exact)."""
+    dtype = ts.dtype if hasattr(ts, "dtype") else np.asarray(ts).dtype
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else None
+
+
 def _check_reencode_dt(reencode_dt: object) -> tuple[float | None, float]:
     """`(reencode_dt, eps)`: the interval as a `float` (or `None`), checked, and the
     relative precision it came in: float32's machine epsilon for a NumPy or JAX scalar of
@@ -369,7 +375,7 @@ def _segments(
         return eqx.error_if(ts, short, message), num_segments
     span = float(ts_host[-1] - ts_host[0])
     num = max(1, math.ceil(span / reencode_dt - float(tolerance[-1])))
-    if num_segments is not None and num_segments != num:
+    if num_segments is not None and num_segments < num:
         raise ValueError(
             f"num_segments={num_segments}, but ts spans {span:g} = {num} segments of "
             f"reencode_dt={reencode_dt!r} (num_segments is needed only for a traced ts)"
@@ -385,23 +391,25 @@ def _segments(
 _ULPS = 16
 
 
-def _tolerance(ts, reencode_dt: float, reencode_eps: float):
+def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     """How far past a reencoding time, in segments, each time `t` of `ts` still counts as
-    equal to it: `_ULPS` units in the last place of `max(|t|, |ts[0]|)` (the rounding of
-    computed times) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the precision
-    `reencode_dt` came in: 0 for a Python number, float32's for a float32 one), and no
-    more (a later time is reencoded). Per time, so that a late time does not widen an
+    equal to it: `_ULPS` machine epsilons of `rounding_dtype` relative to
+    `max(|t|, |ts[0]|)` (the rounding of computed times, in the dtype they were given in,
+    or are computed in if lower) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the
+    precision `reencode_dt` came in: 0 for a Python number, float32's for a float32 one),
+    and no more (a later time is reencoded). Per time, so that a late time does not widen an
     early one's. The last time's counts the segments. A `ValueError` (host `ts`; an
     `eqx.error_if` for traced ones) if the times span a reencoding time and the last
     time's tolerance reaches half a segment: the times cannot then be placed on the grid."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    rounding = _ULPS * float(xp.finfo(ts.dtype).eps) * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
+    eps = float(jnp.finfo(rounding_dtype).eps)
+    rounding = _ULPS * eps * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
     interval = _ULPS * reencode_eps * (ts - ts[0])
     tolerance = (rounding + interval) / reencode_dt
     unresolved = (tolerance[-1] >= 0.5) & (ts[-1] - ts[0] > reencode_dt)
     times = (
-        f"{ts.dtype} times this far from 0 are known only to within half an interval "
-        f"({_ULPS} units in the last place): pass float64 times (jax_enable_x64), or "
+        f"{np.dtype(rounding_dtype)} times this far from 0 are known only to within half an "
+        f"interval ({_ULPS} machine epsilons): pass float64 times (jax_enable_x64), or "
         "ts - ts[0] (the model is autonomous: the same states)"
     )
     interval_dt = (
@@ -563,9 +571,10 @@ def unroll_continuous(
     by default the data's sampling interval `model.dynamics.dt`) between reencoding times
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
     `ts`; a time `t` equal to a reencoding time (up to the rounding of computed times
-    such as `jnp.linspace`: 16 units in the last place of `max(|t|, |ts[0]|)`, plus 16
-    float32 units of `t - ts[0]` for a NumPy or JAX `reencode_dt` of float32 precision;
-    a Python number is exact) is decoded *before* reencoding, as in
+    such as `jnp.linspace`: 16 machine epsilons of the dtype `ts` was given in, or is
+    computed in if lower, relative to `max(|t|, |ts[0]|)`, plus 16 float32 units of
+    `t - ts[0]` for a NumPy or JAX `reencode_dt` of float32 precision; a Python number is
+    exact) is decoded *before* reencoding, as in
     [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. Where the
     times span a reencoding time and the last one's tolerance reaches half a
     `reencode_dt` (float32 times far from 0, or a float32 `reencode_dt` over very many
@@ -598,7 +607,9 @@ def unroll_continuous(
     - `num_segments`: number of reencoding segments,
         `max(1, ceil((ts[-1] - ts[0]) / reencode_dt))`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
-        error); with concrete `ts` it must equal that count.
+        error, more are empty segments); with concrete `ts` the count is computed (a
+        time within the rounding tolerance past a reencoding time counts as on it) and
+        a `num_segments` given must be at least that.
     - `exact`: use the matrix exponential instead of an ODE solver (a bool).
     - `solver` (any solver of one `ODETerm`; not the IMEX, SDE or split ones, which need
         several terms; in float32 an implicit solver's default root finder,
@@ -628,7 +639,6 @@ def unroll_continuous(
             f"unroll_continuous supports autonomous models only; this model has "
             f"action_dim={model.action_dim} (use unroll for controlled systems)"
         )
-    given_reencode_dt = reencode_dt  # with its precision, for the half-precision call
     reencode_dt, reencode_eps = _check_reencode_dt(reencode_dt)
     num_segments = check_optional_int("num_segments", num_segments)
     exact = check_bool("exact", exact)
@@ -655,35 +665,26 @@ def unroll_continuous(
     # The host copy comes from the argument itself: inside `jit` even a closed-over NumPy
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
+    given_dtype = _given_dtype(ts)  # the times' own rounding, before any promotion
     x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
+    out_dtype = ts.dtype
     if jnp.finfo(ts.dtype).bits < 32:
         # Half precision resolves neither the times nor an ODE tolerance: the model
         # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
         single = lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a
-        if ts_host is not None:  # kept on the host: concrete for the call below, under jit too
-            ts_single = ts_host.astype(ts.dtype).astype(np.float32)
-        else:
-            ts_single = single(ts)
-        return unroll_continuous(
-            jax.tree.map(single, model),
-            single(x0),
-            ts_single,
-            reencode_dt=given_reencode_dt,
-            num_segments=num_segments,
-            exact=exact,
-            solver=solver,
-            stepsize_controller=stepsize_controller,
-            dt0=dt0,
-            max_steps=max_steps,
-            adjoint=adjoint,
-            progress_meter=progress_meter,
-            throw=throw,
-        ).astype(ts.dtype)
+        if ts_host is not None:  # kept on the host: concrete below, under jit too
+            ts_host = ts_host.astype(ts.dtype).astype(np.float32)
+        model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
     given, ts_host = ts_host, None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host, given)
     tolerance = None
     if reencode_dt is not None:
-        tolerance = _tolerance(ts if ts_host is None else ts_host, reencode_dt, reencode_eps)
+        # Times known only to their given precision, or to the computed one if lower.
+        dtypes = [d for d in (given_dtype, ts.dtype) if d is not None]
+        rounding = max(dtypes, key=lambda d: float(jnp.finfo(d).eps))
+        tolerance = _tolerance(
+            ts if ts_host is None else ts_host, rounding, reencode_dt, reencode_eps
+        )
     ts, num = _segments(ts, ts_host, reencode_dt, tolerance, num_segments)
     if ts_host is None:
         taus, seg = _reencoding_grid(ts, reencode_dt, num, tolerance)
@@ -708,7 +709,8 @@ def unroll_continuous(
             steps, jump_index = _distinct(np.diff(host_taus), resolution)
             offsets, steps = jnp.asarray(offsets, ts.dtype), jnp.asarray(steps, ts.dtype)
         reencode = reencode_dt is not None
-        return _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode)
+        flow = _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode)
+        return flow.astype(out_dtype)
 
     if isinstance(stepsize_controller, diffrax.StepTo) and num > 1:
         raise ValueError(
@@ -742,7 +744,8 @@ def unroll_continuous(
         position = jnp.asarray(host_position)
 
     options = (solver, stepsize_controller, dt0, max_steps, adjoint, progress_meter, throw)
-    return _solve(model, x0, taus, save_ts, seg, position, reencode_dt is not None, *options)
+    reencode = reencode_dt is not None
+    return _solve(model, x0, taus, save_ts, seg, position, reencode, *options).astype(out_dtype)
 
 
 @eqx.filter_jit  # as `_latents`
