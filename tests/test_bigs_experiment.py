@@ -5,6 +5,7 @@ import csv
 import json
 import pathlib
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -795,6 +796,37 @@ def test_pretrain_run_that_never_started(pretrained, tmp_path, capsys):
         (unstarted / "config.json").write_text(damaged)
         err = _cli_error(into(unstarted, "--resume"), capsys)
         assert f"--resume {unstarted}" in err, err
+
+
+def test_resume_takes_options_given_at_their_defaults(pretrained, capsys):
+    """An option given on a --resume overrides the record even at its parser default
+    (`--length 128`, `--seed 0`: they were taken as left out, and the recorded 32 ran)."""
+    out, _, _ = pretrained
+    recorded = json.loads((out / "config.json").read_text())
+    run = (recorded.get("resumed") or [recorded["pretrain"]])[-1]
+    assert (run["length"], run["max_files"]) == (32, 12)
+    given = ["pretrain", "--resume", "--out", str(out), "--length", "128", "--seed", "0"]
+    args = _bigs._resume_options(_parse(given))
+    assert (args.length, args.seed, args.max_files) == (128, 0, 12)  # the rest recorded
+    assert "--length 128 (recorded: 32)" in capsys.readouterr().out
+    assert _bigs._resume_options(_parse(given[:4])).length == 32
+
+
+def test_finetune_refuses_checkpoints_it_cannot_resume(pretrained, tmp_path, capsys):
+    """A fine-tuning --out holding another model's checkpoints (a pretraining run's,
+    without its config.json) is a usage error, not a CheckpointError traceback; so is a
+    --checkpoint whose config.json has no model (a KeyError)."""
+    out, _, _ = pretrained
+    shutil.copytree(out / "checkpoints", tmp_path / "other" / "checkpoints")
+    ft = ["finetune", "--checkpoint", str(out), "--task", "listops", "--steps", "1",
+          "--batch-size", "2", "--length", "16", "--listops-examples", "20"]  # fmt: skip
+    err = _cli_error([*ft, "--out", str(tmp_path / "other")], capsys)
+    assert "holds checkpoints this fine-tuning run cannot resume" in err, err
+    shutil.copytree(out, tmp_path / "nomodel", ignore=shutil.ignore_patterns("checkpoints"))
+    (tmp_path / "nomodel" / "config.json").write_text('{"tokenizer": "byte"}')
+    ft[ft.index("--checkpoint") + 1] = str(tmp_path / "nomodel")
+    err = _cli_error([*ft, "--out", str(tmp_path / "ft")], capsys)
+    assert "config.json has no model and tokenizer entries" in err, err
 
 
 def test_init_from_records_its_source_not_its_history(pretrained, tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -320,7 +321,7 @@ def _recorded_config(out: pathlib.Path) -> dict[str, Any]:
 
 
 # The options of a pretraining run's data and optimiser: a `--resume` takes the recorded
-# ones (its run's latest) wherever the command line leaves them at their defaults.
+# ones (its run's latest) wherever the command line leaves them out.
 _RUN_OPTIONS = (
     "corpus",
     "max_files",
@@ -340,12 +341,11 @@ _RUN_OPTIONS = (
 
 def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
     """`args` with the run's recorded data and optimiser options (those of its latest
-    start or resume) in place of parser defaults, so that a bare `--resume --out DIR`
-    continues the run as it was started. Options given with other values override the
-    record; a note names them."""
+    start or resume) in place of those not given, so that a bare `--resume --out DIR`
+    continues the run as it was started. Options given (at their defaults too) override
+    the record; a note names those that change it."""
     config = _recorded_config(args.out)
     recorded = (config.get("resumed") or [config.get("pretrain") or {}])[-1]
-    parser = _SUBPARSERS["pretrain"]
     merged, changed = vars(args).copy(), []
     for name in _RUN_OPTIONS:
         if name not in recorded:
@@ -353,7 +353,7 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
         value = recorded[name]
         if name == "corpus" and value is not None:
             value = pathlib.Path(value)
-        if merged[name] == parser.get_default(name):
+        if name not in merged.get(_GIVEN, ()):
             merged[name] = value
         elif merged[name] != value:
             changed.append(f"--{name.replace('_', '-')} {merged[name]} (recorded: {value})")
@@ -366,7 +366,7 @@ def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, A
     """The options a run used, for its config: without the model's (and tokenizer's)
     when it continues a checkpoint, whose own are in the config. Paths are made
     absolute, so that a `--resume` from another directory reads the same corpus."""
-    skip = _MODEL_OPTIONS if from_checkpoint else ()
+    skip = (*_MODEL_OPTIONS, _GIVEN) if from_checkpoint else (_GIVEN,)
     return {
         k: os.path.abspath(v) if isinstance(v, pathlib.Path) else v
         for k, v in vars(args).items()
@@ -514,15 +514,21 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         f"training / {len(eval_records)} held-out examples, length {args.length}",
         flush=True,
     )
-    result = finetune_classifier(
-        model,
-        train_records,
-        eval_records,
-        tok,
-        **_optim_options(args),
-        out_dir=args.out,
-        truncation=args.truncation,
-    )
+    try:  # a run killed here resumes from its checkpoints; another model's are refused
+        result = finetune_classifier(
+            model,
+            train_records,
+            eval_records,
+            tok,
+            **_optim_options(args),
+            out_dir=args.out,
+            truncation=args.truncation,
+        )
+    except ls.CheckpointError as e:
+        raise UsageError(
+            f"--out {args.out} holds checkpoints this fine-tuning run cannot resume ({e}); "
+            "choose a new --out"
+        ) from e
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
     summary = {
@@ -616,6 +622,18 @@ def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
     )
 
 
+_GIVEN = "given_options"
+
+
+class _Given(argparse.Action):
+    """Store the value and note the option as given (in `args.given_options`), so that a
+    `--resume` tells an option given at its default from one left out."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
+
+
 def _optim_arguments(
     parser: argparse.ArgumentParser,
     *,
@@ -627,33 +645,28 @@ def _optim_arguments(
     schedule: str = "cosine",
 ) -> None:
     g = parser.add_argument_group("optimisation (AdamW, beta2 0.98, eps 1e-6)")
-    g.add_argument("--steps", type=positive_int, default=steps, help="optimiser steps")
-    g.add_argument("--batch-size", type=positive_int, default=batch, help="sequences per batch")
-    g.add_argument("--length", type=positive_int, default=length, help="sequence length")
-    g.add_argument("--lr", type=positive_float, default=lr, help="peak learning rate")
-    g.add_argument(
+    add = functools.partial(g.add_argument, action=_Given)
+    add("--steps", type=positive_int, default=steps, help="optimiser steps")
+    add("--batch-size", type=positive_int, default=batch, help="sequences per batch")
+    add("--length", type=positive_int, default=length, help="sequence length")
+    add("--lr", type=positive_float, default=lr, help="peak learning rate")
+    add(
         "--ssm-lr",
         type=non_negative_float,
         default=1e-3,
         help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
         "capped at --lr; 0 means --lr",
     )
-    g.add_argument(
-        "--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay"
-    )
-    g.add_argument("--warmup", type=fraction, default=warmup, help="warmup fraction of the steps")
-    g.add_argument(
+    add("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay")
+    add("--warmup", type=fraction, default=warmup, help="warmup fraction of the steps")
+    add(
         "--schedule",
         choices=("cosine", "linear"),
         default=schedule,
         help="learning-rate decay after the warmup",
     )
-    g.add_argument(
-        "--seed", type=non_negative_int, default=0, help="seed of weights, data and masks"
-    )
-    g.add_argument(
-        "--eval-every", type=non_negative_int, default=0, help="evaluate every N steps (0: end)"
-    )
+    add("--seed", type=non_negative_int, default=0, help="seed of weights, data and masks")
+    add("--eval-every", type=non_negative_int, default=0, help="evaluate every N steps (0: end)")
 
 
 def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -669,14 +682,15 @@ def _corpus_arguments(
     parser: argparse.ArgumentParser, *, tokenizer: str, from_checkpoint: bool = False
 ) -> None:
     g = parser.add_argument_group("corpus")
-    g.add_argument(
+    add = functools.partial(g.add_argument, action=_Given)
+    add(
         "--corpus",
         type=existing_path,
         default=None,
         help="a .txt / .py file, a .jsonl file (a document per line) or a directory of "
         "such files (default: the stdlib .py sources)",
     )
-    g.add_argument(
+    add(
         "--max-files",
         type=positive_int,
         default=400,
@@ -684,13 +698,13 @@ def _corpus_arguments(
         "the corpus; a note says when some are left out",
     )
     ignored = " (ignored with --init-from/--resume: the checkpoint's)" if from_checkpoint else ""
-    g.add_argument(
+    add(
         "--tokenizer",
         choices=("bpe", "byte"),
         default=tokenizer,
         help=f"subword (BPE, trained on the corpus) or byte tokens{ignored}",
     )
-    g.add_argument(
+    add(
         "--vocab-size",
         type=int_at_least(_BYTE_VOCAB, "7 special tokens + 256 bytes"),
         default=2048,
@@ -725,6 +739,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pre.add_argument(
         "--mask-rate",
+        action=_Given,
         type=positive_fraction,
         default=0.15,
         help="fraction of the tokens masked, in (0, 1]",

@@ -569,6 +569,11 @@ def load_pretrained(run_dir: pathlib.Path) -> tuple[MaskedLM, ls.Tokenizer, dict
     if not (run_dir / CONFIG_FILE).exists():
         raise ValueError(f"{run_dir} is not a `bigs pretrain` output (no {CONFIG_FILE})")
     config = json.loads((run_dir / CONFIG_FILE).read_text())
+    if not isinstance(config, dict) or not {"model", "tokenizer"} <= config.keys():
+        raise ValueError(
+            f"{run_dir} is not a `bigs pretrain` output: its {CONFIG_FILE} has no model "
+            "and tokenizer entries"
+        )
     template = eqx.filter_eval_shape(
         lambda: MaskedLM(ls.BiGS(**config["model"], key=jr.key(0)), key=jr.key(1))
     )
