@@ -885,6 +885,13 @@ def test_times_keep_the_rounding_of_their_own_dtype():
             got = ls.unroll_continuous(model, x0, ts, reencode_dt=0.1, exact=exact)
             np.testing.assert_allclose(got[1:], discrete, atol=1e-6)
         grid = 0.1 * np.arange(4)
+        # float16 times of a float16 model (integrated in float32) likewise.
+        half = jax.tree.map(
+            lambda a: a.astype(jnp.float16) if eqx.is_inexact_array(a) else a, model
+        )
+        ts16 = jnp.asarray(0.1 * np.arange(11), jnp.float16)
+        got = ls.unroll_continuous(half, x0.astype(jnp.float16), ts16, reencode_dt=0.1, exact=True)
+        np.testing.assert_allclose(np.asarray(got[1:], np.float64), discrete, atol=1e-3)
         four = ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, num_segments=4, exact=True)
         np.testing.assert_array_equal(
             four, ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, exact=True)
@@ -906,7 +913,7 @@ def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
     # (it counted one segment, no reencoding at all), under jit too; relative to ts[0] it
     # runs, and so do times that span no reencoding time.
     message = "reencode_dt=0.25 cannot place the reencoding times among the output times"
-    with pytest.raises(ValueError, match=message + ": float32 times this far from 0 .*float64"):
+    with pytest.raises(ValueError, match=message + ": float32 times this far from 0 .*wider dtype"):
         ls.unroll_continuous(model, x0, ts, reencode_dt=0.25, exact=True)
     traced = jax.jit(
         lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.25, num_segments=64)

@@ -409,8 +409,8 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     unresolved = (tolerance[-1] >= 0.5) & (ts[-1] - ts[0] > reencode_dt)
     times = (
         f"{np.dtype(rounding_dtype)} times this far from 0 are known only to within half an "
-        f"interval ({_ULPS} machine epsilons): pass float64 times (jax_enable_x64), or "
-        "ts - ts[0] (the model is autonomous: the same states)"
+        f"interval ({_ULPS} machine epsilons): pass times of a wider dtype (float64 needs "
+        "jax_enable_x64), or ts - ts[0] (the model is autonomous: the same states)"
     )
     interval_dt = (
         f"a float32 reencode_dt summed over this many intervals is known only to within "
