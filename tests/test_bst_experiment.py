@@ -182,6 +182,11 @@ def test_cli_corpus_errors(tmp_path, capsys):
         (["--dt-min", "0.5", "--dt-max", "0.1"], "--dt-min 0.5: must be below --dt-max 0.1"),
         (["--models", "SLIDE", "SLIDE"], "--models SLIDE SLIDE: each may be given once"),
         (["--seeds", "0", "0"], "--seeds 0 0: each may be given once"),
+        # A PRNG key holds 32 bits of a seed: 2**32 was seed 0 again, 2**63 a traceback.
+        (["--seeds", str(2**32)], "'4294967296' is not a seed"),
+        (["--corpus", ""], "'' is not a path"),  # it read the current directory
+        (["--eval-multipliers", "1", "1e308"], r"1e\+308 x .* = inf must be a whole number"),
+        (["--eval-multipliers", "1", "0.2501"], r"= 64.0256 must be a whole number of tokens"),
         (["--out", "{tmp}/file"], "--out .*file: exists and is not a directory"),
         (["--out", "{tmp}/file/x"], "--out .*x: .*file is a file, not a directory"),
     ],
@@ -197,6 +202,24 @@ def test_cli_usage_errors_before_training(argv, message, tmp_path, capsys):
     err = capsys.readouterr()
     assert exit_info.value.code == 2 and "training" not in err.out
     assert re.search(message, err.err.splitlines()[-1]), err.err
+
+
+def test_cli_checks_its_output_files_before_training(tmp_path, capsys):
+    """A result file that cannot be written (here a directory of its name) is a usage
+    error before training (it was a traceback after it, the .json and .md written)."""
+    from lineax_seq.__main__ import main
+
+    argv = ["--small", "--models", "SLIDE", "--eval-tokens", "512", "--out", str(tmp_path)]
+    parser = argparse.ArgumentParser()
+    _bst.add_arguments(parser)
+    stem = _bst.output_stem(_bst.config_from_args(parser.parse_args(argv)), None)
+    (tmp_path / f"{stem}.png").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bst", *argv])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "training" not in err.out
+    assert f"{stem}.png: is a directory" in err.err.splitlines()[-1], err.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.png"]
 
 
 def test_output_names_keep_the_default_and_documented_runs():

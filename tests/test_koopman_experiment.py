@@ -171,11 +171,13 @@ def test_format_table_ours_beside_paper():
         (["--k-scale", "nan"], "'nan' is not a finite number"),  # trained every model to NaN
         (["--train-reencode", "0"], "--train-reencode: '0' is not a positive integer"),
         (["--horizons", "10" * 11], r"at most 100,000 steps"),  # an OverflowError
+        (["--seed", str(2**32)], "'4294967296' is not a seed"),  # seed 0's key again
+        (["--seed", "-1"], "'-1' is not a seed"),
     ],
 )
-def test_bad_options(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        main(["koopman", *argv])
+def test_bad_options(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):  # (were a check to fail, the run writes to tmp_path)
+        main(["koopman", *argv, "--out", str(tmp_path)])
     assert re.search(message, capsys.readouterr().err)
 
 

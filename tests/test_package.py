@@ -108,6 +108,21 @@ def test_demo_out_must_be_a_directory(tmp_path, capsys):
             main(["demo", "--small", "--only", only, "--out", str(tmp_path / "mine")])
         assert message in capsys.readouterr().err.splitlines()[-1]
     assert (tmp_path / "mine" / "s4d" / "notes.txt").read_text() == "precious"
+    # Nor a demo's directory holding a user's file besides those its marker lists (it
+    # was deleted with the rest); a marker listing none is an interrupted run's.
+    from lineax_seq.experiments import _demo
+
+    section = tmp_path / "mine" / "s4d"
+    (section / "plots").mkdir()
+    (section / "plots" / "a.png").write_text("demo")
+    (section / _demo.MARKER).write_text("plots/a.png\n")
+    problem = _demo._section_problem(section)
+    assert "holds files a demo did not write (notes.txt)" in problem, problem
+    (section / "notes.txt").unlink()
+    assert _demo._section_problem(section) is None
+    (section / _demo.MARKER).write_text("")
+    (section / "notes.txt").write_text("written before the run stopped")
+    assert _demo._section_problem(section) is None
 
 
 def _entry_points() -> dict:

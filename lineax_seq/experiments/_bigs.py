@@ -79,6 +79,7 @@ from ._cli import (
     positive_float,
     positive_fraction,
     positive_int,
+    random_seed,
     reading_inputs,
 )
 
@@ -665,7 +666,7 @@ def _optim_arguments(
         default=schedule,
         help="learning-rate decay after the warmup",
     )
-    add("--seed", type=non_negative_int, default=0, help="seed of weights, data and masks")
+    add("--seed", type=random_seed, default=0, help="seed of weights, data and masks")
     add("--eval-every", type=non_negative_int, default=0, help="evaluate every N steps (0: end)")
 
 

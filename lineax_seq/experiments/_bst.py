@@ -44,6 +44,7 @@ from ._cli import (
     output_problem,
     positive_float,
     positive_int,
+    random_seed,
     results_dir,
     settings_tag,
 )
@@ -335,8 +336,15 @@ def config_problem(cfg: Config) -> str | None:
     """What in `cfg` the run cannot use, named by its option, found before any training
     (the models' constructors, the training windows and the evaluation would otherwise
     fail after minutes of it)."""
-    lengths = cfg.eval_lengths()
     multipliers = " ".join(f"{m:g}" for m in cfg.eval_multipliers)
+    for m in cfg.eval_multipliers:
+        tokens = m * cfg.train_length
+        if not 1 <= tokens <= 2**31 or tokens != int(tokens):
+            return (
+                f"--eval-multipliers {multipliers}: {m:g} x --train-length {cfg.train_length} "
+                f"= {tokens:g} must be a whole number of tokens in [1, 2**31]"
+            )
+    lengths = cfg.eval_lengths()
     repeated = (("--models", cfg.models), ("--seeds", cfg.seeds))
     for flag, values in (*repeated, ("--eval-multipliers", cfg.eval_multipliers)):
         if len(set(values)) < len(values):
@@ -685,7 +693,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--warmup-steps", type=non_negative_int)
     flag("--eval-multipliers", type=positive_float, nargs="+")
     flag("--eval-tokens", type=positive_int)
-    flag("--seeds", type=non_negative_int, nargs="+")
+    flag("--seeds", type=random_seed, nargs="+")
     parser.add_argument("--no-match", action="store_true", help="do not match parameter counts")
     parser.add_argument(
         "--out",
@@ -713,13 +721,21 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return dataclasses.replace(cfg, match_parameters=not args.no_match, **given)
 
 
+_OUTPUTS = (".json", ".md", ".png")  # written after the training, under `--out`
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the options and `--out` (usage errors, before any training), then run."""
     corpus = None if args.corpus is None else str(args.corpus)
     cfg = config_from_args(args)
-    if problem := output_problem("--out", args.out):
-        raise UsageError(problem)
-    run_experiment(cfg, corpus, args.out, stem=output_stem(cfg, corpus))
+    stem = output_stem(cfg, corpus)
+    for problem in (
+        output_problem("--out", args.out),
+        *(output_problem("--out", args.out / f"{stem}{ext}", directory=False) for ext in _OUTPUTS),
+    ):
+        if problem:
+            raise UsageError(problem)
+    run_experiment(cfg, corpus, args.out, stem=stem)
     return 0
 
 

@@ -75,9 +75,18 @@ def positive_fraction(text: str) -> float:
     return _number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
+def random_seed(text: str) -> int:
+    """An `argparse` type: a seed, an integer in `[0, 2**32)` (a PRNG key holds 32 bits of
+    it: larger seeds would repeat smaller ones)."""
+    return _number(text, int, lambda v: 0 <= v < 2**32, "a seed (an integer in [0, 2**32))")
+
+
 def existing_path(text: str) -> pathlib.Path:
-    """An `argparse` type: a file or directory that exists."""
+    """An `argparse` type: a file or directory that exists (not `''`, which would be the
+    current directory)."""
     path = pathlib.Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("'' is not a path")
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist")
     return path

@@ -45,17 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 MARKER = ".lineax_seq_demo"
 
 
+def _files(section_dir: pathlib.Path) -> set[str]:
+    """The files under `section_dir` (relative paths), the marker left out."""
+    found = (p for p in section_dir.rglob("*") if p.is_file() or p.is_symlink())
+    return {p.relative_to(section_dir).as_posix() for p in found} - {MARKER}
+
+
 def _section_problem(section_dir: pathlib.Path) -> str | None:
     """Why `section_dir` may not be replaced: a file, or a directory with files that a
-    demo did not write (no marker)."""
+    demo did not write (no marker, or files the marker does not list; a marker that
+    lists none is from a run that stopped early, or from before markers listed files)."""
     if section_dir.is_file() or section_dir.is_symlink():
         return f"--out {section_dir.parent}: {section_dir} exists and is not a directory"
-    if section_dir.is_dir() and any(section_dir.iterdir()):
-        if not (section_dir / MARKER).is_file():
-            return (
-                f"--out {section_dir.parent}: {section_dir} holds files a demo did not write "
-                "(each run replaces its section directories); choose another --out"
-            )
+    if not section_dir.is_dir() or not any(section_dir.iterdir()):
+        return None
+    marker = section_dir / MARKER
+    written = set(marker.read_text().split()) if marker.is_file() else set()
+    foreign = sorted(_files(section_dir) - written) if written else []
+    if not marker.is_file() or foreign:
+        which = f" ({', '.join(foreign[:3])}{', ...' if foreign[3:] else ''})" if foreign else ""
+        return (
+            f"--out {section_dir.parent}: {section_dir} holds files a demo did not write"
+            f"{which} (each run replaces its section directories); choose another --out"
+        )
     return None
 
 
@@ -78,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         section_dir.mkdir()
         (section_dir / MARKER).touch()
         module.demo(section_dir, small=args.small)
+        (section_dir / MARKER).write_text("".join(f"{f}\n" for f in sorted(_files(section_dir))))
         print(f"=== {name} done in {time.perf_counter() - start:.0f} s ===", flush=True)
     print(f"\nplots and metrics saved under {args.out}/")
     return 0

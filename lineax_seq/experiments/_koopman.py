@@ -55,6 +55,7 @@ from ._cli import (
     output_problem,
     positive_float,
     positive_int,
+    random_seed,
     reading_inputs,
     results_dir,
 )
@@ -820,7 +821,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"tiny models and data (smoke test): {small}; explicit options still win",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of data, weights and batches")
+    parser.add_argument(
+        "--seed", type=random_seed, default=0, help="seed of data, weights and batches"
+    )
     parser.add_argument(
         "--out",
         type=pathlib.Path,
