@@ -60,7 +60,7 @@ def _section_problem(section_dir: pathlib.Path) -> str | None:
     if not section_dir.is_dir() or not any(section_dir.iterdir()):
         return None
     marker = section_dir / MARKER
-    written = set(marker.read_text().split()) if marker.is_file() else set()
+    written = set(marker.read_text().splitlines()) if marker.is_file() else set()
     foreign = sorted(_files(section_dir) - written) if written else []
     if not marker.is_file() or foreign:
         which = f" ({', '.join(foreign[:3])}{', ...' if foreign[3:] else ''})" if foreign else ""
