@@ -260,6 +260,16 @@ def test_bpe_train_save_load(tmp_path):
     # the literal-encoding flag when pickled).
     for copied in (pickle.loads(pickle.dumps(tok)), copy.deepcopy(tok)):
         np.testing.assert_array_equal(copied.encode(literal), tok.encode(literal))
+    # A tokenizer saved with truncation and padding on encodes documents whole and
+    # unpadded (they cut every document to 4 tokens and padded batches with <pad>).
+    raw.enable_truncation(max_length=4)
+    raw.enable_padding(pad_id=ls.PAD_ID, pad_token="<pad>")
+    raw.save(str(tmp_path / "cut.json"))
+    for wrapped in (ls.BPETokenizer(raw), ls.BPETokenizer.load(tmp_path / "cut.json")):
+        assert wrapped.decode(wrapped.encode(DOCS[4])) == DOCS[4]
+        short, long = wrapped.encode_batch(["hi", DOCS[4]])
+        np.testing.assert_array_equal(short, tok.encode("hi"))
+        np.testing.assert_array_equal(long, tok.encode(DOCS[4]))
     with pytest.raises(ValueError, match=f"got id {tok.vocab_size}"):
         tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="vocab_size must be >= 263"):

@@ -99,12 +99,12 @@ def lm_windows(
     Each document is tokenized as `<bos> text <eos>` (`n` tokens); window `k` of a
     document starts at token `k * stride`, for every `k` with `k * stride + length + 1 <= n`,
     and is split into `inputs = w[:-1]` and `targets = w[1:]`. With the default
-    `stride = length` the windows do not overlap and the targets cover every token after
-    `<bos>` exactly once, except the document's last `(n - 1) % length` tokens (those
-    that would only fill part of a window, `<eos>` among them), which no window
-    contains. Any `length` works, for training and for long-context evaluation (4x-16x
-    the training length), as long as some document has `length + 1` tokens; shorter
-    documents are skipped.
+    `stride = length` the inputs do not overlap (a window's last target is the next
+    one's first input) and the targets cover every token after `<bos>` exactly once,
+    except the document's last `(n - 1) % length` tokens (those that would only fill
+    part of a window, `<eos>` among them), which no window contains. Any `length` works,
+    for training and for long-context evaluation (4x-16x the training length), as long
+    as some document has `length + 1` tokens; shorter documents are skipped.
 
     **Arguments:**
 

@@ -249,7 +249,10 @@ class BPETokenizer(_SpecialIds):
 
         - `tokenizer`: a `tokenizers.Tokenizer` with the special tokens `<pad>`, `<bos>`,
           `<eos>`, `<unk>`, `<cls>`, `<sep>`, `<mask>` at ids 0-6 (as `train` makes
-          them); it is copied.
+          them); it is copied, without its truncation and padding (documents are
+          encoded whole; the pipelines pad). Its normalizer and pre-tokenizer are kept:
+          one that changes the text (lowercasing, an added prefix space) breaks
+          `decode(encode(text)) == text`.
 
         **Raises:**
 
@@ -269,9 +272,12 @@ class BPETokenizer(_SpecialIds):
                     f"got id {tokenizer.token_to_id(tok)}"
                 )
         # A copy: special ids come from the pipelines only, and the caller's tokenizer
-        # keeps its own `encode_special_tokens`.
+        # keeps its own `encode_special_tokens`. Without truncation or padding: a
+        # document is encoded whole, and the pipelines pad.
         tokenizer = _HFTokenizer.from_str(tokenizer.to_str())
         tokenizer.encode_special_tokens = True
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         self._tok = tokenizer
 
     def __getstate__(self) -> dict[str, str]:
