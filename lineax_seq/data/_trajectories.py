@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
@@ -84,7 +85,7 @@ def _as_finite(name, x, num: int | None = None):
     shape `(num, time, features)` (checked here as well as by the hints, which
     `JAXTYPING_DISABLE=1` turns off)."""
     x = np.asarray(jax.device_get(x))
-    if x.ndim != 3 or not np.issubdtype(x.dtype, np.floating):
+    if x.ndim != 3 or not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(
             f"{name} must be a floating array of shape (num, time, features), got shape "
             f"{x.shape} and dtype {x.dtype}"
