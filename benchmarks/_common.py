@@ -65,10 +65,20 @@ def median_time(
     return statistics.median(times)
 
 
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The competitors' order in round `r`: rotated by one each round, so that no one
+    always runs first, or always right after the heaviest (the same program timed in
+    two places of a fixed order read up to 12% apart)."""
+    names = list(names)
+    shift = r % max(len(names), 1)
+    return names[shift:] + names[:shift]
+
+
 def interleaved_times(
     calls: dict, *, rounds: int, slow_rounds: int = 0, slow: frozenset[str] = frozenset()
 ) -> tuple[dict, dict]:
-    """Wall and process-CPU seconds per call of each competitor, over interleaved rounds.
+    """Wall and process-CPU seconds per call of each competitor, over interleaved rounds
+    (in `round_order`).
 
     Each call is warmed up (compiled) first; competitors named in `slow` take part in
     the first `slow_rounds` rounds only. The CPU time of this process (all threads) is
@@ -81,7 +91,8 @@ def interleaved_times(
     wall: dict[str, list[float]] = {name: [] for name in calls}
     cpu: dict[str, list[float]] = {name: [] for name in calls}
     for r in range(rounds):
-        for name, call in calls.items():
+        for name in round_order(calls, r):
+            call = calls[name]
             if name in slow and r >= slow_rounds:
                 continue
             start, start_cpu = time.perf_counter(), time.process_time()

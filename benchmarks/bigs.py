@@ -53,6 +53,7 @@ from _common import (  # noqa: E402
     compiled_memory,
     median_time,
     positive_int,
+    round_order,
     save,
 )
 
@@ -333,10 +334,10 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
             number[name][length] = calls_per_sample(calls[name])  # compiles, warms up
         reps = rounds if length <= 1024 else max(3, rounds // 2)
         samples: dict = {n: [] for n in modules}
-        for _ in range(reps):
-            for name, call in calls.items():
+        for r in range(reps):
+            for name in round_order(calls, r):
                 n = number[name][length]
-                samples[name].append(median_time(call, repeats=1, warmup=0, number=n))
+                samples[name].append(median_time(calls[name], repeats=1, warmup=0, number=n))
         for name in modules:
             seconds[name][length] = statistics.median(samples[name])
         ref = REFERENCE_BIGS_LAYER_MS.get(length)

@@ -42,6 +42,7 @@ from _common import (  # noqa: E402
     compiled_memory,
     median_time,
     positive_int,
+    round_order,
     save,
 )
 
@@ -212,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         samples: dict[str, list[float]] = {v: [] for v in layers}
         for variant, call in calls.items():  # compiles and warms up each call
             number[variant][length] = calls_per_sample(call)
-        for _ in range(reps):
-            for variant, call in calls.items():
+        for r in range(reps):
+            for variant in round_order(calls, r):
                 n = number[variant][length]
-                samples[variant].append(median_time(call, repeats=1, warmup=0, number=n))
+                samples[variant].append(median_time(calls[variant], repeats=1, warmup=0, number=n))
         for variant in layers:
             times[variant][length] = statistics.median(samples[variant])
             best[variant][length] = min(samples[variant])
@@ -241,16 +242,31 @@ def main(argv: list[str] | None = None) -> int:
             dtype=dtype,
             args=args,
             parser=parser,
+            complete=len(done) == len(lengths),
         )
 
     return 0
 
 
 def _report(
-    times, best, memory, flops, number, params, repeats, gemm, done, *, dtype, args, parser
+    times,
+    best,
+    memory,
+    flops,
+    number,
+    params,
+    repeats,
+    gemm,
+    done,
+    *,
+    dtype,
+    args,
+    parser,
+    complete: bool,
 ) -> pathlib.Path:
     """Ratios, targets, JSON and plot for the lengths measured so far (saved after each
-    length, so an interrupted long run keeps what it measured)."""
+    length, so an interrupted long run keeps what it measured: under `<name>_partial`
+    until the last length, so that it never replaces a complete run's files)."""
     quick, attention = args.quick, args.attention
     ratios = _ratios(times, done)
     flop_ratios = _ratios(flops, done)
@@ -303,8 +319,13 @@ def _report(
     }
     stem = "bst" if dtype == jnp.float32 else "bst_bf16"
     stem += "_cudnn" if attention == "cudnn" else ""
-    saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention"))
-    path = save(f"{stem}_quick" if quick else stem, payload, **saving)  # quick runs keep the full
+    saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention", "no_flops"))
+    stem += "_quick" if quick else ""  # quick runs keep the full run's files
+    path = save(stem if complete else f"{stem}_partial", payload, **saving)
+    if complete:  # the partial files of this run, superseded
+        partial = path.with_name(path.name.replace(".json", "").replace(stem, f"{stem}_partial", 1))
+        for suffix in (".json", ".png"):
+            partial.with_suffix(suffix).unlink(missing_ok=True)
     device, backend = jax.devices()[0].device_kind, jax.default_backend()
     label = f"{dtype}, {attention} attention"
     _plot(times, memory, done, path.with_suffix(".png"), label, device=device, backend=backend)
