@@ -218,11 +218,13 @@ def main() -> None:
         on_cpu = jax.default_backend() == "cpu"
         if "layer" in times and on_cpu and not args.quick and length in PYTORCH_REFERENCE_MS:
             row["pytorch_reference_ms"] = PYTORCH_REFERENCE_MS[length]
-            ratios["pytorch_reference_over_layer"] = (
+            # The quoted figures time the reference's whole forward (GELU, output
+            # projection, GLU), "layer" is our bare linear layer: these ratios overstate
+            # the speed-up; `benchmarks/ssm_torch.py` compares the same work, side by side.
+            ratios["quoted_pytorch_reference_over_bare_layer"] = (
                 PYTORCH_REFERENCE_MS[length] / row["ms"]["layer"]
             )
-            # Against our CPU time: a lower bound on the speed-up on an idle machine.
-            ratios["pytorch_reference_over_layer_cpu"] = (
+            ratios["quoted_pytorch_reference_over_bare_layer_cpu"] = (
                 PYTORCH_REFERENCE_MS[length] / row["cpu_ms"]["layer"]
             )
         if "kernel" in times and "kernel_vandermonde" in times:
@@ -263,13 +265,14 @@ def _targets(results: list[dict]) -> dict:
     targets = {}
     for row in results:
         ratios, length = row["ratios"], row["length"]
-        if "pytorch_reference_over_layer" in ratios:
-            value = ratios["pytorch_reference_over_layer"]
-            targets[f"layer_vs_pytorch_reference_L{length}"] = {
-                "speedup": value,
-                "speedup_cpu_time": ratios["pytorch_reference_over_layer_cpu"],
-                "required": f">= {TARGET_PYTORCH_SPEEDUP:g}x",
-                "met": value >= TARGET_PYTORCH_SPEEDUP,
+        if "quoted_pytorch_reference_over_bare_layer" in ratios:
+            # Not the target's test (the reference does more work than the bare layer):
+            # `benchmarks/ssm_torch.py` decides it, timing the same work side by side.
+            targets[f"bare_layer_vs_quoted_pytorch_reference_L{length}"] = {
+                "speedup": ratios["quoted_pytorch_reference_over_bare_layer"],
+                "speedup_cpu_time": ratios["quoted_pytorch_reference_over_bare_layer_cpu"],
+                "required": f">= {TARGET_PYTORCH_SPEEDUP:g}x, of the layer doing the same work",
+                "met": "see ssm_torch.json (same work, same process)",
             }
         if length == 16384 and "sequential_scan_over_layer" in ratios:
             value = ratios["sequential_scan_over_layer"]
