@@ -185,6 +185,7 @@ def test_cli_corpus_errors(tmp_path, capsys):
         # A PRNG key holds 32 bits of a seed: 2**32 was seed 0 again, 2**63 a traceback.
         (["--seeds", str(2**32)], "'4294967296' is not a seed"),
         (["--corpus", ""], "'' is not a path"),  # it read the current directory
+        (["--out", ""], "'' is not a path"),  # it wrote into the current directory
         (["--eval-multipliers", "1", "1e308"], r"1e\+308 x .* = inf must be a whole number"),
         (["--eval-multipliers", "1", "0.2501"], r"= 64.0256 must be a whole number of tokens"),
         (["--out", "{tmp}/file"], "--out .*file: exists and is not a directory"),

@@ -173,6 +173,7 @@ def test_format_table_ours_beside_paper():
         (["--horizons", "10" * 11], r"at most 100,000 steps"),  # an OverflowError
         (["--seed", str(2**32)], "'4294967296' is not a seed"),  # seed 0's key again
         (["--seed", "-1"], "'-1' is not a seed"),
+        (["--out", ""], "'' is not a path"),  # it wrote into the current directory
     ],
 )
 def test_bad_options(argv, message, tmp_path, capsys):

@@ -76,6 +76,7 @@ from ._cli import (
     non_negative_float,
     non_negative_int,
     output_problem,
+    path,
     positive_float,
     positive_fraction,
     positive_int,
@@ -715,7 +716,7 @@ def _corpus_arguments(
 
 
 def _path(parser: Any, flag: str, help: str, **kwargs: Any) -> None:
-    parser.add_argument(flag, type=kwargs.pop("type", pathlib.Path), help=help, **kwargs)
+    parser.add_argument(flag, type=kwargs.pop("type", path), help=help, **kwargs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ from ._cli import (
     existing_path,
     non_negative_int,
     output_problem,
+    path,
     positive_float,
     positive_int,
     random_seed,
@@ -697,7 +698,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-match", action="store_true", help="do not match parameter counts")
     parser.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path,
         default=results_dir(),
         help="directory for bst_lm.json/png/md, with a suffix for settings other than the "
         "default run's (_<N>steps, _dt_min_<x>, then a short hash of the others) (default: "

@@ -81,15 +81,20 @@ def random_seed(text: str) -> int:
     return _number(text, int, lambda v: 0 <= v < 2**32, "a seed (an integer in [0, 2**32))")
 
 
-def existing_path(text: str) -> pathlib.Path:
-    """An `argparse` type: a file or directory that exists (not `''`, which would be the
-    current directory)."""
-    path = pathlib.Path(text)
+def path(text: str) -> pathlib.Path:
+    """An `argparse` type: a path, not `''` (which `pathlib` reads as the current
+    directory)."""
     if not text:
         raise argparse.ArgumentTypeError("'' is not a path")
-    if not path.exists():
+    return pathlib.Path(text)
+
+
+def existing_path(text: str) -> pathlib.Path:
+    """An `argparse` type: a file or directory that exists (not `''`)."""
+    found = path(text)
+    if not found.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist")
-    return path
+    return found
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -10,7 +10,7 @@ import pathlib
 import shutil
 import time
 
-from ._cli import UsageError, output_problem
+from ._cli import UsageError, output_problem, path
 
 # (name, module): run in this order.
 SECTIONS = (
@@ -24,7 +24,7 @@ SECTIONS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path,
         default=pathlib.Path("outputs/demo"),
         help="directory for plots and metrics, one subdirectory per section, replaced on "
         "every run (a subdirectory with files the demo did not write is an error): "

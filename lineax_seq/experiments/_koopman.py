@@ -53,6 +53,7 @@ from ._cli import (
     finite_float,
     non_negative_float,
     output_problem,
+    path,
     positive_float,
     positive_int,
     random_seed,
@@ -826,7 +827,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path,
         default=results_dir(),
         help="directory for koopman_table.json / .md and the figures; the rows of other "
         "systems already there are kept, each with the config and command that produced it "
