@@ -323,9 +323,9 @@ def _report(
     stem += "_quick" if quick else ""  # quick runs keep the full run's files
     path = save(stem if complete else f"{stem}_partial", payload, **saving)
     if complete:  # the partial files of this run, superseded
-        partial = path.with_name(path.name.replace(".json", "").replace(stem, f"{stem}_partial", 1))
-        for suffix in (".json", ".png"):
-            partial.with_suffix(suffix).unlink(missing_ok=True)
+        partial = path.with_name(path.name.replace(stem, f"{stem}_partial", 1))
+        for superseded in (partial, partial.with_suffix(".png")):
+            superseded.unlink(missing_ok=True)
     device, backend = jax.devices()[0].device_kind, jax.default_backend()
     label = f"{dtype}, {attention} attention"
     _plot(times, memory, done, path.with_suffix(".png"), label, device=device, backend=backend)
