@@ -30,6 +30,10 @@ ARRAYS = "arrays.eqx"
 MANIFEST = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"  # the folder of a `train` run's `out_dir` holding them
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+# Leaf paths, as `jax.tree_util.keystr` writes them, of the saved tree's PRNG key and
+# optimiser state (the tree is `{"model": ..., "opt_state": ..., "key": ...}`).
+_KEY_PATH = jtu.keystr((jtu.DictKey("key"),))
+_OPT_STATE_PATH = jtu.keystr((jtu.DictKey("opt_state"),))
 
 
 class CheckpointError(ValueError):
@@ -342,7 +346,7 @@ def save_checkpoint(
     _check_json("extra", extra or {})
     directory = pathlib.Path(directory)
     tree, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key})
-    key_impl = typed_keys.pop("['key']", None)
+    key_impl = typed_keys.pop(_KEY_PATH, None)
     tree = _host_tree(tree)
     if jax.process_index() != 0:
         _written(step)
@@ -382,7 +386,14 @@ def save_checkpoint(
     else:
         os.rename(tmp, final)
     _fsync_dir(directory)
-    # Clean up: temporary directories of interrupted saves, and old checkpoints.
+    _prune(directory, step, keep)
+    _written(step)
+    return final
+
+
+def _prune(directory: pathlib.Path, step: int, keep: int | None) -> None:
+    """Remove the temporary directories of interrupted saves, the checkpoints after
+    `step` and all but the `keep` latest up to it."""
     for p in directory.iterdir():
         if p.name.startswith((".tmp-step_", ".old-step_")) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -396,8 +407,6 @@ def save_checkpoint(
         kept = [p for s, p in steps_dirs if s <= step]
         for p in kept[:-keep]:
             shutil.rmtree(p, ignore_errors=True)
-    _written(step)
-    return final
 
 
 def _written(step: int) -> None:
@@ -492,8 +501,8 @@ def _read_manifest(path: pathlib.Path) -> dict:
             f"Checkpoint manifest {mpath} has format {manifest['format']!r}, expected {FORMAT!r}."
         )
     for spec in manifest["leaves"]:
-        if spec["path"] == "['key']" and not _is_dtype(spec["dtype"]):
-            raise CheckpointError(f"{corrupt} a dtype for leaf ['key'], got {spec['dtype']!r}.")
+        if spec["path"] == _KEY_PATH and not _is_dtype(spec["dtype"]):
+            raise CheckpointError(f"{corrupt} a dtype for leaf {_KEY_PATH}, got {spec['dtype']!r}.")
     try:
         manifest["data_state"] = _from_json(manifest["data_state"])
     except (TypeError, ValueError) as e:
@@ -637,19 +646,20 @@ def _load_verified(
     """`load_checkpoint` once the arrays file `apath` has been verified."""
     key_like = None
     for spec in manifest["leaves"]:
-        if spec["path"] == "['key']":
+        if spec["path"] == _KEY_PATH:
             key_like = jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"]))
     # Typed PRNG keys of the templates are compared as their raw key data.
     like, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key_like})
-    checked, read = manifest, like
     if opt_state is None:  # the model only: a saved optimiser state is read and dropped
-        saved = lambda path: path.startswith("['opt_state']")
-        skipped = [_leaf_like(s) for s in manifest["leaves"] if saved(s["path"])]
+        in_state = lambda leaf_path: leaf_path.startswith(_OPT_STATE_PATH)
+        skipped = [_leaf_like(s) for s in manifest["leaves"] if in_state(s["path"])]
         checked = {
-            "leaves": [s for s in manifest["leaves"] if not saved(s["path"])],
-            "typed_keys": {k: v for k, v in manifest["typed_keys"].items() if not saved(k)},
+            "leaves": [s for s in manifest["leaves"] if not in_state(s["path"])],
+            "typed_keys": {k: v for k, v in manifest["typed_keys"].items() if not in_state(k)},
         }
         read = {**like, "opt_state": skipped or None}
+    else:
+        checked, read = manifest, like
     _check_typed_keys(path, checked["typed_keys"], typed_keys)
     _check_structure(path, checked, like)
     if isinstance(manifest.get("static"), dict):
@@ -661,7 +671,7 @@ def _load_verified(
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
         raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
     if manifest["key_impl"] is not None:
-        typed_keys["['key']"] = manifest["key_impl"]
+        typed_keys[_KEY_PATH] = manifest["key_impl"]
     tree = _wrap_keys(tree, typed_keys)
     return Checkpoint(
         path=path,

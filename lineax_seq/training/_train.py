@@ -11,7 +11,7 @@ import pathlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import grain
@@ -127,12 +127,25 @@ def _check_optimizer(optimizer: object) -> None:
         )
 
 
-def _train_step_impl(static_and_batch, model, opt_state):
+class _StepInputs(NamedTuple):
+    """The train step's inputs other than the model and optimiser state: its first
+    argument, which `donate="all-except-first"` leaves alone."""
+
+    loss_fn: LossFn
+    optimizer: optax.GradientTransformation
+    mesh: jax.sharding.Mesh | None
+    min_shard_size: int
+    batch: Any
+    key: PRNGKeyArray
+    index: Any  # `None`, or the step whose key is `jr.fold_in(key, index)`
+
+
+def _train_step_impl(inputs: _StepInputs, model, opt_state):
     # One module-level jitted function: `loss_fn` and `optimizer` are (static) arguments,
     # so calling `train` again with the same ones (e.g. to resume) compiles nothing.
-    loss_fn, optimizer, mesh, min_shard_size, batch, key, step = static_and_batch
-    if step is not None:  # the train loop's per-step key, folded in here (no dispatch)
-        key = jr.fold_in(key, step)
+    loss_fn, optimizer, mesh, min_shard_size, batch, key, index = inputs
+    if index is not None:  # the train loop's per-step key, folded in here (no dispatch)
+        key = jr.fold_in(key, index)
     loss = lambda m: _call_loss(loss_fn, "loss_fn", m, batch, key)
     (loss, aux), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model)
     metrics = _metrics(loss, aux, "loss_fn")
@@ -210,12 +223,30 @@ def make_train_step(
     _check_optimizer(optimizer)
     if mesh is not None:
         check_mesh(mesh)
-    jitted = _train_step if check_bool("donate", donate) else _train_step_no_donation
+    donate = check_bool("donate", donate)
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
+    indexed_step = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate)
 
-    def step(model, opt_state, batch, key, *, _fold_in=None):
-        static_and_batch = (loss_fn, optimizer, mesh, min_shard_size, batch, key, _fold_in)
-        return jitted(static_and_batch, model, opt_state)
+    def step(model, opt_state, batch, key):
+        return indexed_step(model, opt_state, batch, key, None)
+
+    return step
+
+
+def _indexed_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh | None,
+    min_shard_size: int,
+    donate: bool,
+) -> Callable:
+    """`make_train_step`'s step with one more argument, `index`: the key it passes to
+    `loss_fn` is then `jr.fold_in(key, index)`, computed inside the jitted step."""
+    jitted = _train_step if donate else _train_step_no_donation
+
+    def step(model, opt_state, batch, key, index):
+        inputs = _StepInputs(loss_fn, optimizer, mesh, min_shard_size, batch, key, index)
+        return jitted(inputs, model, opt_state)
 
     return step
 
@@ -376,6 +407,131 @@ def _repeats_forever(data: Any) -> bool:
     return False
 
 
+def _restore(
+    out: pathlib.Path,
+    resume: bool,
+    model: PyTree,
+    opt_state: PyTree,
+    key: PRNGKeyArray,
+    steps: int,
+    it: _DataIterator,
+    is_main: bool,
+) -> tuple[PyTree, PyTree, PRNGKeyArray, int, int | None, list[dict]]:
+    """The run `out` holds: `(model, opt_state, key, start, resumed_from, history)` from
+    its latest checkpoint (and `it` moved to that checkpoint's data position), or the
+    arguments, step 0 and no history when it holds none. The metrics file keeps the
+    records up to `start`; one without any checkpoint is moved aside."""
+    metrics_path, ckpt_dir = out / METRICS_FILE, out / CHECKPOINT_DIR
+    start, resumed_from = 0, None
+    if not resume and (list_checkpoints(ckpt_dir) or metrics_path.exists()):
+        raise ValueError(
+            f"out_dir={str(out)!r} already holds a run (metrics or checkpoints) and "
+            "resume=False; pass resume=True to continue it or choose a new out_dir."
+        )
+    ckpt = load_latest_checkpoint(ckpt_dir, model=model, opt_state=opt_state)
+    if ckpt is not None:
+        model, opt_state = ckpt.model, ckpt.opt_state
+        key = key if ckpt.key is None else ckpt.key
+        start = resumed_from = ckpt.step
+        if start > steps:
+            warnings.warn(
+                f"{out} holds a checkpoint at step {start}, beyond steps={steps}: "
+                "nothing to train; the result is that checkpoint.",
+                stacklevel=3,
+            )
+        if ckpt.data_state is not None:
+            it.set_state(ckpt.data_state)
+    elif is_main and _read_jsonl(metrics_path, math.inf):
+        # A run without any checkpoint restarts from step 0: keep its metrics aside.
+        previous = metrics_path.with_name(METRICS_FILE + ".prev")
+        n = 1
+        while previous.exists():  # never overwrite an earlier run's metrics
+            previous = metrics_path.with_name(f"{METRICS_FILE}.prev.{n}")
+            n += 1
+        os.replace(metrics_path, previous)
+        warnings.warn(
+            f"{out} holds metrics but no checkpoint: starting from step 0; the old "
+            f"metrics were moved to {previous}.",
+            stacklevel=3,
+        )
+    # Records past the restored step are replayed by this run: drop them.
+    history = _read_jsonl(metrics_path, start)
+    if is_main and metrics_path.exists():
+        _rewrite_jsonl(metrics_path, history)
+    return model, opt_state, key, start, resumed_from, history
+
+
+def _check_train_args(
+    *,
+    optimizer,
+    loss_fn,
+    data,
+    key,
+    eval_data,
+    eval_fn,
+    eval_every: int,
+    eval_batches: int | None,
+    out_dir,
+    checkpoint_every: int,
+    resume,
+    unit,
+    mesh,
+    progress,
+    plot,
+    callback,
+) -> None:
+    """`train`'s checks of its arguments and of how they combine."""
+    for name, flag in (("resume", resume), ("progress", progress), ("plot", plot)):
+        check_bool(name, flag)
+    _check_optimizer(optimizer)
+    _check_callable("loss_fn", loss_fn)
+    _check_callable("eval_fn", eval_fn, optional=True)
+    _check_callable("callback", callback, optional=True)
+    for name, batches in (("data", data), ("eval_data", eval_data)):
+        if isinstance(batches, Mapping):
+            raise TypeError(
+                f"{name} must be an iterable of batches (a list, a grain dataset, ...), got "
+                f"a single batch (a {type(batches).__name__} with keys {list(batches)[:5]}): "
+                "pass [batch] or an iterable of them"
+            )
+        if (batches is not None or name == "data") and not _iterable(batches):
+            raise TypeError(
+                f"{name} must be an iterable of batches (a list, a grain dataset, ...), "
+                f"got {name}={short_repr(batches)}"
+            )
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise TypeError(
+            f"out_dir must be a path (str or os.PathLike) or None, got out_dir={out_dir!r}"
+        )
+    check_key("key", key)
+    if mesh is not None:
+        check_mesh(mesh)
+        if not {"data", "model"} <= set(mesh.axis_names):
+            raise ValueError(
+                f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; "
+                "build it with lineax_seq.make_mesh (model=1 replicates the weights)."
+            )
+    if isinstance(eval_data, Iterator):
+        raise ValueError(
+            "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
+            f"afresh at every evaluation, but got a one-shot iterator {type(eval_data).__name__}."
+        )
+    if eval_batches is None and eval_data is not None and _repeats_forever(eval_data):
+        raise ValueError(
+            "eval_data repeats forever (a grain dataset with num_epochs=None) and "
+            "eval_batches=None asks for all of its batches: pass eval_batches=N, or build "
+            "eval_data with num_epochs=1."
+        )
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r} is not one of {UNITS}.")
+    if checkpoint_every and out_dir is None:
+        raise ValueError(f"checkpoint_every={checkpoint_every} needs out_dir to be set.")
+    if plot and out_dir is None:
+        raise ValueError("plot=True needs out_dir to be set.")
+    if eval_every and eval_data is None:
+        raise ValueError(f"eval_every={eval_every} needs eval_data.")
+
+
 def train(
     model: PyTree,
     optimizer: optax.GradientTransformation,
@@ -490,55 +646,24 @@ def train(
     keep_checkpoints = check_int("keep_checkpoints", keep_checkpoints)
     eval_batches = check_optional_int("eval_batches", eval_batches)
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
-    for name, flag in (("resume", resume), ("progress", progress), ("plot", plot)):
-        check_bool(name, flag)
-    _check_optimizer(optimizer)
-    _check_callable("loss_fn", loss_fn)
-    _check_callable("eval_fn", eval_fn, optional=True)
-    _check_callable("callback", callback, optional=True)
-    for name, batches in (("data", data), ("eval_data", eval_data)):
-        if isinstance(batches, Mapping):
-            raise TypeError(
-                f"{name} must be an iterable of batches (a list, a grain dataset, ...), got "
-                f"a single batch (a {type(batches).__name__} with keys {list(batches)[:5]}): "
-                "pass [batch] or an iterable of them"
-            )
-        if (batches is not None or name == "data") and not _iterable(batches):
-            raise TypeError(
-                f"{name} must be an iterable of batches (a list, a grain dataset, ...), "
-                f"got {name}={short_repr(batches)}"
-            )
-    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
-        raise TypeError(
-            f"out_dir must be a path (str or os.PathLike) or None, got out_dir={out_dir!r}"
-        )
-    check_key("key", key)
-    if mesh is not None:
-        check_mesh(mesh)
-        if not {"data", "model"} <= set(mesh.axis_names):
-            raise ValueError(
-                f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; "
-                "build it with lineax_seq.make_mesh (model=1 replicates the weights)."
-            )
-    if isinstance(eval_data, Iterator):
-        raise ValueError(
-            "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
-            f"afresh at every evaluation, but got a one-shot iterator {type(eval_data).__name__}."
-        )
-    if eval_batches is None and eval_data is not None and _repeats_forever(eval_data):
-        raise ValueError(
-            "eval_data repeats forever (a grain dataset with num_epochs=None) and "
-            "eval_batches=None asks for all of its batches: pass eval_batches=N, or build "
-            "eval_data with num_epochs=1."
-        )
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is not one of {UNITS}.")
-    if checkpoint_every and out_dir is None:
-        raise ValueError(f"checkpoint_every={checkpoint_every} needs out_dir to be set.")
-    if plot and out_dir is None:
-        raise ValueError("plot=True needs out_dir to be set.")
-    if eval_every and eval_data is None:
-        raise ValueError(f"eval_every={eval_every} needs eval_data.")
+    _check_train_args(
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        data=data,
+        key=key,
+        eval_data=eval_data,
+        eval_fn=eval_fn,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+        out_dir=out_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        unit=unit,
+        mesh=mesh,
+        progress=progress,
+        plot=plot,
+        callback=callback,
+    )
 
     is_main = jax.process_index() == 0
     out = None if out_dir is None else pathlib.Path(out_dir)
@@ -557,45 +682,11 @@ def train(
         dynamic, static = eqx.partition(opt_state, eqx.is_array)
         opt_state = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
     it = _DataIterator(data)
-    start = 0
-    resumed_from = None
-    history: list[dict] = []
+    start, resumed_from, history = 0, None, []
     if out is not None:
-        if not resume and (list_checkpoints(ckpt_dir) or metrics_path.exists()):
-            raise ValueError(
-                f"out_dir={str(out)!r} already holds a run (metrics or checkpoints) and "
-                "resume=False; pass resume=True to continue it or choose a new out_dir."
-            )
-        ckpt = load_latest_checkpoint(ckpt_dir, model=model, opt_state=opt_state)
-        if ckpt is not None:
-            model, opt_state = ckpt.model, ckpt.opt_state
-            key = key if ckpt.key is None else ckpt.key
-            start = resumed_from = ckpt.step
-            if start > steps:
-                warnings.warn(
-                    f"{out} holds a checkpoint at step {start}, beyond steps={steps}: "
-                    "nothing to train; the result is that checkpoint.",
-                    stacklevel=2,
-                )
-            if ckpt.data_state is not None:
-                it.set_state(ckpt.data_state)
-        elif is_main and _read_jsonl(metrics_path, math.inf):
-            # A run without any checkpoint restarts from step 0: keep its metrics aside.
-            previous = metrics_path.with_name(METRICS_FILE + ".prev")
-            n = 1
-            while previous.exists():  # never overwrite an earlier run's metrics
-                previous = metrics_path.with_name(f"{METRICS_FILE}.prev.{n}")
-                n += 1
-            os.replace(metrics_path, previous)
-            warnings.warn(
-                f"{out} holds metrics but no checkpoint: starting from step 0; the old "
-                f"metrics were moved to {previous}.",
-                stacklevel=2,
-            )
-        # Records past the restored step are replayed by this run: drop them.
-        history = _read_jsonl(metrics_path, start)
-        if is_main and metrics_path.exists():
-            _rewrite_jsonl(metrics_path, history)
+        model, opt_state, key, start, resumed_from, history = _restore(
+            out, resume, model, opt_state, key, steps, it, is_main
+        )
     if jax.process_count() > 1:
         # Every process reads `out_dir` before process 0 writes its metrics: one that came
         # later took process 0's new metrics file for an earlier run (resume=False).
@@ -605,7 +696,7 @@ def train(
         opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
 
     train_key, eval_key = jr.split(key)
-    step_fn = make_train_step(loss_fn, optimizer, mesh=mesh, min_shard_size=min_shard_size)
+    step_fn = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate=True)
     eval_step = make_eval_step(loss_fn if eval_fn is None else eval_fn)
 
     log_file = open(metrics_path, "a") if metrics_path is not None and is_main else None  # noqa: SIM115
@@ -624,10 +715,12 @@ def train(
     lr_schedule = getattr(optimizer, "learning_rate_schedule", None)  # make_optimizer's
     accumulate_steps = getattr(optimizer, "accumulate_steps", 1)
     pending: list[tuple[int, dict[str, Array]]] = []
-    window = {"items": 0, "time": time.perf_counter()}
+    # The throughput window: items fed since the last train record, and since when.
+    window_items, window_start = 0, time.perf_counter()
 
     def flush() -> None:
         """Fetch pending metrics, check them, write one averaged train record."""
+        nonlocal window_items, window_start
         if not pending:
             return
         fetched = [(s, {k: _host(v) for k, v in m.items()}) for s, m in pending]
@@ -643,16 +736,16 @@ def train(
                         "checkpoint (if any) precedes this step."
                     )
         now = time.perf_counter()
-        elapsed = max(now - window["time"], 1e-9)
+        elapsed = max(now - window_start, 1e-9)
         last = fetched[-1][0]
         record = {"step": last, "split": "train"}
         for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
             record[k] = float(np.mean([m[k] for _, m in fetched]))
         if lr_schedule is not None:  # learning rate of the next update
             record["lr"] = float(lr_schedule(last // accumulate_steps))
-        if window["items"]:  # (none yet right after the first, compiling, step)
-            record[f"{unit}_per_s"] = window["items"] / elapsed
-        window["items"] = 0
+        if window_items:  # (none yet right after the first, compiling, step)
+            record[f"{unit}_per_s"] = window_items / elapsed
+        window_items = 0
         write(record)
         if bar is not None:
             postfix = {"loss": f"{record['loss']:.4g}"}
@@ -665,7 +758,7 @@ def train(
             callback(last, model, record)
         # The next window starts now: the schedule, the record and the callback (which
         # may compile, or take long) are not the train steps' time.
-        window["time"] = time.perf_counter()
+        window_start = time.perf_counter()
 
     def evaluate(s: int) -> None:
         sums: dict[str, float] = {}
@@ -728,18 +821,16 @@ def train(
                 )
                 break
             # Each process feeds its own slice of the global batch.
-            window["items"] += _count(batch, unit) * (1 if mesh is None else jax.process_count())
+            window_items += _count(batch, unit) * (1 if mesh is None else jax.process_count())
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
             # The key of step s is jr.fold_in(train_key, s), computed inside the step.
-            model, opt_state, metrics = step_fn(
-                model, opt_state, batch, train_key, _fold_in=np.int32(step)
-            )
+            model, opt_state, metrics = step_fn(model, opt_state, batch, train_key, np.int32(step))
             step += 1
             pending.append((step, metrics))
             if step == start + 1:  # throughput excludes the compilation of the first step
                 jax.block_until_ready(metrics)
-                window.update(items=0, time=time.perf_counter())
+                window_items, window_start = 0, time.perf_counter()
             if bar is not None:
                 bar.update(1)
             if step % log_every == 0:
@@ -748,12 +839,12 @@ def train(
                 flush()
                 evaluate(step)
                 last_eval = step
-                window["time"] = time.perf_counter()  # throughput excludes evaluation
+                window_start = time.perf_counter()  # throughput excludes evaluation
             if checkpoint_every and step % checkpoint_every == 0 and step < steps:
                 flush()  # never checkpoint a non-finite state
                 checkpoint(step)
                 last_ckpt = step
-                window["time"] = time.perf_counter()
+                window_start = time.perf_counter()
         flush()
         # The final evaluation comes before the final checkpoint, so that a run killed
         # between the two evaluates again when resumed.
