@@ -79,7 +79,7 @@ def test_cli_tiny_run(tmp_path, capsys, monkeypatch):
         if name not in ("command", "out", "small"):
             want = tuple(value) if isinstance(value, list) else value
             if name == "variants":
-                want = tuple(kx.VARIANT_NAMES[v] for v in value)
+                want = tuple(kx.VARIANT_SPELLINGS[v] for v in value)
             if name == "system_param":
                 assert value == [["dt", 0.02]]
                 want = [tuple(p) for p in value]

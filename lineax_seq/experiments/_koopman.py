@@ -66,7 +66,8 @@ PERIODS = (1, 10, 25, 50, 100)
 HORIZONS = (100, 1000)
 # (latent dynamics, decoder) of the Koopman columns, in Table 1.1's order.
 VARIANTS = (("koopman", "linear"), ("koopman", "mlp"), ("mlp", "linear"), ("mlp", "mlp"))
-VARIANT_NAMES = {f"{dyn}/{dec}": (dyn, dec) for dyn, dec in VARIANTS}
+# `--variants` spells a variant as "dynamics/decoder".
+VARIANT_SPELLINGS = {f"{dyn}/{dec}": (dyn, dec) for dyn, dec in VARIANTS}
 LABELS = {
     ("koopman", "linear"): "Koopman / linear dec",
     ("koopman", "mlp"): "Koopman / MLP dec",
@@ -377,67 +378,13 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     print(f"  [{system_name}] exact dynamics, initial states off by {FLOOR_EPS:g} std: {parts}")
     kept = {}
     for kind in (*variants, "baseline"):
-        init_key, train_key = jr.split(model_keys[kind])
-        model = build_model(
-            kind,
-            system.state_dim,
-            system.dt,
-            latent=args.latent,
-            width=args.width,
-            k_scale=args.k_scale,
-            discretization=args.discretization,
-            key=init_key,
-        )
-        t0 = time.perf_counter()
         name = BASELINE if kind == "baseline" else LABELS[kind]
-        try:
-            model, history = train_model(
-                model,
-                (train_xs - mean) / std,
-                steps=args.steps,
-                batch_size=args.batch_size,
-                window=args.window,
-                lr=args.lr,
-                dynamics_lr=args.dynamics_lr,
-                weight_decay=args.weight_decay,
-                prediction=args.prediction,
-                reencode_every=args.train_reencode,
-                key=train_key,
-            )
-        except FloatingPointError as e:
-            # A diverged training counts as exploded (the paper's cross), not as a crash.
-            print(f"  [{system_name}] {name}: {e}", flush=True)
-            model, history = None, [{"loss": math.inf}]
-        train_s = time.perf_counter() - t0
-        if model is None:
-            modes = mode_names(periods, baseline=kind == "baseline")
-            curves = {m: np.full(max(horizons), np.inf) for m in modes}
-            preds = {
-                m: np.full((args.num_test, max(horizons), system.state_dim), np.nan) for m in modes
-            }
-        else:
-            curves, preds = evaluate(
-                model, test_xs, steps=max(horizons), periods=periods, mean=mean, std=std
-            )
-        entry = {"train_seconds": train_s, "final_loss": history[-1]["loss"], "horizons": {}}
-        for h in horizons:
-            if kind == "baseline":
-                entry["horizons"][str(h)] = {"mlp": scale * mse_at(curves["baseline"], h)}
-            else:
-                best, best_k = best_period(curves, h, periods)
-                entry["horizons"][str(h)] = {
-                    "none": scale * mse_at(curves["none"], h),
-                    "every_step": scale * mse_at(curves["k=1"], h) if 1 in periods else None,
-                    "periodic": scale * best,
-                    "best_k": best_k,
-                    "all_k": {str(k): scale * mse_at(curves[f"k={k}"], h) for k in periods},
-                }
-        # MSE-vs-step curves (Fig. 1.5) at steps 1, 1 + every, ...; null where exploded.
-        entry["curve_every"] = every = max(1, max(horizons) // 50)
-        entry["curve"] = {
-            n: [float(f"{v:.4g}") if math.isfinite(v) else None for v in c[::every]]
-            for n, c in curves.items()
-        }
+        final_loss, train_s, curves, preds = _train_and_evaluate(
+            kind, system, (train_xs, test_xs), (mean, std), args, model_keys[kind],
+            f"[{system_name}] {name}",
+        )  # fmt: skip
+        entry = {"train_seconds": train_s, "final_loss": final_loss}
+        entry.update(_entry(kind, curves, horizons, periods, scale))
         results["variants"][name] = entry
         kept[kind] = (curves, preds)
         print(f"  [{system_name}] {name}: {_summary(entry, train_s)}", flush=True)
@@ -453,6 +400,76 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     results["figures"] = [str(p.name) for p in figures]
     results["seconds"] = time.perf_counter() - start
     return results
+
+
+def _train_and_evaluate(kind, system, data, standardiser, args, key, label: str):
+    """Build and train the model `kind` on the standardised training trajectories, then
+    evaluate it from the test states: `(final loss, training seconds, curves,
+    predictions)`. A training that diverges gives an infinite loss and curves
+    (predictions) of infinities (NaNs): the paper's "exploded" cross, not a crash."""
+    (train_xs, test_xs), (mean, std) = data, standardiser
+    periods, steps = tuple(args.periods), max(args.horizons)
+    init_key, train_key = jr.split(key)
+    model = build_model(
+        kind,
+        system.state_dim,
+        system.dt,
+        latent=args.latent,
+        width=args.width,
+        k_scale=args.k_scale,
+        discretization=args.discretization,
+        key=init_key,
+    )
+    t0 = time.perf_counter()
+    try:
+        model, history = train_model(
+            model,
+            (train_xs - mean) / std,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            window=args.window,
+            lr=args.lr,
+            dynamics_lr=args.dynamics_lr,
+            weight_decay=args.weight_decay,
+            prediction=args.prediction,
+            reencode_every=args.train_reencode,
+            key=train_key,
+        )
+    except FloatingPointError as e:
+        train_s = time.perf_counter() - t0
+        print(f"  {label}: {e}", flush=True)
+        modes = mode_names(periods, baseline=kind == "baseline")
+        curves = {m: np.full(steps, np.inf) for m in modes}
+        preds = {m: np.full((len(test_xs), steps, system.state_dim), np.nan) for m in modes}
+        return math.inf, train_s, curves, preds
+    train_s = time.perf_counter() - t0
+    curves, preds = evaluate(model, test_xs, steps=steps, periods=periods, mean=mean, std=std)
+    return history[-1]["loss"], train_s, curves, preds
+
+
+def _entry(kind, curves: dict, horizons: tuple, periods: tuple, scale: float) -> dict:
+    """A model's results from its MSE-vs-step `curves`: the MSE (times `scale`) at every
+    horizon, per unroll mode (best period for `"periodic"`), and the curves thinned."""
+    entry = {"horizons": {}}
+    for h in horizons:
+        if kind == "baseline":
+            entry["horizons"][str(h)] = {"mlp": scale * mse_at(curves["baseline"], h)}
+        else:
+            best, best_k = best_period(curves, h, periods)
+            entry["horizons"][str(h)] = {
+                "none": scale * mse_at(curves["none"], h),
+                "every_step": scale * mse_at(curves["k=1"], h) if 1 in periods else None,
+                "periodic": scale * best,
+                "best_k": best_k,
+                "all_k": {str(k): scale * mse_at(curves[f"k={k}"], h) for k in periods},
+            }
+    # MSE-vs-step curves (Fig. 1.5) at steps 1, 1 + every, ...; null where exploded.
+    entry["curve_every"] = every = max(1, max(horizons) // 50)
+    entry["curve"] = {
+        n: [float(f"{v:.4g}") if math.isfinite(v) else None for v in c[::every]]
+        for n, c in curves.items()
+    }
+    return entry
 
 
 def _summary(entry: dict, train_s: float) -> str:
@@ -673,13 +690,13 @@ def _system_param(text: str) -> tuple[str, float]:
 
 def _variant_list(text: str) -> tuple[tuple[str, str], ...]:
     names = [v.strip() for v in text.split(",")]
-    bad = [v for v in names if v not in VARIANT_NAMES]
+    bad = [v for v in names if v not in VARIANT_SPELLINGS]
     if bad or not names:
         raise argparse.ArgumentTypeError(
             f"unknown variant(s) {bad} in --variants={text!r}; choose from "
-            f"{', '.join(VARIANT_NAMES)} (the MLP baseline always runs)"
+            f"{', '.join(VARIANT_SPELLINGS)} (the MLP baseline always runs)"
         )
-    return tuple(VARIANT_NAMES[v] for v in dict.fromkeys(names))
+    return tuple(VARIANT_SPELLINGS[v] for v in dict.fromkeys(names))
 
 
 # The options `--small` sets when they are not given (an explicit option wins, as with
@@ -726,7 +743,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=VARIANTS,
         help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated; "
         "a subset gives the same rows as a run of all of them "
-        f"(default: {','.join(VARIANT_NAMES)})",
+        f"(default: {','.join(VARIANT_SPELLINGS)})",
     )
     parser.add_argument(
         "--periods",
@@ -893,7 +910,7 @@ def options_problem(args: argparse.Namespace) -> str | None:
 
 # Options that say which systems a run covers and where it writes, not how a row of the
 # table was made: left out of each row's config.
-_RUN_OPTIONS = ("command", "all", "system", "out", "small")
+_UNRECORDED_OPTIONS = ("command", "all", "system", "out", "small")
 
 
 def _config(args) -> dict:
@@ -908,7 +925,7 @@ def _config(args) -> dict:
 
 def row_config(config: dict) -> dict:
     """The settings in `config` that make a system's row (not which systems ran, or where)."""
-    return {k: v for k, v in config.items() if k not in _RUN_OPTIONS}
+    return {k: v for k, v in config.items() if k not in _UNRECORDED_OPTIONS}
 
 
 def load_table(path: pathlib.Path) -> dict:
@@ -980,7 +997,7 @@ def _command_line(args) -> list[str]:
     words = ["koopman", "--all" if args.all else f"--system {args.system}"]
     words += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--seed {args.seed}"]
     for name, value in vars(args).items():
-        if name in ("command", "all", "system", "steps", "batch_size", "seed", "out", "small"):
+        if name in _UNRECORDED_OPTIONS or name in ("steps", "batch_size", "seed"):
             continue
         if name not in defaults or value == defaults[name]:
             continue

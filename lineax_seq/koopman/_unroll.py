@@ -2,6 +2,7 @@
 
 import math
 import typing
+from typing import NamedTuple
 
 import diffrax
 import equinox as eqx
@@ -651,8 +652,7 @@ def unroll_continuous(
     check_option("progress_meter", progress_meter, diffrax.AbstractProgressMeter)
     if solver is not None:
         _check_solver(solver)
-    linear = isinstance(model.dynamics, LinearKoopmanDynamics)
-    if exact and not linear:
+    if exact and not isinstance(model.dynamics, LinearKoopmanDynamics):
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
     if exact:
         _check_no_solve_options(
@@ -675,6 +675,40 @@ def unroll_continuous(
         if ts_host is not None:  # kept on the host: concrete below, under jit too
             ts_host = ts_host.astype(ts.dtype).astype(np.float32)
         model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
+    grid = _continuous_grid(ts, ts_host, given_dtype, reencode_dt, reencode_eps, num_segments)
+    reencode = reencode_dt is not None
+    if exact:
+        states = _exact_path(model, x0, grid, reencode)
+    else:
+        solver, controller, dt0 = _solve_options(model, grid, solver, stepsize_controller, dt0)
+        options = (solver, controller, dt0, max_steps, adjoint, progress_meter, throw)
+        states = _ode_path(model, x0, grid, reencode, *options)
+    return states.astype(out_dtype)
+
+
+class _Grid(NamedTuple):
+    """`unroll_continuous`'s output times and reencoding segments, in the working dtype;
+    the `host_` fields are their NumPy values when the times are concrete, else `None`."""
+
+    ts: Array  # output times `(times,)`
+    taus: Array  # reencoding times `(num + 1,)`: segment `j` is `(taus[j], taus[j + 1]]`
+    seg: Array  # the segment of every output time `(times,)`
+    num: int  # number of segments
+    host_ts: np.ndarray | None
+    host_taus: np.ndarray | None
+    host_seg: np.ndarray | None
+
+
+def _continuous_grid(
+    ts: Array,
+    ts_host: np.ndarray | None,
+    given_dtype: np.dtype | None,
+    reencode_dt: float | None,
+    reencode_eps: float,
+    num_segments: int | None,
+) -> _Grid:
+    """Check the times `ts` (working dtype; `ts_host` their concrete values, if known, and
+    `given_dtype` the dtype they were given in) and place the reencoding segments."""
     given, ts_host = ts_host, None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host, given)
     tolerance = None
@@ -688,34 +722,42 @@ def unroll_continuous(
     ts, num = _segments(ts, ts_host, reencode_dt, tolerance, num_segments)
     if ts_host is None:
         taus, seg = _reencoding_grid(ts, reencode_dt, num, tolerance)
+        return _Grid(ts, taus, seg, num, None, None, None)
+    host_taus, host_seg = _reencoding_grid(ts_host.astype(np.float64), reencode_dt, num, tolerance)
+    taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
+    return _Grid(ts, taus, seg, num, ts_host, host_taus, host_seg)
+
+
+def _exact_path(model: KoopmanAutoencoder, x0: Array, grid: _Grid, reencode: bool) -> Array:
+    """`unroll_continuous(exact=True)`: the matrix-exponential flow on `grid`."""
+    if grid.host_ts is None:
+        # One exponential per output time and per segment.
+        offsets, index = grid.ts - grid.taus[grid.seg], None
+        steps, jump_index = grid.taus[1:] - grid.taus[:-1], jnp.arange(grid.num)
     else:
-        host_taus, host_seg = _reencoding_grid(
-            ts_host.astype(np.float64), reencode_dt, num, tolerance
-        )
-        taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
+        # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
+        # Offsets closer than half a unit in the last place of max |ts| (in ts's
+        # dtype) share one: below the resolution of the largest times.
+        finfo = np.finfo(grid.host_ts.dtype)
+        resolution = max(float(np.max(np.abs(grid.host_ts))) * float(finfo.eps) / 2, finfo.tiny)
+        offsets, index = _distinct(grid.host_ts - grid.host_taus[grid.host_seg], resolution)
+        steps, jump_index = _distinct(np.diff(grid.host_taus), resolution)
+        offsets, steps = jnp.asarray(offsets, grid.ts.dtype), jnp.asarray(steps, grid.ts.dtype)
+    return _exact_flow(model, x0, steps, jump_index, offsets, index, grid.seg, reencode)
 
-    if exact:
-        if ts_host is None:
-            # One exponential per output time and per segment.
-            offsets, index = ts - taus[seg], None
-            steps, jump_index = taus[1:] - taus[:-1], jnp.arange(num)
-        else:
-            # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
-            # Offsets closer than half a unit in the last place of max |ts| (in ts's
-            # dtype) share one: below the resolution of the largest times.
-            finfo = np.finfo(ts_host.dtype)
-            resolution = max(float(np.max(np.abs(ts_host))) * float(finfo.eps) / 2, finfo.tiny)
-            offsets, index = _distinct(ts_host - host_taus[host_seg], resolution)
-            steps, jump_index = _distinct(np.diff(host_taus), resolution)
-            offsets, steps = jnp.asarray(offsets, ts.dtype), jnp.asarray(steps, ts.dtype)
-        reencode = reencode_dt is not None
-        flow = _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode)
-        return flow.astype(out_dtype)
 
-    if isinstance(stepsize_controller, diffrax.StepTo) and num > 1:
+def _solve_options(
+    model: KoopmanAutoencoder,
+    grid: _Grid,
+    solver: diffrax.AbstractSolver | None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None,
+    dt0: float | Array | None,
+) -> tuple[diffrax.AbstractSolver, diffrax.AbstractStepSizeController, Array | None]:
+    """The solver, step-size controller and `dt0` that `unroll_continuous` solves with."""
+    if isinstance(stepsize_controller, diffrax.StepTo) and grid.num > 1:
         raise ValueError(
             f"stepsize_controller=StepTo(...) cannot be used with reencoding (each of the "
-            f"{num} segments is solved on its own, from its own t0 to its own t1): use "
+            f"{grid.num} segments is solved on its own, from its own t0 to its own t1): use "
             "diffrax.ConstantStepSize() and dt0"
         )
     solver = diffrax.Tsit5() if solver is None else solver
@@ -731,21 +773,23 @@ def unroll_continuous(
     if dt0 is not None:
         # In the dtype of the times, as diffrax needs; an array, so that `_solve` traces it
         # (a new value, e.g. in a convergence study, compiles nothing new).
-        dt0 = jnp.asarray(dt0, ts.dtype)
+        dt0 = jnp.asarray(dt0, grid.ts.dtype)
+    return solver, stepsize_controller, dt0
 
-    if ts_host is None:
+
+def _ode_path(model, x0, grid: _Grid, reencode: bool, *options) -> Array:
+    """`unroll_continuous` through `diffrax.diffeqsolve` on `grid`, one solve a segment;
+    `options` as `_solve` takes them."""
+    if grid.host_ts is None:
         # Every segment saves at all of ts (shapes cannot depend on ts).
-        save_ts = jnp.broadcast_to(ts, (num, ts.shape[0]))
-        position = jnp.arange(ts.shape[0])
+        save_ts = jnp.broadcast_to(grid.ts, (grid.num, grid.ts.shape[0]))
+        position = jnp.arange(grid.ts.shape[0])
     else:
         # Each segment saves only at its own times (padded), then at its end.
-        save_ts, host_position = _segment_times(host_taus, host_seg, ts_host)
-        save_ts = jnp.asarray(save_ts, ts.dtype)
+        save_ts, host_position = _segment_times(grid.host_taus, grid.host_seg, grid.host_ts)
+        save_ts = jnp.asarray(save_ts, grid.ts.dtype)
         position = jnp.asarray(host_position)
-
-    options = (solver, stepsize_controller, dt0, max_steps, adjoint, progress_meter, throw)
-    reencode = reencode_dt is not None
-    return _solve(model, x0, taus, save_ts, seg, position, reencode, *options).astype(out_dtype)
+    return _solve(model, x0, grid.taus, save_ts, grid.seg, position, reencode, *options)
 
 
 @eqx.filter_jit  # as `_latents`
