@@ -107,17 +107,15 @@ def test_match_rows_draw_a_alike_for_both_labels():
         )
 
 
-def test_write_rows_csv_roundtrip(tmp_path):
-    rows = [("a,b\nc", 1), ('say "hi"', 0)]
-    path = _bigs_ablation.write_rows(rows, tmp_path / "sub" / "task.csv")
-    with path.open(newline="") as f:
-        read = list(csv.DictReader(f))
-    assert [(r["text"], int(r["label"])) for r in read] == rows
-    pairs = [("a", "b", 1), ("c", "d", 0)]
-    path = _bigs_ablation.write_rows(pairs, tmp_path / "pairs.csv")
-    with path.open(newline="") as f:
-        read = list(csv.DictReader(f))
-    assert [(r["text"], r["text_pair"], int(r["label"])) for r in read] == pairs
+def write_rows(rows, path):
+    """Write `(text, label)` or `(text, text_pair, label)` rows as the CSV file
+    `bigs finetune --train` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "text_pair", "label"] if len(rows[0]) == 3 else ["text", "label"])
+        writer.writerows(rows)
+    return path
 
 
 # ----------------------------------------------------------------- baselines
@@ -191,7 +189,7 @@ def test_plot_kernels_and_ablation_files(tmp_path):
             "mlm_loss": 3.0 - i / 10,
             "mlm_accuracy": 0.3,
             "finetune_accuracy": 0.6,
-            "mlm_curve": _bigs_ablation.smooth_curve([5.0, 4.0, 3.0], points=2),
+            "mlm_curve": [[1, 5.0], [3, 3.5]],
         }
         for i, name in enumerate(["x", "y"])
     ]
@@ -214,11 +212,6 @@ def test_ablation_output_names_do_not_collide():
     assert name(finetune_task="match", seed=1) == "_match_seed1"
     assert name(finetune_task="match", finetune_steps=1500) == "_match_1500ftsteps"
     assert name(steps=30, quick=True) == "_quick"
-
-
-def test_smooth_curve():
-    assert _bigs_ablation.smooth_curve([]) == []
-    assert _bigs_ablation.smooth_curve([1.0, 3.0, 5.0, 7.0], points=2) == [[2.0, 2.0], [4.0, 6.0]]
 
 
 # ----------------------------------------------------------------- CLI
@@ -285,7 +278,7 @@ def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
         if len(ran) == 2:
             raise KeyboardInterrupt  # stopped during the third variant
         ran.append(f"{architecture}/{routing}")
-        name = _bigs_ablation.VARIANT_NAMES[architecture, routing]
+        name = _bigs_ablation.VARIANT_LABELS[architecture, routing]
         row = dict(
             name=name,
             architecture=architecture,
@@ -419,7 +412,7 @@ def test_optimizer_groups_ssm_parameters(tiny_mlm):
     assert ssm and all("kernel_fn" in p for p in ssm)
     assert _bigs_train.ssm_groups({"w": jnp.ones(2)}, lr=0.1, ssm_lr=0.01) == {}
     # Zero gradients: decoupled weight decay moves ordinary weights but not SSM ones.
-    opt = _bigs_train.make_optimizer(
+    opt = _bigs_train.paper_optimizer(
         tiny_mlm, lr=0.1, steps=10, warmup=0.0, weight_decay=0.5, ssm_lr=0.1
     )
     params = eqx.filter(tiny_mlm, eqx.is_inexact_array)
@@ -441,7 +434,7 @@ def test_optimizer_is_adamw_098_1e6_with_warmup_cosine():
     # A model without SSM kernels: one group, so the chain must equal plain optax.adamw
     # with the paper's betas/eps and a warmup + cosine schedule (no clipping).
     params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5])}
-    opt = _bigs_train.make_optimizer(
+    opt = _bigs_train.paper_optimizer(
         params, lr=0.1, steps=100, warmup=0.1, weight_decay=0.01, ssm_lr=0.0
     )
     schedule = opt.learning_rate_schedule
@@ -582,7 +575,7 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     # 10 classes and the same settings as the ListOps test below: one compiled step.
     # The classes are named (c0 ... c9), as in files whose labels are words.
     rows = [(f"x{'y' * (i % 5)}", f"c{i % 10}") for i in range(40)]
-    train = _bigs_ablation.write_rows(rows, tmp_path / "train.csv")
+    train = write_rows(rows, tmp_path / "train.csv")
     held = tmp_path / "held.jsonl"  # CSV for training, JSONL for evaluation
     held.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows[:8]))
     args = _parse(
@@ -595,7 +588,7 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     assert result["label_names"] == [f"c{i}" for i in range(10)]
     # The SSM group's rate as used: --ssm-lr (1e-3) capped at the fine-tuning --lr.
     assert (result["ssm_lr"], result["ssm_lr_used"]) == (1e-3, result["lr"]) != (1e-3, 1e-3)
-    ids = _bigs_ablation.write_rows([(t, int(y[1])) for t, y in rows], tmp_path / "ids.csv")
+    ids = write_rows([(t, int(y[1])) for t, y in rows], tmp_path / "ids.csv")
     with pytest.raises(
         ValueError,
         match="--eval .*held.jsonl: .*class names .* where the training file has class ids",
@@ -607,7 +600,7 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
     )
     assert png.stat().st_size > 0
     with pytest.raises(ValueError, match="--regression"):
-        bad = _bigs_ablation.write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
+        bad = write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(bad)]))
     with pytest.raises(ValueError, match="not a `bigs pretrain` output"):
         _bigs_train.load_pretrained(tmp_path)
@@ -625,17 +618,15 @@ def test_read_rows_regression_and_pairs(tmp_path):
         and [records[i]["label"] for i in range(6)] == [r["label"] for r in rows]
     )
     assert records[2]["text_pair"] == "b"
-    csv_path = _bigs_ablation.write_rows([("x", 3), ("y", 0)], tmp_path / "cls.csv")
+    csv_path = write_rows([("x", 3), ("y", 0)], tmp_path / "cls.csv")
     records, outputs, names = _bigs_train.read_rows(csv_path, regression=False)
     assert outputs == 4 and records[0]["label"] == 3 and names is None
     # Class names: numbered in sorted order; a held-out file reuses the training names.
-    named = _bigs_ablation.write_rows(
-        [("x", "pos"), ("y", "neg"), ("z", "pos")], tmp_path / "n.csv"
-    )
+    named = write_rows([("x", "pos"), ("y", "neg"), ("z", "pos")], tmp_path / "n.csv")
     records, outputs, names = _bigs_train.read_rows(named, regression=False)
     assert (outputs, names) == (2, ("neg", "pos"))
     assert [records[i]["label"] for i in range(3)] == [1, 0, 1]
-    held = _bigs_ablation.write_rows([("w", "pos")], tmp_path / "h.csv")
+    held = write_rows([("w", "pos")], tmp_path / "h.csv")
     records, outputs, _ = _bigs_train.read_rows(held, regression=False, label_names=names)
     assert outputs == 2 and records[0]["label"] == 1
     # Whole-number floats are class ids; JSON booleans are refused with a way out.
@@ -654,7 +645,7 @@ def test_read_rows_regression_and_pairs(tmp_path):
     header_only.write_text("text,label\n")
     with pytest.raises(ValueError, match="e.csv' contains no examples"):
         _bigs_train.read_rows(header_only, regression=False)
-    unseen = _bigs_ablation.write_rows([("w", "meh")], tmp_path / "u.csv")
+    unseen = write_rows([("w", "meh")], tmp_path / "u.csv")
     with pytest.raises(ValueError, match=r"u.csv:2: label 'meh' is not one of"):
         _bigs_train.read_rows(unseen, regression=False, label_names=names)
     for rows, message in [
@@ -664,9 +655,7 @@ def test_read_rows_regression_and_pairs(tmp_path):
         ([("a", "pos"), ("b", " ")], "b.csv:3: empty label"),
     ]:
         with pytest.raises(ValueError, match=message):
-            _bigs_train.read_rows(
-                _bigs_ablation.write_rows(rows, tmp_path / "b.csv"), regression=False
-            )
+            _bigs_train.read_rows(write_rows(rows, tmp_path / "b.csv"), regression=False)
 
 
 def test_read_rows_pairs_in_every_row_or_none(tmp_path):
@@ -924,7 +913,7 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
 def test_finetune_notes_unused_class_ids(pretrained, tmp_path, capsys):
     """Labels counted from 1 gave an untrained class 0 without a word."""
     out, _, _ = pretrained
-    path = _bigs_ablation.write_rows([(f"t{i}", 1 + i % 3) for i in range(20)], tmp_path / "a.csv")
+    path = write_rows([(f"t{i}", 1 + i % 3) for i in range(20)], tmp_path / "a.csv")
     argv = ["finetune", "--checkpoint", str(out), "--train", str(path), "--batch-size", "2"]
     *_, (_, _, outputs, names) = _bigs._finetune_inputs(_parse(argv))
     assert (outputs, names) == (4, None)

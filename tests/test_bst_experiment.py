@@ -281,6 +281,6 @@ def test_evaluate_equals_per_sequence_mean():
         ]
     )
     heldout = np.asarray(tokens)
-    np.testing.assert_allclose(_bst.evaluate(model, heldout, length), expected, rtol=1e-5)
+    np.testing.assert_allclose(_bst.evaluate_lm(model, heldout, length), expected, rtol=1e-5)
     with pytest.raises(ValueError, match="must divide"):
-        _bst.evaluate(model, heldout, 3 * length)
+        _bst.evaluate_lm(model, heldout, 3 * length)

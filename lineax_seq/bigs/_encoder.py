@@ -275,10 +275,10 @@ class BiGS(eqx.Module):
         state_size = int(state_size)
         if num_heads is not None:
             num_heads = check_int("num_heads", num_heads)
-        if inner_dim is None:
-            inner_dim = (3 if architecture == "gated" else 4) * dim
-        inner_dim = check_int("inner_dim", inner_dim)
         layer_cls = GatedLayer if architecture == "gated" else StackLayer
+        if inner_dim is None:
+            inner_dim = layer_cls._inner_factor * dim
+        inner_dim = check_int("inner_dim", inner_dim)
         settings = dict(
             inner_dim=inner_dim,
             routing=routing,

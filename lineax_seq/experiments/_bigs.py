@@ -29,6 +29,8 @@ import jax.random as jr
 
 import lineax_seq as ls
 
+from ..training._checkpoint import CHECKPOINT_DIR
+from ..training._train import METRICS_FILE
 from ._bigs_ablation import (
     DEFAULT_FINETUNE_STEPS,
     DEFAULT_STEPS,
@@ -39,10 +41,8 @@ from ._bigs_ablation import (
 )
 from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels, png_path
 from ._bigs_train import (
-    CHECKPOINT_DIR,
     CONFIG_FILE,
     FINAL_DIR,
-    METRICS_FILE,
     RESULT_FILE,
     Classifier,
     MaskedLM,
@@ -324,7 +324,7 @@ def _recorded_config(out: pathlib.Path) -> dict[str, Any]:
 
 # The options of a pretraining run's data and optimiser: a `--resume` takes the recorded
 # ones (its run's latest) wherever the command line leaves them out.
-_RUN_OPTIONS = (
+_RESUMED_OPTIONS = (
     "corpus",
     "max_files",
     "steps",
@@ -349,7 +349,7 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
     config = _recorded_config(args.out)
     recorded = (config.get("resumed") or [config.get("pretrain") or {}])[-1]
     merged, changed = vars(args).copy(), []
-    for name in _RUN_OPTIONS:
+    for name in _RESUMED_OPTIONS:
         if name not in recorded:
             continue
         value = recorded[name]
@@ -673,8 +673,11 @@ def _optim_arguments(
 
 def _optim_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `_optim_arguments` values, as `pretrain_mlm`/`finetune_classifier` take them."""
-    names = ("steps", "batch_size", "length", "lr", "ssm_lr", "weight_decay", "warmup")
-    return {k: getattr(args, k) for k in (*names, "schedule", "eval_every", "seed")}
+    names = (
+        "steps", "batch_size", "length", "lr", "ssm_lr", "weight_decay", "warmup",
+        "schedule", "eval_every", "seed",
+    )  # fmt: skip
+    return {k: getattr(args, k) for k in names}
 
 
 _BYTE_VOCAB = ls.ByteTokenizer().vocab_size  # the least BPE vocabulary: specials + bytes
@@ -878,9 +881,6 @@ def run(args: argparse.Namespace) -> int:
     an input the subcommand cannot use (`UsageError`, found before training) is the
     subcommand's usage error too."""
     parser = _SUBPARSERS[args.bigs_command]
-    problem = _PROBLEMS[args.bigs_command](args)
-    if problem is not None:
-        parser.error(problem)
     commands = {
         "pretrain": pretrain,
         "finetune": finetune,
@@ -888,6 +888,7 @@ def run(args: argparse.Namespace) -> int:
         "kernels": kernels,
     }
     try:
+        _check(args)
         commands[args.bigs_command](args)
     except UsageError as e:
         parser.error(str(e))
@@ -934,7 +935,9 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
         progress=False,
     )
     metrics = last_metrics(result.history, "eval")
-    uni_loss, uni_acc = unigram_reference(train_texts, eval_texts, tok, length, batch_size)
+    uni_loss, uni_acc = unigram_reference(
+        train_texts, eval_texts, tok, length, batch_size, seed=seed
+    )
     print(
         f"held-out masked tokens: loss {metrics['loss']:.3f} nats (unigram baseline "
         f"{uni_loss:.3f}), accuracy {metrics['accuracy']:.3f} (unigram {uni_acc:.3f})"

@@ -5,7 +5,6 @@ fine-tuned on one task (`python -m lineax_seq bigs ablation`)."""
 from __future__ import annotations
 
 import argparse
-import csv
 import pathlib
 import time
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from ._cli import corpus_errors, results_dir, settings_tag
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
 # `--variants` spells a variant as "architecture/routing".
 VARIANT_CHOICES = tuple(f"{a}/{r}" for a, r in VARIANTS)
-VARIANT_NAMES = {
+VARIANT_LABELS = {
     ("gated", "ssm"): "GATED / SSM (BiGS)",
     ("stack", "ssm"): "STACK / SSM",
     ("gated", "attention"): "GATED / ATT",
@@ -193,18 +192,6 @@ def match_rows(
     )
 
 
-def write_rows(rows: Sequence[tuple], path: pathlib.Path) -> pathlib.Path:
-    """Write `(text, label)` or `(text, text_pair, label)` rows as a CSV file with a
-    `text,label` / `text,text_pair,label` header (what `bigs finetune --train` reads)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["text", "text_pair", "label"] if len(rows[0]) == 3 else ["text", "label"])
-        writer.writerows(rows)
-    return path
-
-
 # ---------------------------------------------------------------------------------------
 # Baselines
 # ---------------------------------------------------------------------------------------
@@ -270,7 +257,7 @@ def plot_ablation(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
         if curve.size:
             axes[0].plot(curve[:, 0], curve[:, 1], color=c, label=r["name"])
     axes[0].set_xlabel("pretraining step")
-    axes[0].set_ylabel("MLM train loss (smoothed)")
+    axes[0].set_ylabel("MLM train loss (mean per log interval)")
     axes[0].legend(fontsize=8)
     for ax, key, label in (
         (axes[1], "mlm_loss", "held-out MLM loss (lower is better)"),
@@ -290,15 +277,6 @@ def plot_ablation(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
-
-
-def smooth_curve(losses: Sequence[float], *, points: int = 100) -> list[list[float]]:
-    """Average a per-step loss list into at most `points` `[step, mean loss]` pairs."""
-    losses = np.asarray(losses, dtype=float)
-    if losses.size == 0:
-        return []
-    chunks = np.array_split(np.arange(losses.size), min(points, losses.size))
-    return [[float(c[-1] + 1), float(losses[c].mean())] for c in chunks]
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -404,7 +382,7 @@ def _run_variant(
 ) -> tuple[dict[str, Any], MaskedLM]:
     """Pretrain one (architecture, routing) variant, then fine-tune it on `task`;
     returns its row of the results and the pretrained model."""
-    name = VARIANT_NAMES[architecture, routing]
+    name = VARIANT_LABELS[architecture, routing]
     length, batch_size = cfg["length"], cfg["batch_size"]
     config = dict(
         base,
@@ -532,7 +510,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     # Context-free reference points, first: every write of the results carries them.
-    uni_loss, uni_acc = unigram_reference(train_texts, eval_texts, tok, length, batch_size)
+    uni_loss, uni_acc = unigram_reference(
+        train_texts, eval_texts, tok, length, batch_size, seed=cfg["seed"]
+    )
     train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
     eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
     majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
@@ -680,16 +660,19 @@ def unigram_reference(
     length: int,
     batch_size: int,
     *,
+    seed: int,
+    mask_rate: float = 0.15,
     eval_batches: int = 8,
 ) -> tuple[float, float]:
-    """The unigram baseline on exactly the held-out MLM targets `pretrain_mlm` scores."""
+    """The unigram baseline on the held-out MLM targets `pretrain_mlm` scores with the
+    same `seed`, `mask_rate` and `eval_batches` (the held-out masks depend on all three)."""
     data = mlm_data(
         eval_texts,
         tok,
         length=length,
         batch_size=batch_size,
-        mask_rate=0.15,
-        seed=0,
+        mask_rate=mask_rate,
+        seed=seed,
         train=False,
     )
     batches = [b for b, _ in zip(iter(data), range(eval_batches), strict=False)]

@@ -23,13 +23,12 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 import lineax_seq as ls
 
 from ..data._classification import _read_rows, check_table_path, finite_number
+from ._cli import matched_width
 
 CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"  # where `ls.train` keeps a run's checkpoints
 TOKENIZER_FILE = "tokenizer.json"
 FINAL_DIR = "final"
 RESULT_FILE = "result.json"  # a `bigs finetune` run's summary
-METRICS_FILE = "metrics.jsonl"  # written by `ls.train`
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ def _mlm_losses(max_masked: int) -> tuple[Any, Any]:
 
 
 def ssm_groups(model: PyTree, *, lr: float, ssm_lr: float) -> dict[str, ls.ParamGroup]:
-    """The SSM parameter group of `make_optimizer`: every array of the model's S4D
+    """The SSM parameter group of `paper_optimizer`: every array of the model's S4D
     kernels (A, B, C, dt) at its own learning rate (`ssm_lr`, capped at `lr` so it never
     outruns the warmup peak; `lr` if `ssm_lr <= 0`) and without weight decay, as S4
     trains them. Empty for a model without SSM kernels (attention routing)."""
@@ -213,7 +212,7 @@ def ssm_learning_rate(*, lr: float, ssm_lr: float) -> float:
     return min(ssm_lr, lr) if ssm_lr > 0 else lr
 
 
-def make_optimizer(
+def paper_optimizer(
     model: PyTree,
     *,
     lr: float,
@@ -280,10 +279,7 @@ def matched_inner_dim(config: dict[str, Any], target: int) -> int:
         )
         return parameter_counts(enc)["params_non_embedding"]
 
-    base = config["dim"]
-    c1, c2 = count(base), count(2 * base)
-    slope = (c2 - c1) / base
-    return max(8, int(round(base + (target - c1) / slope)))
+    return max(8, matched_width(count, config["dim"], target))
 
 
 # ---------------------------------------------------------------------------------------
@@ -633,7 +629,7 @@ def pretrain_mlm(
     progress: bool = True,
     data: tuple[Any, Any] | None = None,
 ) -> ls.TrainResult:
-    """Masked-LM pretraining of `model` with the paper's optimiser (see `make_optimizer`)
+    """Masked-LM pretraining of `model` with the paper's optimiser (see `paper_optimizer`)
     on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task).
 
     Evaluates on the first `eval_batches` batches of `eval_texts` (fixed masks, no
@@ -726,11 +722,11 @@ def _train(
     progress: bool,
     **options: Any,
 ) -> ls.TrainResult:
-    """`ls.train` with `make_optimizer(model, steps=steps, **optimizer)`, ~20 log points
+    """`ls.train` with `paper_optimizer(model, steps=steps, **optimizer)`, ~20 log points
     and curves saved when there is an `out_dir`; `options` go to `ls.train`."""
     return ls.train(
         model,
-        make_optimizer(model, steps=steps, **optimizer),
+        paper_optimizer(model, steps=steps, **optimizer),
         loss,
         data,
         steps=steps,

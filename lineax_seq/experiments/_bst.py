@@ -36,10 +36,13 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Int
 
+import lineax_seq as ls
+
 from ._cli import (
     UsageError,
     corpus_errors,
     existing_path,
+    matched_width,
     non_negative_int,
     output_problem,
     path,
@@ -109,7 +112,6 @@ def build_lm(name: str, vocab_size: int, cfg: Config, *, mlp_dim: int, key: jax.
     `cfg.bst_layers`: plain (SLIDE), block-recurrent (BRECT, at the last of those
     indices) or Block-State (BST, context and SSM from the name).
     """
-    import lineax_seq as ls
 
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
@@ -137,11 +139,6 @@ def build_lm(name: str, vocab_size: int, cfg: Config, *, mlp_dim: int, key: jax.
     return ls.BlockStateTransformerLM(vocab_size, cfg.dim, cfg.num_layers, **common)
 
 
-def count_parameters(model) -> int:
-    """Number of trainable scalars (array leaves) in `model`."""
-    return sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
-
-
 def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
     """Per model, the MLP width that brings its parameter count closest to the largest one's.
 
@@ -155,23 +152,17 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
     key = jr.key(0)
 
     def size(name, mlp_dim):
-        shapes = eqx.filter_eval_shape(
+        lm = eqx.filter_eval_shape(
             lambda k: build_lm(name, vocab_size, cfg, mlp_dim=mlp_dim, key=k), key
         )
-        return sum(
-            math.prod(x.shape)
-            for x in jax.tree.leaves(shapes)
-            if isinstance(x, jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact)
-        )
+        return ls.count_parameters(lm)
 
-    sizes = {name: size(name, base) for name in cfg.models}
-    target = max(sizes.values())
-    dims = {}
-    for name in cfg.models:
-        # parameter count is affine in mlp_dim: solve, then round to a multiple of 8
-        slope = (size(name, base + 8) - sizes[name]) / 8
-        dims[name] = base + 8 * round((target - sizes[name]) / slope / 8)
-    return dims
+    target = max(size(name, base) for name in cfg.models)
+    # Every width a multiple of 8.
+    return {
+        name: matched_width(lambda w, n=name: size(n, w), base, target, multiple=8)
+        for name in cfg.models
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -181,7 +172,6 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
 def train_batches(corpus: str | None, tokenizer, cfg: Config, *, seed: int):
     """`(batch_size, L)` causal-LM windows from the `"train"` split
     ([`lineax_seq.lm_dataset`][]), shuffled by `seed`: the same order for every model."""
-    import lineax_seq as ls
 
     return ls.lm_dataset(
         ls.text_corpus(corpus, split="train"),
@@ -197,7 +187,6 @@ def heldout_windows(corpus: str | None, tokenizer, cfg: Config) -> np.ndarray:
     `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
     documents of the `"valid"` split, so they come from many files, not the first few;
     every evaluation length cuts these same windows into shorter sequences."""
-    import lineax_seq as ls
 
     longest = max(cfg.eval_lengths())
     windows = ls.lm_windows(ls.text_corpus(corpus, split="valid"), tokenizer, length=longest)
@@ -231,14 +220,13 @@ def _report(step: int, model, record: dict) -> None:
         print(f"    step {step:4d} loss {record['loss']:.3f}", flush=True)
 
 
-def train(model, batches, cfg: Config, *, name: str = "", seed: int = 0):
+def train_lm(model, batches, cfg: Config, *, name: str = "", seed: int = 0):
     """`cfg.steps` AdamW steps (warmup + cosine decay, clipping) with the library's loop.
 
     Returns the trained model, the training losses and their steps: one record per
     `LOG_EVERY` steps (the mean over those steps) plus, if `cfg.steps` is not a multiple
     of `LOG_EVERY`, one for the remaining steps (the loop's final flush).
     """
-    import lineax_seq as ls
 
     optimizer = ls.make_optimizer(
         cfg.learning_rate,
@@ -264,7 +252,7 @@ def train(model, batches, cfg: Config, *, name: str = "", seed: int = 0):
     return result.model, [r["loss"] for r in records], [r["step"] for r in records]
 
 
-def evaluate(model, heldout: np.ndarray, length: int) -> float:
+def evaluate_lm(model, heldout: np.ndarray, length: int) -> float:
     """Mean next-token NLL (nats) of the held-out windows cut into sequences of `length`.
 
     `heldout` holds windows of `n + 1` tokens (`n` a multiple of `length`); every
@@ -293,14 +281,14 @@ def _train_and_evaluate(name: str, model, train_data, heldout, cfg: Config, seed
     """One seed of one model: train, then held-out perplexity at every length."""
     start = time.perf_counter()
     try:
-        model, losses, loss_steps = train(model, train_data, cfg, name=name, seed=seed)
+        model, losses, loss_steps = train_lm(model, train_data, cfg, name=name, seed=seed)
     except FloatingPointError as e:  # record the divergence, keep the other runs
         print(f"  {name} (seed {seed}) diverged: {e}", flush=True)
         return {"seed": seed, "error": str(e)}
     train_seconds = time.perf_counter() - start
     ppl = {}
     for length in cfg.eval_lengths():
-        ppl[str(length)] = math.exp(evaluate(model, heldout, length))
+        ppl[str(length)] = math.exp(evaluate_lm(model, heldout, length))
         print(f"  {name} eval L={length:6d}: perplexity {ppl[str(length)]:.3f}", flush=True)
     return {
         "seed": seed,
@@ -433,7 +421,6 @@ def run_experiment(
     and `.md` (plot and table)."""
     if not cfg.seeds:
         raise ValueError("seeds must name at least one seed, got seeds=()")
-    import lineax_seq as ls
 
     tokenizer = ls.ByteTokenizer()
     if problem := config_problem(cfg):
@@ -457,7 +444,7 @@ def run_experiment(
             model = build_lm(
                 name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=jr.fold_in(jr.key(seed), i)
             )
-            params[name] = count_parameters(model)
+            params[name] = ls.count_parameters(model)
             print(
                 f"{name} (seed {seed}): {params[name] / 1e6:.3f}M parameters "
                 f"(MLP {mlp_dims[name]})",

@@ -209,3 +209,12 @@ def results_dir(checkout: pathlib.Path = _CHECKOUT) -> pathlib.Path:
     if (checkout / "benchmarks").is_dir() and (checkout / "pyproject.toml").is_file():
         return checkout / "benchmarks" / "results"
     return pathlib.Path("benchmarks/results")
+
+
+def matched_width(count: Callable[[int], int], base: int, target: int, *, multiple: int = 1) -> int:
+    """The width `w`, a multiple of `multiple` away from `base`, whose parameter count
+    `count(w)` is closest to `target`: the count is affine in the width (an MLP's or an
+    inner layer's), so it is measured at two widths and solved for."""
+    at_base = count(base)
+    slope = (count(base + multiple) - at_base) / multiple
+    return base + multiple * round((target - at_base) / slope / multiple)
