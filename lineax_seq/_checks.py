@@ -131,6 +131,13 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
+def check_mask_dtype(mask: Array | np.ndarray | None) -> None:
+    """A `TypeError` unless `mask` (if given) is boolean: a float mask, e.g. an additive
+    one (0 where tokens are kept), would be read as `True` wherever it is non-zero."""
+    if mask is not None and mask.dtype != np.bool_:
+        raise TypeError(f"mask must be boolean (True at real tokens), got mask.dtype={mask.dtype}")
+
+
 def check_trailing_mask(mask: Array | np.ndarray | None) -> None:
     """A `ValueError` unless `mask` (a boolean `(length,)` array or `None`) is trailing
     padding: `True` at the real tokens, then `False` to the end; it names the first real

@@ -406,6 +406,17 @@ def test_sliding_window_attention_takes_numpy_and_names_non_arrays(name, getkey)
                 attend(**{**args, name: None}, window=2)
 
 
+def test_attention_layers_name_a_batched_input(key, no_jaxtyping):
+    """A batch given without `vmap` is named by the layer (it was an einops error)."""
+    batched = r"must have shape \(length, .*one example: jax.vmap over a batch\), got shape"
+    with pytest.raises(ValueError, match="`x` " + batched):
+        ls.MultiHeadAttention(4, 2, key=key)(jnp.ones((2, 8, 4)))
+    with pytest.raises(ValueError, match="`context` " + batched):
+        ls.MultiHeadAttention(4, 2, key=key)(jnp.ones((8, 4)), jnp.ones((2, 8, 4)))
+    with pytest.raises(ValueError, match="`x` " + batched):
+        ls.SlidingWindowAttention(4, 2, 4, key=key)(jnp.ones((4, 8, 4)))
+
+
 def test_attention_arguments_checked(key, no_jaxtyping):
     """Sizes, flags and positions are checked where they enter (not by XLA later)."""
     for bad in (True, 2.0):

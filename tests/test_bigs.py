@@ -766,6 +766,30 @@ def test_shapes_checked_without_jaxtyping(mods, no_jaxtyping):
         model(jnp.arange(4.0), inference=True)
 
 
+def test_dtypes_checked_without_jaxtyping(mods, no_jaxtyping):
+    """A float mask is a `TypeError` (an additive one, zeros for "keep", was read as all
+    padding and zeroed every output), and so is an integer input to a layer or SSM (its
+    result came back rounded to integers)."""
+    model, tokens, x = mods["gated/ssm"], jnp.arange(4), jnp.ones((4, DIM))
+    additive = jnp.zeros(4)
+    for call in (
+        lambda: model(tokens, additive, inference=True),
+        lambda: model.layer(0)(x, additive, inference=True),
+        lambda: model.layer(0).forward_routing(x, additive),
+        lambda: mods["span"](x, additive),
+        lambda: ls.masked_mean(x, additive),
+    ):
+        with pytest.raises(TypeError, match="mask must be boolean .*got mask.dtype=float32"):
+            call()
+    ints = jnp.ones((4, DIM), jnp.int32)
+    for name, call in (
+        ("x", lambda: model.layer(0)(ints, inference=True)),
+        ("u", lambda: model.layer(0).forward_routing(ints)),
+    ):
+        with pytest.raises(TypeError, match=f"{name} must have a real floating dtype"):
+            call()
+
+
 def test_masks_must_be_trailing_padding(mods):
     """A concrete mask with a hole or leading padding is an error naming the position,
     for the encoder, its layers and the SSMs: padding-exactness is defined for trailing

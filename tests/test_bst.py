@@ -592,6 +592,17 @@ def test_cudnn_lm_batch_is_as_accurate_as_xla(getkey):
     assert error(fused) <= 1.5 * error(xla) + 1e-2, (error(fused), error(xla))
 
 
+def test_batched_tokens_are_named_without_jaxtyping(sh_lm, no_jaxtyping):
+    """A batch of sequences without `vmap` is named as such (a (2, 8) batch was read as
+    2 tokens: "`window`=4 is larger than the sequence length 2")."""
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    batched = r"`tokens` must have shape \(length,\) \(one sequence: jax.vmap over a batch\)"
+    with pytest.raises(ValueError, match=batched + r", got shape \(2, 8\)"):
+        sh_lm(tokens)
+    with pytest.raises(ValueError, match=batched):
+        sh_lm.prefill(tokens, 16)
+
+
 def test_vocab_size_follows_embedding_surgery(sh_lm, no_jaxtyping):
     """`vocab_size` is the embedding's row count, so ids are checked against the
     vocabulary an `eqx.tree_at` gave the model (a static copy let a shrunk one clamp)."""
@@ -615,7 +626,7 @@ def test_bad_input(sh_lm, key):
     with pytest.raises(Exception, match="tokens"):
         lm(jnp.zeros((2, 8), jnp.int32))
     for layer in lm.layers:  # a BST layer and a sliding-window layer
-        with pytest.raises(ValueError, match="dim=8 features, got shape \\(16, 5\\)"):
+        with pytest.raises(ValueError, match=r"dim=8\) \(one example.*got shape \(16, 5\)"):
             layer(jnp.zeros((16, 5)))
         with pytest.raises(
             ValueError, match=r"`x_t` must have shape \(dim,\) with dim=8, got shape \(5,\)"

@@ -623,6 +623,12 @@ def test_parameters_follow_x64():
 
 
 def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
+    # Integer states were converted silently, where the model and unrolls refuse them.
+    baseline = ls.MLPBaseline(2, width=8, layers=2, key=jr.key(0))
+    ints = jnp.array([[1, 0], [0, 1], [1, 1]], jnp.int32)
+    for loss, m in ((ls.koopman_loss, model), (ls.mlp_baseline_loss, baseline)):
+        with pytest.raises(TypeError, match="xs must have a real floating dtype, got .*int32"):
+            loss(m, ints)
     with pytest.raises(ValueError, match="steps must be a positive integer, got steps=2.0"):
         ls.unroll_latents(model, jnp.array([0.1, 0.2]), steps=2.0)
     for dt in (True, "0.1"):
@@ -1096,6 +1102,9 @@ def test_unroll_continuous_options_are_checked_without_jaxtyping(model, no_jaxty
     for name in ("exact", "throw"):
         with pytest.raises(TypeError, match=f"{name} must be a bool, got {name}='no'"):
             ls.unroll_continuous(model, x0, ts, **{name: "no"})
+    # A batch of time grids ("object too deep" from NumPy before).
+    with pytest.raises(ValueError, match=r"ts must have shape \(times,\), got ts.shape=\(1, 3\)"):
+        ls.unroll_continuous(model, x0, ts[None])
     for name, cls in [
         ("solver", "AbstractSolver"),
         ("stepsize_controller", "AbstractStepSizeController"),

@@ -129,6 +129,21 @@ def test_s4d_bad_inputs(getkey):
             empty(jnp.ones((0, 4)))
 
 
+def test_s4d_inputs_checked_without_jaxtyping(getkey, no_jaxtyping):
+    """Integer inputs (whose result came back rounded) and inputs of the wrong rank (a
+    forgotten `vmap`, which failed deep inside) are named by the layer itself."""
+    layer = ls.S4D(3, state_size=4, key=getkey())
+    state = layer.init_state()
+    with pytest.raises(TypeError, match="x_t must have a real floating dtype.*int32"):
+        layer.step(state, jnp.array([1, 2, 3], jnp.int32))
+    with pytest.raises(TypeError, match="x must have a real floating dtype.*int32"):
+        layer(jnp.ones((4, 3), jnp.int32))
+    with pytest.raises(ValueError, match=r"x_t must have shape \(dim,\), got x_t.shape=\(2, 3\)"):
+        layer.step(state, jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"x must have shape \(length, dim\), got .*\(2, 4, 3\)"):
+        layer(jnp.ones((2, 4, 3)))
+
+
 def test_s4d_options_checked(getkey, no_jaxtyping):
     key = getkey()
     with pytest.raises(TypeError, match="bidirectional='no'"):

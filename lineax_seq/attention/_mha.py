@@ -8,12 +8,8 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, as_arrays, check_bool, check_int, check_key
+from .._nn import apply_linear
 from ._core import attend, check_implementation, clip_bias
-
-
-def _linear(layer: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
-    y = x @ layer.weight.T
-    return y if layer.bias is None else y + layer.bias
 
 
 class MultiHeadAttention(eqx.Module):
@@ -96,20 +92,20 @@ class MultiHeadAttention(eqx.Module):
 
     def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
         """Project `x` `(q, dim)` to per-head queries `(q, heads, head_dim)`."""
-        return rearrange(_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
+        return rearrange(apply_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
 
     def keys_values(
         self, context: Float[Array, "k kv_dim"]
     ) -> tuple[Float[Array, "k heads head_dim"], Float[Array, "k heads head_dim"]]:
         """Project `context` `(k, kv_dim)` to keys and values, each `(k, heads, head_dim)`."""
-        k = rearrange(_linear(self.key_proj, context), "k (h d) -> k h d", h=self.num_heads)
-        v = rearrange(_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
+        k = rearrange(apply_linear(self.key_proj, context), "k (h d) -> k h d", h=self.num_heads)
+        v = rearrange(apply_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
         return k, v
 
     def merge_heads(self, out: Float[Array, "q heads head_dim"]) -> Float[Array, "q dim"]:
         """Concatenate heads `(q, heads, head_dim)`, apply the output projection: `(q, dim)`."""
         out = rearrange(out, "q h d -> q (h d)")
-        return out if self.output_proj is None else _linear(self.output_proj, out)
+        return out if self.output_proj is None else apply_linear(self.output_proj, out)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -143,6 +139,12 @@ class MultiHeadAttention(eqx.Module):
         Shape `(q, dim)`.
         """
         x, context, mask, bias = as_arrays(x, context, mask, bias)
+        for name, value in (("x", x), ("context", context)):
+            if value is not None and value.ndim != 2:
+                raise ValueError(
+                    f"`{name}` must have shape (length, features) (one example: jax.vmap "
+                    f"over a batch), got shape {value.shape}."
+                )
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
         if context is not None and context.shape[0] == 0 and x.shape[0] > 0:

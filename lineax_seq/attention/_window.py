@@ -23,6 +23,17 @@ from ._core import (
 from ._mha import MultiHeadAttention
 
 
+def check_sequence(x: Array, window: int, dim: int) -> None:
+    """A `ValueError` unless `x` is `(length, dim)` with `length` a multiple of `window`
+    (one example: a batch is `jax.vmap`'s)."""
+    if x.ndim != 2 or x.shape[-1] != dim:
+        raise ValueError(
+            f"`x` must have shape (length, dim={dim}) (one example: jax.vmap over a batch), "
+            f"got shape {x.shape}."
+        )
+    check_blocks(x.shape[0], window)
+
+
 def check_window(window: object) -> int:
     """`window` as an `int` (NumPy integers accepted), or a clear error."""
     return check_int("window", window)
@@ -272,9 +283,5 @@ class SlidingWindowAttention(eqx.Module):
         Shape `(length, dim)`.
         """
         x = jnp.asarray(x)
-        if x.shape[-1] != self.attention.dim:
-            raise ValueError(
-                f"`x` must have dim={self.attention.dim} features, got shape {x.shape}."
-            )
-        check_blocks(x.shape[0], self.window)
+        check_sequence(x, self.window, self.attention.dim)
         return self.attention.merge_heads(self.heads(x))

@@ -18,6 +18,7 @@ from .._checks import (
     check_ids,
     check_int,
     check_key,
+    check_mask_dtype,
     check_trailing_mask,
     host_arrays,
 )
@@ -33,7 +34,7 @@ from ._layers import (
     apply_norm,
     check_dropout,
     check_init_std,
-    dropout_mode,
+    resolve_inference,
 )
 
 BIGS_CONFIGS: dict[str, dict[str, Any]] = {
@@ -448,6 +449,7 @@ class BiGS(eqx.Module):
         """
         tokens, mask, token_types = host_arrays(tokens, mask, token_types)
         _check_like_tokens(tokens, mask=mask, token_types=token_types)
+        check_mask_dtype(mask)
         length = tokens.shape[0]
         if length == 0:
             raise ValueError("tokens must contain at least one token, got length 0")
@@ -457,7 +459,7 @@ class BiGS(eqx.Module):
                 "(the absolute position embeddings)"
             )
         # The encoder's flag decides for every layer (`None`: the embedding dropout's own).
-        inference = dropout_mode(self.dropout, key, inference)
+        inference = resolve_inference(self.dropout, key, inference)
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)

@@ -8,25 +8,35 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_array, as_arrays, check_bool, check_int, check_key
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_array,
+    as_arrays,
+    check_bool,
+    check_int,
+    check_key,
+    check_mask_dtype,
+)
+from .._nn import apply_linear
 from ._layers import (
     INIT_STD,
-    apply_dense,
     apply_dropout,
     apply_norm,
     check_dropout,
     check_init_std,
     dense,
-    dropout_mode,
     gelu,
+    resolve_inference,
 )
 
 
 def _check_hidden(x: Array, dim: int, axes: tuple[str, ...], mask: Array | None = None) -> None:
     """A `ValueError` unless `x` is `(*axes, dim)` and `mask` (if any) `x.shape[:-1]` (a
-    mask of length 1 would broadcast silently)."""
+    mask of length 1 would broadcast silently), a `TypeError` unless `mask` is boolean."""
     if x.ndim != len(axes) + 1 or x.shape[-1] != dim:
         raise ValueError(f"x must have shape ({', '.join(axes)}, dim={dim}), got x.shape={x.shape}")
+    check_mask_dtype(mask)
     if mask is not None and mask.shape != x.shape[:-1]:
         raise ValueError(f"mask must have shape {x.shape[:-1]} like x, got mask.shape={mask.shape}")
 
@@ -53,8 +63,7 @@ def masked_mean(
         return jnp.mean(x, axis=0)
     if mask.shape != x.shape[:1]:
         raise ValueError(f"mask must have shape {x.shape[:1]} like x, got mask.shape={mask.shape}")
-    if mask.dtype != jnp.bool_:
-        raise TypeError(f"mask must be boolean (True at real tokens), got mask.dtype={mask.dtype}")
+    check_mask_dtype(mask)
     total = jnp.sum(jnp.where(mask[:, None], x, 0), axis=0)
     return total / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
 
@@ -143,7 +152,7 @@ class MaskedLMHead(eqx.Module):
                 f"embedding must have shape (vocab_size, dim)={(self.bias.shape[0], dim)}, "
                 f"got embedding.shape={embedding.shape}"
             )
-        h = apply_norm(self.norm, gelu(apply_dense(self.transform, x)))
+        h = apply_norm(self.norm, gelu(apply_linear(self.transform, x)))
         return h @ embedding.T + self.bias
 
 
@@ -210,7 +219,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
-        inference = dropout_mode(self.dropout, key, inference)
+        inference = resolve_inference(self.dropout, key, inference)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
@@ -257,7 +266,7 @@ class SpanExtractionHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.proj.in_features, ("length",), mask)
-        logits = apply_dense(self.proj, x)
+        logits = apply_linear(self.proj, x)
         if mask is not None:
             logits = jnp.where(mask[:, None], logits, jnp.finfo(logits.dtype).min)
         return logits[:, 0], logits[:, 1]
@@ -314,7 +323,7 @@ class MultipleChoiceHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
-        inference = dropout_mode(self.scorer.dropout, key, inference)
+        inference = resolve_inference(self.scorer.dropout, key, inference)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]

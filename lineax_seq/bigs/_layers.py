@@ -21,6 +21,7 @@ from .._checks import (
     check_real,
     check_trailing_mask,
 )
+from .._nn import apply_linear
 from ..attention import MultiHeadAttention
 from ..ssm._kernel import check_kernel_options
 from ._ssm import DirectionalSSM, check_sequence, ssm_conv
@@ -69,7 +70,9 @@ def apply_dropout(
     return dropout(x, key=key, inference=inference)
 
 
-def dropout_mode(dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None) -> bool:
+def resolve_inference(
+    dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None
+) -> bool:
     """Whether dropout is off: `inference`, or (`None`) `dropout`'s own flag, as a Python
     bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if dropout would
     run (a positive rate, not in inference) without a `key` (Equinox's own error names
@@ -118,12 +121,6 @@ def denses(
             eqx.tree_at(lambda lin: (lin.weight, lin.bias), linear, (w, jnp.zeros(w.shape[:1])))
         )
     return linears
-
-
-def apply_dense(linear: eqx.nn.Linear, x: Float[Array, "n a"]) -> Float[Array, "n b"]:
-    """`x W^T + b` over a sequence."""
-    y = x @ linear.weight.T
-    return y if linear.bias is None else y + linear.bias
 
 
 def apply_norm(norm: eqx.nn.LayerNorm, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
@@ -341,7 +338,7 @@ class _Layer(eqx.Module):
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
-        inference = dropout_mode(self.dropout, key, inference)
+        inference = resolve_inference(self.dropout, key, inference)
         return self._masked_apply(x, mask, key, inference)
 
     def _masked_apply(self, x, mask, key, inference):
@@ -423,8 +420,8 @@ class GatedLayer(_Layer):
         # routing reads it anti-causally. The GELUs of F, B and of the gate U * V are
         # recomputed in the backward pass, not stored (`_gelu_pair`, `_gelu_gate`):
         # less memory and, on CPU, 2-4% less time at 128-4k tokens.
-        z_v = apply_dense(self.v_proj, h)
-        z_f, z_b = apply_dense(self.f_proj, h), apply_dense(self.b_proj, h)
+        z_v = apply_linear(self.v_proj, h)
+        z_f, z_b = apply_linear(self.f_proj, h), apply_linear(self.b_proj, h)
         if self.routing == "ssm":
             # Both SSMs in one pass (one batched Toeplitz / chunked product).
             fb = _gelu_pair(z_f, z_b)
@@ -434,9 +431,9 @@ class GatedLayer(_Layer):
         else:
             y_f = self.forward_routing(gelu(z_f), mask=_key_mask(mask))
             y_b = self.backward_routing(gelu(z_b), mask=_key_mask(mask))
-        u1 = apply_dense(self.u1_proj, y_f)
-        u2 = apply_dense(self.u2_proj, y_b)
-        o = apply_dense(self.out_proj, _gelu_gate(apply_dense(self.u_proj, u1 * u2), z_v))
+        u1 = apply_linear(self.u1_proj, y_f)
+        u2 = apply_linear(self.u2_proj, y_b)
+        o = apply_linear(self.out_proj, _gelu_gate(apply_linear(self.u_proj, u1 * u2), z_v))
         return x + apply_dropout(self.dropout, o, key, inference)
 
 
@@ -449,8 +446,8 @@ class _SSMBlock(eqx.Module):
     out_proj: eqx.nn.Linear
 
     def __call__(self, x, mask):
-        h = apply_dense(self.in_proj, apply_norm(self.norm, x))
-        return apply_dense(self.out_proj, gelu(self.ssm(h, mask)))
+        h = apply_linear(self.in_proj, apply_norm(self.norm, x))
+        return apply_linear(self.out_proj, gelu(self.ssm(h, mask)))
 
 
 class _AttentionBlock(eqx.Module):
@@ -519,6 +516,6 @@ class StackLayer(_Layer):
         keys = _dropout_keys(key, len(self.routing_blocks) + 1)
         for block, k in zip(self.routing_blocks, keys, strict=False):
             x = x + apply_dropout(self.dropout, block(x, mask), k, inference)
-        h = gelu(apply_dense(self.mlp_in, apply_norm(self.mlp_norm, x)))
-        x = x + apply_dropout(self.dropout, apply_dense(self.mlp_out, h), keys[-1], inference)
+        h = gelu(apply_linear(self.mlp_in, apply_norm(self.mlp_norm, x)))
+        x = x + apply_dropout(self.dropout, apply_linear(self.mlp_out, h), keys[-1], inference)
         return x

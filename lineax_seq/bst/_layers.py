@@ -25,9 +25,10 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, RealScalar, check_int, check_key
+from .._nn import apply_linear
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
-from ..attention._window import block_attention, check_blocks, check_window
+from ..attention._window import block_attention, check_sequence, check_window
 from ..ssm._fft_conv import _work_dtype
 from ._ssm import (
     ContextSSM,
@@ -40,11 +41,6 @@ from ._ssm import (
 
 CONTEXTS = ("sh", "mh", "mf")
 Cache = dict
-
-
-def _dense(layer: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Array, "*batch b"]:
-    y = x @ layer.weight.T
-    return y if layer.bias is None else y + layer.bias
 
 
 def _norm(norm: eqx.nn.LayerNorm, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch dim"]:
@@ -77,13 +73,7 @@ class _MLP(eqx.Module):
         self.down = eqx.nn.Linear(hidden, dim, key=kd)
 
     def __call__(self, x: Float[Array, "*batch dim"]) -> Float[Array, "*batch dim"]:
-        return _dense(self.down, jax.nn.relu(_dense(self.up, x)))
-
-
-def _check_input(x: Array, window: int, dim: int) -> None:
-    if x.shape[-1] != dim:
-        raise ValueError(f"`x` must have dim={dim} features, got shape {x.shape}.")
-    check_blocks(x.shape[0], window)
+        return apply_linear(self.down, jax.nn.relu(apply_linear(self.up, x)))
 
 
 def _check_step(layer: eqx.Module, cache: Cache, x_t: Array, t: Position) -> Int[Array, ""]:
@@ -223,7 +213,7 @@ class SlidingWindowLayer(eqx.Module):
         Shape `(length, dim)`.
         """
         x = jnp.asarray(x)
-        _check_input(x, self.window, self.attention.attention.dim)
+        check_sequence(x, self.window, self.attention.attention.dim)
         x = x + self.attention(_norm(self.attention_norm, x))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
@@ -339,9 +329,9 @@ class _MultiFilterContext(eqx.Module):
         self.num_heads = num_heads
 
     def _kv(self, context: Float[Array, "*batch filters features"]):
-        z = _dense(self.lift, context) + self.context_ids
-        k = _heads(_dense(self.key_proj, z), self.num_heads)
-        v = _heads(_dense(self.value_proj, z), self.num_heads)
+        z = apply_linear(self.lift, context) + self.context_ids
+        k = _heads(apply_linear(self.key_proj, z), self.num_heads)
+        v = _heads(apply_linear(self.value_proj, z), self.num_heads)
         return k, v
 
     def keys_values(self, last: Float[Array, "blocks filters features"], window: int):
@@ -510,7 +500,7 @@ class BlockStateTransformerLayer(eqx.Module):
         Shape `(length, dim)`.
         """
         x = jnp.asarray(x)
-        _check_input(x, self.window, self.self_attention.attention.dim)
+        check_sequence(x, self.window, self.self_attention.attention.dim)
         h = _norm(self.attention_norm, x)
         self_heads = self.self_attention.heads(h)
         if self.context_kind == "mf":  # MF reads the block-end outputs only
@@ -519,14 +509,17 @@ class BlockStateTransformerLayer(eqx.Module):
             y = self.ssm(h)
         k, v = self.context.keys_values(y, self.window)
         q = rearrange(
-            _dense(self.cross_query, h), "(n w) (h d) -> n w h d", w=self.window, h=self.num_heads
+            apply_linear(self.cross_query, h),
+            "(n w) (h d) -> n w h d",
+            w=self.window,
+            h=self.num_heads,
         )
         mask = self.context.mask(self.window)
         cross = block_attention(
             q, k, v, mask=mask, implementation=self.self_attention.attention.implementation
         )
         cross = rearrange(cross, "n w h d -> (n w) (h d)")
-        x = x + _dense(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
+        x = x + apply_linear(self.output, jnp.concatenate([_merge(self_heads), cross], axis=-1))
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:
@@ -556,10 +549,10 @@ class BlockStateTransformerLayer(eqx.Module):
         frame, self_heads = _self_attention_step(self.self_attention, cache["frame"], h, t)
         ssm_state, y_t = self.ssm._step(cache["ssm"], h, t)
         context, mask = self.context.step(cache["context"], y_t, t, self.window)
-        q = _heads(_dense(self.cross_query, h), self.num_heads)[None]
+        q = _heads(apply_linear(self.cross_query, h), self.num_heads)[None]
         cross = attend(q, context["k"], context["v"], mask=None if mask is None else mask[None])[0]
         out = jnp.concatenate([_merge(self_heads), _merge(cross)])
-        x_t = x_t + _dense(self.output, out)
+        x_t = x_t + apply_linear(self.output, out)
         cache = {"frame": frame, "ssm": ssm_state, "context": context}
         return cache, x_t + self.mlp(_norm(self.mlp_norm, x_t))
 
@@ -686,15 +679,15 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         # rule under `jax.vmap` fails on the scan's first tracing pass, whose carry is
         # not yet batched while the block's keys are.
         s_self = attend(self.state_attention.queries(s), ks, vs)
-        q_cross = _heads(_dense(self.state_cross_query, s), self.num_heads)
+        q_cross = _heads(apply_linear(self.state_cross_query, s), self.num_heads)
         s_cross = attend(q_cross, k_tokens, v_tokens)
         mixed = jnp.concatenate([_merge(s_self), _merge(s_cross)], axis=-1)
-        z = _dense(self.state_output, mixed)
+        z = apply_linear(self.state_output, mixed)
         g = jax.nn.sigmoid(self.gate_bias)
         return g * states + (1 - g) * z
 
     def _tokens_out(self, x, self_heads, h, ks, vs):
-        q = _heads(_dense(self.cross_query, h), self.num_heads)
+        q = _heads(apply_linear(self.cross_query, h), self.num_heads)
         return self._mix(x, self_heads, attend(q, ks, vs))
 
     @jaxtyped(typechecker=beartype)
@@ -712,7 +705,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         Shape `(length, dim)`.
         """
         x = jnp.asarray(x)
-        _check_input(x, self.window, self.self_attention.attention.dim)
+        check_sequence(x, self.window, self.self_attention.attention.dim)
         return _jitted_forward(self, x)[0]
 
     def _forward(
@@ -742,14 +735,14 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         # fed float32 `x`, as the token side): the scan's carry keeps one dtype.
         init = self.initial_state.astype(jnp.result_type(self.initial_state, k))
         _, (ks, vs, after) = jax.lax.scan(update, init, (blocks(k), blocks(v)))
-        q = blocks(_heads(_dense(self.cross_query, h), self.num_heads))
+        q = blocks(_heads(apply_linear(self.cross_query, h), self.num_heads))
         cross = block_attention(q, ks, vs, implementation=mha.implementation)
         cross = rearrange(cross, "n w h d -> (n w) h d")
         return self._mix(x, self_heads, cross), after
 
     def _mix(self, x, self_heads, cross):
         mixed = jnp.concatenate([_merge(self_heads), _merge(cross)], axis=-1)
-        x = x + _dense(self.output, mixed)
+        x = x + apply_linear(self.output, mixed)
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:

@@ -21,6 +21,7 @@ from .._checks import (
     check_real,
     host_arrays,
 )
+from .._nn import apply_linear
 from ..attention import MultiHeadAttention
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
@@ -30,7 +31,6 @@ from ._layers import (
     BlockRecurrentTransformerLayer,
     BlockStateTransformerLayer,
     SlidingWindowLayer,
-    _dense,
     _norm,
 )
 from ._ssm import SSMS, check_cache, check_position, held_positions
@@ -102,6 +102,15 @@ def variant_config(variant: str, num_layers: IntLike = 12) -> dict:
         "context": context.lower(),
         "ssm": ssm.lower(),
     }
+
+
+def _check_rank(tokens: Array | np.ndarray) -> None:
+    """A `ValueError` unless `tokens` is 1-d (one sequence: a batch is `jax.vmap`'s)."""
+    if tokens.ndim != 1:
+        raise ValueError(
+            f"`tokens` must have shape (length,) (one sequence: jax.vmap over a batch), "
+            f"got shape {tokens.shape}."
+        )
 
 
 class BlockStateTransformerLM(eqx.Module):
@@ -318,7 +327,7 @@ class BlockStateTransformerLM(eqx.Module):
         x = _norm(self.final_norm, x)
         if self.head is None:
             return x @ self.embedding.weight.T
-        return _dense(self.head, x)
+        return apply_linear(self.head, x)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -339,6 +348,7 @@ class BlockStateTransformerLM(eqx.Module):
         Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
         """
         (tokens,) = host_arrays(tokens)
+        _check_rank(tokens)
         check_blocks(tokens.shape[0], self.window, "tokens")
         x = self.embedding.weight[self._check_tokens(tokens)]
         for layer in self.layers:
@@ -363,6 +373,7 @@ class BlockStateTransformerLM(eqx.Module):
         `length`) and `self(tokens)`, shape `(length, vocab_size)`.
         """
         (tokens,) = host_arrays(tokens)
+        _check_rank(tokens)
         check_blocks(tokens.shape[0], self.window, "tokens")
         max_length = check_int("max_length", max_length)
         if max_length < tokens.shape[0]:

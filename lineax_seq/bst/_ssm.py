@@ -19,6 +19,7 @@ from .._checks import (
     check_optional_int,
     host_arrays,
 )
+from .._nn import apply_linear
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv, _isolated_einsum
 from ..ssm._fft_conv import _fft_size, _work_dtype
@@ -208,7 +209,7 @@ class ContextSSM(eqx.Module):
         """
         x = check_features("x", x, self.down.in_features)
         length = x.shape[0]
-        u = x @ self.down.weight.T + self.down.bias
+        u = apply_linear(self.down, x)
         if self.ssm == "s4" and self.streams == 1:
             # One stream: no transform to share, and the chunked form (matrix products
             # and a scan over chunks, no FFT) is the faster exact convolution.
@@ -255,7 +256,7 @@ class ContextSSM(eqx.Module):
             raise ValueError(f"length={length} must be a multiple of window={window}")
         if self.ssm != "s4":
             return self(x)[window - 1 :: window]
-        u = x @ self.down.weight.T + self.down.bias  # (length, features)
+        u = apply_linear(self.down, x)  # (length, features)
         states, cb = self._end_states(u, window)  # (n, f, s, m)
         y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
         skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
@@ -293,7 +294,7 @@ class ContextSSM(eqx.Module):
     ) -> dict[str, Array]:
         """The `step` state after the first `blocks` blocks of `x` (`length` a multiple
         of `window`; later positions are ignored), as if stepped through them."""
-        u = x @ self.down.weight.T + self.down.bias
+        u = apply_linear(self.down, x)
         empty = self.init_state(max_length)
         if self.ssm == "s4":
             states, _ = self._end_states(u, window)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import IntLike, RealLike, check_finite, check_real
+from .._checks import IntLike, RealLike, as_float_array, check_finite, check_real
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
 from ._unroll import check_model, promote, unroll, unroll_latents
 
@@ -43,8 +43,8 @@ def _check_window(
 ) -> tuple[Array, Array | None, int]:
     """`(xs, actions, steps)`: the window, checked to be finite, the actions (as JAX
     arrays) and the window's number of steps."""
-    xs = jnp.asarray(xs)
-    actions = None if actions is None else jnp.asarray(actions)
+    xs = as_float_array("xs", xs)
+    actions = as_float_array("actions", actions, optional=True)
     if xs.ndim != 2 or xs.shape[1] != model.state_dim:
         raise ValueError(
             f"xs must have shape (window, state_dim={model.state_dim}), got xs.shape={xs.shape}"

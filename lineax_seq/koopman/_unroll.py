@@ -662,6 +662,8 @@ def unroll_continuous(
             adjoint=adjoint,
             progress_meter=progress_meter,
         )
+    if np.ndim(ts) != 1:
+        raise ValueError(f"ts must have shape (times,), got ts.shape={np.shape(ts)}")
     # The host copy comes from the argument itself: inside `jit` even a closed-over NumPy
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)

@@ -115,9 +115,19 @@ class S4D(eqx.Module):
         self.activation = activation
         self.conv = conv
 
-    def _check_features(self, size: int, name: str) -> None:
-        if size != self.dim:
-            raise ValueError(f"{name} must have dim={self.dim} features, got {size}")
+    def _check_input(self, name: str, x: Array, *, sequence: bool) -> None:
+        """A `TypeError` unless `x` is real floating (an integer input would come back
+        rounded), a `ValueError` unless it is `(length >= 1, dim)` (`sequence`) or
+        `(dim,)`: checked here too, for calls with jaxtyping's checks off."""
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={x.dtype}")
+        shape = "(length, dim)" if sequence else "(dim,)"
+        if x.ndim != (2 if sequence else 1):
+            raise ValueError(f"{name} must have shape {shape}, got {name}.shape={x.shape}")
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"{name} must have dim={self.dim} features, got {x.shape[-1]}")
+        if sequence and x.shape[0] < 1:
+            raise ValueError(f"{name} must have at least one position, got {name}.shape={x.shape}")
 
     def _output(self, y: Float[Array, "*length dim"]) -> Float[Array, "*length dim"]:
         # The output keeps the input's dtype, as the SSM path does; the GLU's product
@@ -147,9 +157,7 @@ class S4D(eqx.Module):
         The output sequence, of shape `(length, dim)`.
         """
         x = jnp.asarray(x)
-        self._check_features(x.shape[-1], "x")
-        if x.shape[0] < 1:
-            raise ValueError(f"x must have at least one position, got x.shape={x.shape}")
+        self._check_input("x", x, sequence=True)
         shared = self.kernel.channels != self.dim
         method = self.conv if self.conv != "auto" else ("chunked" if shared else "fft")
         # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
@@ -216,7 +224,7 @@ class S4D(eqx.Module):
                 "bidirectional=True S4D layers have no recurrent mode (the backward kernel "
                 "needs the future inputs)"
             )
-        self._check_features(x_t.shape[-1], "x_t")
+        self._check_input("x_t", x_t, sequence=False)
         expected = (self.dim, self.kernel.state_size // 2)
         if state.shape != expected:
             raise ValueError(
