@@ -26,7 +26,6 @@ from ._layers import (
     check_dropout,
     check_init_std,
     dense,
-    gelu,
     resolve_inference,
 )
 
@@ -70,7 +69,9 @@ def masked_mean(
 
 class MaskedLMHead(eqx.Module):
     """Masked-LM head: `logits = LN(gelu(W h + b)) E^T + bias`, with the decoder `E` tied
-    to the token embedding (BERT's; the default) or a matrix of its own (`tied=False`)."""
+    to the token embedding (BERT's; the default) or a matrix of its own (`tied=False`).
+    The GELU is the exact one, as in BERT's head and the reference implementation's (whose
+    layers use the tanh approximation, as [`lineax_seq.GatedLayer`][] does)."""
 
     transform: eqx.nn.Linear
     norm: eqx.nn.LayerNorm
@@ -152,7 +153,7 @@ class MaskedLMHead(eqx.Module):
                 f"embedding must have shape (vocab_size, dim)={(self.bias.shape[0], dim)}, "
                 f"got embedding.shape={embedding.shape}"
             )
-        h = apply_norm(self.norm, gelu(apply_linear(self.transform, x)))
+        h = apply_norm(self.norm, jax.nn.gelu(apply_linear(self.transform, x), approximate=False))
         return h @ embedding.T + self.bias
 
 
