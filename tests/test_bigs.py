@@ -507,6 +507,19 @@ def test_layer_defaults_and_initialisation():
             assert np.abs(w).max() <= 0.04 + 1e-6 and 0.015 < w.std() < 0.02
             assert np.all(np.asarray(lin.bias) == 0)
         assert mha.output_proj is None
+    # The SSMs' steps start log-uniform in the reference implementation's [0.01, 1], in
+    # the layers and the encoder alike (one step per shared kernel).
+    steps = [
+        jnp.exp(ssm.kernel_fn.log_dt)
+        for k in range(16)
+        for ssm in (
+            ls.GatedLayer(8, key=jr.key(k)).forward_routing,
+            ls.BiGS(11, 8, 1, key=jr.key(k)).layer(0).backward_routing,
+        )
+    ]
+    steps = np.concatenate(steps)
+    assert steps.shape == (32,) and 0.01 <= steps.min() and steps.max() <= 1.0
+    assert steps.min() < 0.03 and steps.max() > 0.3  # spread over the range, not S4's
 
 
 def test_default_num_heads_divide_dim():

@@ -501,7 +501,8 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         dropout=0.1,  # the paper's, for every variant
         init_std=cfg["init_std"],
     )
-    target = parameter_counts(eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0))))
+    abstract = eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0)))
+    target = parameter_counts(abstract)
     print(
         f"Table 1 ablation: d={cfg['dim']}, {cfg['layers']} layers, length {length}, "
         f"vocabulary {tok.vocab_size}, {cfg['steps']} x {batch_size} sequences of "
@@ -542,7 +543,13 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         payload = {
             "description": "Small-scale Table 1 of Wang et al. (BiGS): four architecture/routing "
             "variants at matched non-embedding parameters and pretraining tokens.",
-            "settings": {**cfg, "corpus": str(args.corpus or "stdlib"), "task": task_name},
+            "settings": {
+                **cfg,
+                "corpus": str(args.corpus or "stdlib"),
+                "task": task_name,
+                # The SSMs' initial step sizes (the library's default, not an option).
+                "ssm_dt_range": [abstract.dt_min, abstract.dt_max],
+            },
             "complete": len(results) == len(variants),
             "baselines": {
                 "unigram_mlm_loss": uni_loss,
@@ -635,6 +642,7 @@ def _write_ablation(
     (out / f"bigs_ablation{suffix}.md").write_text(
         f"{table}\n\nd={cfg['dim']}, {cfg['layers']} layers, length {cfg['length']}, "
         f"initial weights' std {cfg['init_std']:.3g}, "
+        f"SSM steps initialised in [{cfg['ssm_dt_range'][0]:g}, {cfg['ssm_dt_range'][1]:g}], "
         f"{cfg['tokenizer']} tokens, {cfg['steps']} pretraining steps x {cfg['batch_size']} "
         f"sequences (the same batches for every variant), {cfg['finetune_steps']} fine-tuning "
         f"steps; {payload['total_seconds'] / 60:.0f} min on "
