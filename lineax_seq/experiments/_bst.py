@@ -112,7 +112,6 @@ def build_lm(name: str, vocab_size: int, cfg: Config, *, mlp_dim: int, key: jax.
     `cfg.bst_layers`: plain (SLIDE), block-recurrent (BRECT, at the last of those
     indices) or Block-State (BST, context and SSM from the name).
     """
-
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     common = dict(
@@ -172,7 +171,6 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
 def train_batches(corpus: str | None, tokenizer, cfg: Config, *, seed: int):
     """`(batch_size, L)` causal-LM windows from the `"train"` split
     ([`lineax_seq.lm_dataset`][]), shuffled by `seed`: the same order for every model."""
-
     return ls.lm_dataset(
         ls.text_corpus(corpus, split="train"),
         tokenizer,
@@ -187,7 +185,6 @@ def heldout_windows(corpus: str | None, tokenizer, cfg: Config) -> np.ndarray:
     `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
     documents of the `"valid"` split, so they come from many files, not the first few;
     every evaluation length cuts these same windows into shorter sequences."""
-
     longest = max(cfg.eval_lengths())
     windows = ls.lm_windows(ls.text_corpus(corpus, split="valid"), tokenizer, length=longest)
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
@@ -227,7 +224,6 @@ def train_lm(model, batches, cfg: Config, *, name: str = "", seed: int = 0):
     `LOG_EVERY` steps (the mean over those steps) plus, if `cfg.steps` is not a multiple
     of `LOG_EVERY`, one for the remaining steps (the loop's final flush).
     """
-
     optimizer = ls.make_optimizer(
         cfg.learning_rate,
         warmup_steps=cfg.warmup_steps,
