@@ -30,6 +30,19 @@ _SIGNS = {
 }
 
 
+def real_scalar(value: object) -> float | None:
+    """`value` as a `float` if it is a real scalar (a Python or NumPy number, or a
+    concrete 0-d JAX array of an integer or floating dtype; not a bool), else `None`."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    array = np.asarray(value)
+    dtype = array.dtype
+    real = array.shape == () and (
+        jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+    )
+    return float(array) if real else None
+
+
 def check_real(name: str, value: object, sign: str = "positive") -> float:
     """`value` as a `float`, or a `ValueError` naming it: a real scalar (a Python or NumPy
     number or a concrete JAX scalar; not a bool), finite, and `> 0` (`sign="positive"`),
@@ -40,12 +53,8 @@ def check_real(name: str, value: object, sign: str = "positive") -> float:
             f"{name} must be {expected} known when tracing (a Python or NumPy number, not "
             f"a jit argument), got {name}={value}"
         )
-    array = np.asarray(value)
-    dtype = array.dtype
-    real = array.shape == () and (
-        jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
-    )
-    number = float(array) if real else math.nan
+    number = real_scalar(value)
+    number = math.nan if number is None else number
     signed = {"positive": number > 0, "nonnegative": number >= 0, "finite": True}[sign]
     if not (math.isfinite(number) and signed):
         raise ValueError(f"{name} must be {expected}, got {name}={value!r}")

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
 import optax
 from jaxtyping import PyTree
 
-from .._checks import IntLike, RealScalar, check_int
+from .._checks import IntLike, RealScalar, check_int, real_scalar
 
 SCHEDULES = ("cosine", "linear", "constant")
 DEFAULT_GROUP = "default"
@@ -165,18 +163,14 @@ class ParamGroup:
 
 
 def _real(value: Any) -> bool:
-    """Whether `value` is a real number, not a bool: a Python or NumPy number, or a
-    concrete 0-d JAX array of an integer or floating dtype (as optax takes)."""
-    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
-        return value.shape == () and (
-            jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating)
-        )
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """Whether `value` is a real number, not a bool (see `real_scalar`; as optax takes)."""
+    return real_scalar(value) is not None
 
 
 def _finite(value: Any) -> bool:
     """Whether `value` is a real number (not a bool), neither NaN nor infinite."""
-    return _real(value) and math.isfinite(value)
+    number = real_scalar(value)
+    return number is not None and math.isfinite(number)
 
 
 def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
