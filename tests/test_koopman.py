@@ -491,6 +491,10 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05, num_segments=1))(ts)
     with pytest.raises(ValueError, match="reencode_dt=inf"):
         ls.unroll_continuous(model, x0, ts, reencode_dt=float("inf"))
+    # Half precision: 0.1 is 0.09998 in float16, which reencoded at 0.7 before 0.71.
+    for half in (np.float16(0.05), jnp.asarray(0.05, jnp.bfloat16)):
+        with pytest.raises(ValueError, match=r"reencode_dt=0\.0[45]\d* is a b?float16 scalar"):
+            ls.unroll_continuous(model, x0, ts, reencode_dt=half)
     with pytest.raises(ValueError, match="ts must be finite"):
         ls.unroll_continuous(model, x0, ts.at[2].set(jnp.nan))
     with pytest.raises(ValueError, match="actions contains NaN"):
@@ -898,6 +902,14 @@ def test_times_keep_the_rounding_of_their_own_dtype():
         ts16 = jnp.asarray(0.1 * np.arange(11), jnp.float16)
         got = ls.unroll_continuous(half, x0.astype(jnp.float16), ts16, reencode_dt=0.1, exact=True)
         np.testing.assert_allclose(np.asarray(got[1:], np.float64), discrete, atol=1e-3)
+        # Weakly typed times take the half model's dtype, and its rounding: 0.3 is
+        # 0.30005 in float16 (it took float64's tolerance, reencoded first: off by 0.01).
+        weak = 0.1 * jnp.arange(11)
+        assert weak.weak_type
+        np.testing.assert_array_equal(
+            ls.unroll_continuous(half, x0.astype(jnp.float16), weak, reencode_dt=0.1, exact=True),
+            got,
+        )
         four = ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, num_segments=4, exact=True)
         np.testing.assert_array_equal(
             four, ls.unroll_continuous(model, x0, grid, reencode_dt=0.1, exact=True)

@@ -329,6 +329,10 @@ def _unroll(model, x0, actions, steps, reencode_every, method) -> Array:
     return jax.vmap(model.decode)(zs)
 
 
+def _eps(dtype: object) -> float:
+    return float(jnp.finfo(dtype).eps)
+
+
 def _given_dtype(ts: object) -> np.dtype | None:
     """The floating dtype `ts` was given in (`None` for integers, which are exact)."""
     dtype = ts.dtype if hasattr(ts, "dtype") else np.asarray(ts).dtype
@@ -337,19 +341,24 @@ def _given_dtype(ts: object) -> np.dtype | None:
 
 def _check_reencode_dt(reencode_dt: object) -> tuple[float | None, float]:
     """`(reencode_dt, eps)`: the interval as a `float` (or `None`), checked, and the
-    relative precision it came in: float32's machine epsilon for a NumPy or JAX scalar of
-    float32 (or less) precision, else 0 (a Python number, or a float64 one, is exact)."""
+    relative precision it came in: float32's machine epsilon for a NumPy or JAX float32
+    scalar, else 0 (a Python number, or a float64 one, is exact). A half-precision one is
+    refused: its rounding, summed over the intervals, soon exceeds the spacing of the
+    output times."""
     if reencode_dt is None:
         return None, 0.0
     value = check_real("reencode_dt", reencode_dt)
     dtype = getattr(reencode_dt, "dtype", None)
-    eps32 = float(np.finfo(np.float32).eps)
-    low = (
-        dtype is not None
-        and jnp.issubdtype(dtype, jnp.floating)
-        and float(jnp.finfo(dtype).eps) >= eps32
-    )
-    return value, eps32 if low else 0.0
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        return value, 0.0
+    eps, eps32 = _eps(dtype), _eps(np.float32)
+    if eps > eps32:
+        raise ValueError(
+            f"reencode_dt={value!r} is a {np.dtype(dtype)} scalar, whose rounding ({eps / 2:.1e} "
+            "of it) summed over the intervals misplaces the reencoding times: pass a Python "
+            "float (or a float32 / float64 scalar)"
+        )
+    return value, eps32 if eps == eps32 else 0.0
 
 
 def _segments(
@@ -396,7 +405,7 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     """How far past a reencoding time, in segments, each time `t` of `ts` still counts as
     equal to it: `_ULPS` machine epsilons of `rounding_dtype` relative to
     `max(|t|, |ts[0]|)` (the rounding of computed times, in the dtype they were given in,
-    or are computed in if lower) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the
+    or are promoted to if lower) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the
     precision `reencode_dt` came in: 0 for a Python number, float32's for a float32 one),
     and no more (a later time is reencoded). Per time, so that a late time does not widen an
     early one's. The last time's counts the segments. A `ValueError` (host `ts`; an
@@ -573,9 +582,9 @@ def unroll_continuous(
     `tau_j = ts[0] + j reencode_dt`, where `z <- phi(psi(z))`. States are decoded at
     `ts`; a time `t` equal to a reencoding time (up to the rounding of computed times
     such as `jnp.linspace`: 16 machine epsilons of the dtype `ts` was given in, or is
-    computed in if lower, relative to `max(|t|, |ts[0]|)`, plus 16 float32 units of
-    `t - ts[0]` for a NumPy or JAX `reencode_dt` of float32 precision; a Python number is
-    exact) is decoded *before* reencoding, as in
+    promoted to if lower (a float16 / bfloat16 model's), relative to `max(|t|, |ts[0]|)`,
+    plus 16 float32 units of `t - ts[0]` for a NumPy or JAX float32 `reencode_dt`; a
+    Python number is exact, and a half-precision one an error) is decoded *before* reencoding, as in
     [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. Where the
     times span a reencoding time and the last one's tolerance reaches half a
     `reencode_dt` (float32 times far from 0, or a float32 `reencode_dt` over very many
@@ -604,7 +613,8 @@ def unroll_continuous(
     - `ts`: finite, strictly increasing output times `(times,)` (a JAX or NumPy
         array); `ts[0]` is the initial time.
     - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
-        JAX real scalar, or `None` (never reencode).
+        JAX real scalar (float32 or float64, not half precision), or `None` (never
+        reencode).
     - `num_segments`: number of reencoding segments,
         `max(1, ceil((ts[-1] - ts[0]) / reencode_dt))`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
@@ -667,9 +677,12 @@ def unroll_continuous(
     # The host copy comes from the argument itself: inside `jit` even a closed-over NumPy
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
-    given_dtype = _given_dtype(ts)  # the times' own rounding, before any promotion
+    given_dtype = _given_dtype(ts)
     x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
     out_dtype = ts.dtype
+    # Times are known to the dtype they were given in, or are promoted to if coarser
+    # (a half-precision model's), whatever they are then computed in.
+    rounding_dtype = max((d for d in (given_dtype, ts.dtype) if d is not None), key=_eps)
     if jnp.finfo(ts.dtype).bits < 32:
         # Half precision resolves neither the times nor an ODE tolerance: the model
         # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
@@ -677,7 +690,7 @@ def unroll_continuous(
         if ts_host is not None:  # kept on the host: concrete below, under jit too
             ts_host = ts_host.astype(ts.dtype).astype(np.float32)
         model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
-    grid = _continuous_grid(ts, ts_host, given_dtype, reencode_dt, reencode_eps, num_segments)
+    grid = _continuous_grid(ts, ts_host, rounding_dtype, reencode_dt, reencode_eps, num_segments)
     reencode = reencode_dt is not None
     if exact:
         states = _exact_path(model, x0, grid, reencode)
@@ -704,22 +717,19 @@ class _Grid(NamedTuple):
 def _continuous_grid(
     ts: Array,
     ts_host: np.ndarray | None,
-    given_dtype: np.dtype | None,
+    rounding_dtype: np.dtype,
     reencode_dt: float | None,
     reencode_eps: float,
     num_segments: int | None,
 ) -> _Grid:
     """Check the times `ts` (working dtype; `ts_host` their concrete values, if known, and
-    `given_dtype` the dtype they were given in) and place the reencoding segments."""
+    `rounding_dtype` the precision they are known to) and place the reencoding segments."""
     given, ts_host = ts_host, None if ts_host is None else ts_host.astype(ts.dtype)
     ts = _check_ts(ts, ts_host, given)
     tolerance = None
     if reencode_dt is not None:
-        # Times known only to their given precision, or to the computed one if lower.
-        dtypes = [d for d in (given_dtype, ts.dtype) if d is not None]
-        rounding = max(dtypes, key=lambda d: float(jnp.finfo(d).eps))
         tolerance = _tolerance(
-            ts if ts_host is None else ts_host, rounding, reencode_dt, reencode_eps
+            ts if ts_host is None else ts_host, rounding_dtype, reencode_dt, reencode_eps
         )
     ts, num = _segments(ts, ts_host, reencode_dt, tolerance, num_segments)
     if ts_host is None:
