@@ -443,6 +443,11 @@ def test_s4_model_runs_at_four_times_the_length(sh_lm, getkey):
 
 def test_variants_and_layer_placement(key):
     assert ls.bst_variant_config("BST:SH:S4")["bst_layers"] == (1, 7, 9)
+    # Rescaled, rounded half up: three distinct layers from 4 on (half to even gave (0, 4)
+    # of 6).
+    scaled = {n: ls.bst_variant_config("BST:MH:S4", n)["bst_layers"] for n in (2, 4, 6, 8, 24)}
+    assert scaled == {2: (0, 1), 4: (0, 2, 3), 6: (1, 4, 5), 8: (1, 5, 6), 24: (2, 14, 18)}
+    assert all(len(ls.bst_variant_config("BST:MF:S4", n)["bst_layers"]) == 3 for n in range(4, 30))
     assert ls.bst_variant_config("brect:fixed:skip")["recurrent_layers"] == (9,)  # meliad's -3
     assert ls.bst_variant_config("BRECT", 2)["recurrent_layers"] == (0,)
     kinds = {

@@ -1,5 +1,6 @@
 """Block-State Transformer language model and the SLIDE / BRECT baselines."""
 
+import math
 import numbers
 from collections.abc import Sequence
 
@@ -52,8 +53,9 @@ Layer = SlidingWindowLayer | BlockStateTransformerLayer | BlockRecurrentTransfor
 
 
 def _scaled_paper_layers(num_layers: int) -> tuple[int, ...]:
-    """The paper's BST placement {1, 7, 9} of 12, rescaled to `num_layers`."""
-    scaled = {min(num_layers - 1, round(i * num_layers / 12)) for i in PAPER_BST_LAYERS}
+    """The paper's BST placement {1, 7, 9} of 12, rescaled to `num_layers` (rounded half
+    up: three distinct layers from 4 layers on, e.g. `(1, 4, 5)` of 6)."""
+    scaled = {min(num_layers - 1, math.floor(i * num_layers / 12 + 0.5)) for i in PAPER_BST_LAYERS}
     return tuple(sorted(scaled))
 
 
@@ -78,9 +80,10 @@ def variant_config(variant: str, num_layers: IntLike = 12) -> dict:
     - `variant`: one of `"SLIDE"`, `"BRECT:FIXED:SKIP"` (alias `"BRECT"`), or
       `"BST:{SH,MH,MF}:{S4,UNSTRUCT}"` (case-insensitive).
     - `num_layers`: depth of the stack (BST layer indices are the paper's `(1, 7, 9)` of
-      12, rescaled; the BRECT recurrent layer is the third from the top, index
-      `num_layers - 3`, 9 of 12, as in the Block-Recurrent Transformer's reference code,
-      google-research/meliad).
+      12, rescaled and rounded half up: `(1, 4, 5)` of 6, `(0, 2, 3)` of 4, fewer than
+      three below 4 layers; the BRECT recurrent layer is the third from the top, index
+      `num_layers - 3` (0 below 3 layers), 9 of 12, as in the Block-Recurrent
+      Transformer's reference code, google-research/meliad).
 
     **Returns:**
 
@@ -177,7 +180,8 @@ class BlockStateTransformerLM(eqx.Module):
           1024, 8 heads of 128, MLP 4096, `W = 512` (with its 32k vocabulary, SLIDE has
           184M parameters and BRECT 193M; the paper: 190M, 196M).
         - `bst_layers`: 0-based indices of the BST layers; `None` means the paper's
-          `(1, 7, 9)` of 12 (sections 2.4.1 and A) rescaled to `num_layers`; `()` gives
+          `(1, 7, 9)` of 12 (sections 2.4.1 and A) rescaled to `num_layers` (as in
+          [`lineax_seq.bst_variant_config`][]); `()` gives
           SLIDE. The paper is not consistent about where it counts from: it also puts an
           SSM "at the first layer, right after the word embedding layer" and its
           ablations (Tables 2.3, 2.4) use indices `(0, 7, 9)`; pass that for this
