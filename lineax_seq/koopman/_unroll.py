@@ -376,7 +376,8 @@ def _segments(
     if ts_host is None:
         if num_segments is None:
             raise ValueError(
-                "with a traced ts (a jit argument), pass num_segments="
+                "with a traced ts (under jit: an argument, or computed with jax.numpy "
+                "inside; build it with NumPy to keep it concrete), pass num_segments="
                 "ceil((ts[-1] - ts[0]) / reencode_dt) explicitly, since it fixes array shapes"
             )
         # Too few segments would stop reencoding early: an error, not a wrong answer.

@@ -92,7 +92,11 @@ def check_kernel_options(
         )
     dt_min, dt_max = check_real("dt_min", dt_min), check_real("dt_max", dt_max)
     if not dt_min < dt_max:
-        raise ValueError(f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r}")
+        raise ValueError(
+            f"need 0 < dt_min < dt_max, got dt_min={dt_min!r}, dt_max={dt_max!r} "
+            "(the initial steps are log-uniform in [dt_min, dt_max]: with a larger dt_min, "
+            "pass a larger dt_max too)"
+        )
     return dt_min, dt_max
 
 
