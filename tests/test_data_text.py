@@ -68,6 +68,25 @@ def test_user_corpus_and_deterministic_split(corpus_dir):
     assert abs(frac - 0.2) < 0.03
 
 
+def test_jsonl_lines_without_ids_keep_their_split(tmp_path):
+    """A JSONL line without an id is named by its text: a line inserted before it moves no
+    document between splits (line numbers moved 38 of 44 test documents to train), and a
+    repeated line is one document, in one split."""
+    lines = [json.dumps({"text": f"record {i} " + "x" * (i % 5)}) for i in range(300)]
+    path = tmp_path / "c.jsonl"
+    kw = dict(valid_fraction=0.1, test_fraction=0.1)
+
+    def splits(content):
+        path.write_text("\n".join(content) + "\n")
+        return {s: set(ls.text_corpus(path, split=s, **kw)) for s in ("train", "valid", "test")}
+
+    before = splits(lines)
+    after = splits([json.dumps({"text": "a new first record"}), "", *lines, lines[7]])
+    assert all(before[s] <= after[s] for s in before)
+    assert sum(len(after[s]) for s in after) == 301
+    assert len(before["test"]) > 15 and len(before["valid"]) > 15
+
+
 def test_single_text_file_is_split_by_position(tmp_path):
     """One `.txt` file (a book): train, valid, test are consecutive parts of it."""
     book = tmp_path / "book.txt"

@@ -100,6 +100,7 @@ def _suffix(path: pathlib.Path) -> str:
 def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
     rel = path.relative_to(root).as_posix() if path != root else path.name
     if _suffix(path) == ".jsonl":
+        unnamed = set()  # the texts of lines without an id, hashed
         with open(path, encoding="utf-8-sig", errors="replace") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -116,7 +117,16 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                         f"{path}:{lineno}: field {text_field!r} must be a string, got {text!r}"
                     )
                 text = LONE_SURROGATE.sub("\ufffd", text)
-                doc_id = record.get("id", f"{rel}:{lineno}")
+                if "id" not in record:
+                    # Named by its text, not its line number: inserting or removing a line
+                    # moves no other line between splits, and a repeated line (one
+                    # document) cannot be in two.
+                    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+                    if digest not in unnamed:
+                        unnamed.add(digest)
+                        yield f"{rel}#{digest}", text, f"{path}:{lineno}"
+                    continue
+                doc_id = record["id"]
                 if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
                     raise ValueError(
                         f"{path}:{lineno}: field 'id' must be a string or an integer, "
@@ -234,7 +244,8 @@ def text_corpus(
     sources (found through `sysconfig`; about 1,800 files, 30 MB of real code), one
     document per file. A user `source` may be a `.txt`/`.py` file (one document), a
     `.jsonl` file (one document per line, its `text_field`, a string; an `"id"` field,
-    a string or an integer, if present, names the document), or a directory searched
+    a string or an integer, if present, names the document, else its file and a hash of
+    its text do, so repeated lines without ids are one document), or a directory searched
     recursively for such files (following symbolic links to folders, and reading a file
     that links reach by several paths once; hidden files and folders, such as `.git` or
     `.venv`, are skipped; suffixes match in any case, `A.TXT` too). Files are read as
@@ -243,8 +254,8 @@ def text_corpus(
     U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
-    path relative to `source`, or `path:line` for JSONL), so the split never depends
-    on the machine, the order of files, or on which other documents exist. Ids are
+    path relative to `source`; for JSONL lines as above), so the split never depends
+    on the machine, the order of files or lines, or on which other documents exist. Ids are
     relative to `source`, so give the same `source` for training and evaluation: a
     subfolder names its documents differently and splits them differently. A single
     `.txt`/`.py` file (e.g. a book) is instead split by position, as is usual for
