@@ -86,7 +86,9 @@ def batch_examples(
     - `seed`: seed of the shuffle and of `random_transform` (a non-negative integer).
     - `shuffle`: whether to shuffle.
     - `num_epochs`: passes over the data; `None` repeats forever.
-    - `drop_remainder`: drop a last incomplete batch (keeps shapes static under `jit`).
+    - `drop_remainder`: drop a last incomplete batch (keeps shapes static under `jit`);
+        for an evaluation pass (`num_epochs=1`) give `False` to keep every example
+        ([`lineax_seq.train`][] weights a shorter last batch by its size).
     - `shard_options`: a `grain.sharding.ShardOptions`; `grain.sharding.NoSharding()`
         disables sharding.
     - `num_workers`: worker processes for `mp_prefetch` (0: in this process).

@@ -42,7 +42,8 @@ def make_schedule(
     - `total_steps`: optimiser update at which the decay reaches `end_lr`; required
         for `"cosine"` and `"linear"`, ignored for `"constant"`.
     - `init_lr`: learning rate at update 0 (when `warmup_steps > 0`).
-    - `end_lr`: final learning rate of the decaying schedules.
+    - `end_lr`: final learning rate of the decaying schedules (with `"constant"`, an
+        error unless 0 or `peak_lr`).
 
     **Returns:**
 
@@ -64,6 +65,11 @@ def make_schedule(
         if not _finite(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
     if schedule == "constant":
+        if end_lr not in (0, peak_lr):
+            raise ValueError(
+                f"end_lr={end_lr!r} has no effect with schedule='constant' (the default "
+                "without total_steps): give total_steps for a decaying schedule"
+            )
         if warmup_steps == 0:
             return optax.constant_schedule(peak_lr)
         return optax.join_schedules(
@@ -355,8 +361,12 @@ def make_optimizer(
         by default a cosine decay to `total_steps` if it is given, else a constant
         learning rate (after the warmup), so `make_optimizer(1e-3)` is plain AdamW.
         Counted in optimiser updates (one per `accumulate_steps` micro-batches).
-    - `end_lr_ratio`: final learning rate as a fraction of each group's peak.
-    - `weight_decay`: decoupled weight decay of the `"default"` group.
+    - `end_lr_ratio`: final learning rate of the decaying schedules as a fraction of
+        each group's peak (an error with a constant one, unless 0 or 1).
+    - `weight_decay`: decoupled weight decay of the `"default"` group: of every array in
+        it, biases, norms and embeddings too (`optax.adamw` without a mask); a group with
+        `weight_decay=0.0` exempts some, e.g.
+        `ls.ParamGroup(match=r"\\.bias$", weight_decay=0.0)`.
     - `b1`, `b2`, `eps`: Adam hyper-parameters.
     - `clip_norm`: maximum global gradient norm, or `None` for no clipping.
     - `accumulate_steps`: number of micro-batch gradients averaged per update.
@@ -388,6 +398,13 @@ def make_optimizer(
     accumulate_steps = check_int("accumulate_steps", accumulate_steps)
     if not 0.0 <= end_lr_ratio <= 1.0:
         raise ValueError(f"end_lr_ratio={end_lr_ratio} must be in [0, 1].")
+    constant = schedule == "constant" or (schedule is None and total_steps is None)
+    if constant and end_lr_ratio not in (0, 1):
+        raise ValueError(
+            f"end_lr_ratio={end_lr_ratio!r} has no effect with a constant learning rate "
+            "(schedule='constant', the default without total_steps): give total_steps for "
+            "a decaying schedule"
+        )
 
     def _adamw(lr, wd) -> optax.GradientTransformation:
         sched = make_schedule(
