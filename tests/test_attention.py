@@ -487,6 +487,18 @@ def test_attention_bias_in_another_float_dtype(getkey):
     np.testing.assert_allclose(got, run(mha, rpb, swa, x)[0][0], rtol=1e-5, atol=1e-6)
 
 
+def test_attention_bias_shared_by_the_heads(getkey):
+    """A `(q, k)` bias is every head's, as a `(q, k)` mask is (it was refused)."""
+    mha = ls.MultiHeadAttention(8, 2, key=getkey())
+    x, context = jr.normal(getkey(), (5, 8)), jr.normal(getkey(), (7, 8))
+    bias = jr.normal(getkey(), (5, 7)).at[:, 0].set(-jnp.inf)
+    mask = jnp.arange(7) < 6
+    shared = mha(x, context, bias=bias, mask=jnp.broadcast_to(mask, (5, 7)))
+    per_head = mha(x, context, bias=jnp.stack([bias, bias]), mask=jnp.broadcast_to(mask, (5, 7)))
+    np.testing.assert_allclose(shared, per_head, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(shared, mha(x, context, mask=jnp.broadcast_to(mask, (5, 7))))
+
+
 def test_attention_mask_must_be_boolean(getkey, no_jaxtyping):
     """Without jaxtyping's checks, a float mask was read as truthy by the bfloat16 /
     float16 / float64 path (an additive `0 / -inf` mask silently inverted) while float32

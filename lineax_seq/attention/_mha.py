@@ -114,7 +114,9 @@ class MultiHeadAttention(eqx.Module):
         context: Float[Array | np.ndarray, "k kv_dim"] | None = None,
         *,
         mask: Bool[Array | np.ndarray, "q k"] | Bool[Array | np.ndarray, "heads q k"] | None = None,
-        bias: Float[Array | np.ndarray, "heads q k"] | None = None,
+        bias: Float[Array | np.ndarray, "q k"]
+        | Float[Array | np.ndarray, "heads q k"]
+        | None = None,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "q dim"]:
         """Attend from `x` to `context` (or to `x` itself).
@@ -127,10 +129,10 @@ class MultiHeadAttention(eqx.Module):
         - `mask`: boolean, `True` where a query may attend to a key; shape `(q, k)` or
           `(heads, q, k)`. Every query should see at least one key: a query that sees
           none gets the plain mean of all values (its logits are all masked alike).
-        - `bias`: additive logit bias, shape `(heads, q, k)` (e.g. from
-          [`lineax_seq.RelativePositionBias`][]); `-inf` blocks a key, but never lets in
-          one that `mask` leaves out: a query whose visible keys are all blocked by
-          `-inf` gets the mean of their values, not NaN.
+        - `bias`: additive logit bias, shape `(q, k)` (shared by the heads) or
+          `(heads, q, k)` (e.g. from [`lineax_seq.RelativePositionBias`][]); `-inf`
+          blocks a key, but never lets in one that `mask` leaves out: a query whose
+          visible keys are all blocked by `-inf` gets the mean of their values, not NaN.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 
