@@ -629,7 +629,8 @@ def unroll_continuous(
         divergent at rounding level and reject steps until `max_steps`: give it e.g.
         `root_finder=optimistix.Chord(rtol=1e-5, atol=1e-6)`),
         `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
-        under `vmap` over step sizes), `max_steps` (positive, or `None`; per segment),
+        under `vmap` over step sizes), `max_steps` (positive, or `None`, unbounded, which
+        diffrax's default adjoint cannot differentiate; per segment),
         `adjoint`, `progress_meter`, `throw`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without
