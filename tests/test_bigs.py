@@ -275,6 +275,21 @@ def test_padding_invariance(mods, variant):
     assert jnp.all(padded[:, n:] == 0) and jnp.all(short[n:] == 0)
     # Sanity check that the test can fail: unmasked, the pads change real outputs.
     assert float(jnp.max(jnp.abs(leaky[0, :n] - leaky[1, :n]))) > 1e-3
+    # A layer called directly: any padded hidden states, NaN too (attention read them
+    # as NaN values; every routing's parameter gradients were NaN).
+    layer, mask = model.layer(0), jnp.arange(16) < n
+    params, static = eqx.partition(layer, eqx.is_inexact_array)
+
+    @jax.jit
+    def real_loss_and_grads(h):
+        loss = lambda p: jnp.sum(eqx.combine(p, static)(h, mask, inference=True)[:n] ** 2)
+        return jax.value_and_grad(loss)(params)
+
+    h = jr.normal(jr.key(5), (16, DIM))
+    want, _ = real_loss_and_grads(h)
+    got, grads = real_loss_and_grads(h.at[n:].set(jnp.nan))
+    assert got == want
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -992,6 +1007,12 @@ def test_encoder_after_device_put_and_under_plain_jit():
     np.testing.assert_allclose(jitted, want, rtol=1e-6, atol=1e-6)
     layer = jax.device_put(model.layer(0), jax.devices()[0])  # a 0-d array rate of 0
     np.testing.assert_array_equal(layer(want), model.layer(0)(want))
+    # Without dropout a training call needs no key, under jax.jit too (a traced rate of 0
+    # asked for one "(dropout > 0)"); a lone layer knows no static rate: it says why.
+    training = jax.jit(lambda m, t: m(t, inference=False))(model, tokens)
+    np.testing.assert_allclose(training, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="dropout rate is traced .*eqx.filter_jit"):
+        jax.jit(lambda g, x: g(x, inference=False))(model.layer(0), want)
 
 
 def test_placed_model_runs_as_the_original():

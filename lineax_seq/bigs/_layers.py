@@ -90,6 +90,12 @@ def resolve_inference(
     inference = bool(inference)
     if inference or key is not None or _zero_rate(dropout):
         return inference
+    if isinstance(dropout.p, jax.core.Tracer):
+        raise ValueError(
+            "key is required for dropout unless inference=True: the dropout rate is traced "
+            "(jax.jit traces every leaf of a module passed to it), so a rate of 0 cannot be "
+            "told apart; pass a key or inference=True, or jit with eqx.filter_jit"
+        )
     raise ValueError(
         "key is required for dropout (dropout > 0) unless inference=True or the "
         "model is in eqx.nn.inference_mode"
@@ -339,6 +345,8 @@ class _Layer(eqx.Module):
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
         inference = resolve_inference(self.dropout, key, inference)
+        if mask is not None:  # any padding, NaN too, is read as 0 (BiGS pads with zeros)
+            x = jnp.where(mask[:, None], x, 0)
         return self._masked_apply(x, mask, key, inference)
 
     def _masked_apply(self, x, mask, key, inference):
