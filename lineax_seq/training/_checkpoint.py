@@ -567,8 +567,9 @@ def _check_structure(path: pathlib.Path, manifest: dict, like: PyTree) -> None:
 
 def _warn_static(path: pathlib.Path, saved: dict, given: dict) -> None:
     """Warn once, naming each one, about static fields of the templates' modules that
-    differ from those saved: the arrays fit, but the model computes differently (another
-    window, another kernel option...). Manifests from before this record have none."""
+    differ from those saved: the arrays fit, but the model may compute differently (another
+    window, another kernel option...; a setting only its initialisation read, such as
+    `dt_min`, does not). Manifests from before this record have none."""
     changed = [
         f"{module}.{name}: {saved[module][name]!r} in the checkpoint, {value!r} given"
         for module, fields in given.items()
@@ -579,7 +580,8 @@ def _warn_static(path: pathlib.Path, saved: dict, given: dict) -> None:
     if changed:
         warnings.warn(
             f"Checkpoint {path / MANIFEST}: the model given differs from the saved one in "
-            f"static fields (its arrays fit, but it computes differently): {'; '.join(changed)}",
+            f"static fields (its arrays fit, but it may compute differently, unless only its "
+            f"initialisation read them): {'; '.join(changed)}",
             stacklevel=3,
         )
 
@@ -607,7 +609,8 @@ def load_checkpoint(
     path, shape and dtype against the templates before anything is deserialised. Static
     fields of the templates' modules (sizes, windows, option strings: nothing the arrays
     record) that differ from the saved model's are named in a warning: the weights fit,
-    but the model given computes differently.
+    but the model given may compute differently (a setting that only initialisation
+    reads, such as a `dt_min` that a module keeps for its `config()`, does not).
 
     **Arguments:**
 
