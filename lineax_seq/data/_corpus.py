@@ -254,8 +254,8 @@ def text_corpus(
     U+FFFD rather than an error.
 
     Documents go to `"train"`, `"valid"` or `"test"` by a stable hash of their id (the
-    path relative to `source`; for JSONL lines as above), so the split never depends
-    on the machine, the order of files or lines, or on which other documents exist. Ids are
+    path relative to `source`; for JSONL lines as above), so the split never depends on
+    the machine, the order of files or lines, or on which other documents exist. Ids are
     relative to `source`, so give the same `source` for training and evaluation: a
     subfolder names its documents differently and splits them differently. A single
     `.txt`/`.py` file (e.g. a book) is instead split by position, as is usual for

@@ -585,11 +585,12 @@ def unroll_continuous(
     such as `jnp.linspace`: 16 machine epsilons of the dtype `ts` was given in, or is
     promoted to if lower (a float16 / bfloat16 model's), relative to `max(|t|, |ts[0]|)`,
     plus 16 float32 units of `t - ts[0]` for a NumPy or JAX float32 `reencode_dt`; a
-    Python number is exact, and a half-precision one an error) is decoded *before* reencoding, as in
-    [`unroll`][lineax_seq.unroll], and the reencoding happens at that time. Where the
-    times span a reencoding time and the last one's tolerance reaches half a
-    `reencode_dt` (float32 times far from 0, or a float32 `reencode_dt` over very many
-    intervals), the reencoding times cannot be placed: an error that names the way out.
+    Python number is exact, and a half-precision one an error) is decoded *before*
+    reencoding, as in [`unroll`][lineax_seq.unroll], and the reencoding happens at that
+    time. Where the times span a reencoding time and the last one's tolerance reaches
+    half a `reencode_dt` (float32 times far from 0, or a float32 `reencode_dt` over very
+    many intervals), the reencoding times cannot be placed: an error that names the way
+    out.
     Differentiable (diffrax's adjoint, default recursive checkpointing), so models can be
     trained through it; with `diffrax.BacksolveAdjoint` not with respect to a traced `ts`
     (diffrax's limitation).
