@@ -1013,6 +1013,12 @@ def test_encoder_after_device_put_and_under_plain_jit():
     np.testing.assert_allclose(training, want, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="dropout rate is traced .*eqx.filter_jit"):
         jax.jit(lambda g, x: g(x, inference=False))(model.layer(0), want)
+    # The static rate stands in only for a traced one: a rate set after building is used.
+    noisy = eqx.tree_at(lambda m: m.dropout.p, model, 0.5)
+    assert not np.allclose(noisy(tokens, key=jr.key(2), inference=False), want)
+    dropping = ls.BiGS(50, 8, 2, state_size=4, dropout=0.1, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"key is required for dropout \(rate 0.1\)"):
+        jax.jit(lambda m, t: m(t, inference=False))(dropping, tokens)
 
 
 def test_placed_model_runs_as_the_original():

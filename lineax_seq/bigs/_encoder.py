@@ -459,12 +459,8 @@ class BiGS(eqx.Module):
                 "(the absolute position embeddings)"
             )
         # The encoder's flag decides for every layer (`None`: the embedding dropout's own);
-        # without dropout there is nothing to decide (and no key to ask for, even where
-        # `jax.jit` has traced the rates).
-        if self.dropout_rate == 0:
-            inference = True
-        else:
-            inference = resolve_inference(self.dropout, key, inference)
+        # its static rate stands in for one that `jax.jit` has traced.
+        inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)

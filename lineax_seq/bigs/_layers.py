@@ -53,11 +53,14 @@ def check_dropout(dropout: object) -> float:
     return rate
 
 
-def _zero_rate(dropout: eqx.nn.Dropout) -> bool:
-    """Whether `dropout`'s rate is known to be 0: a number, or a concrete 0-d array
-    (`jax.device_put` makes one of it)."""
-    rate = dropout.p
-    return not isinstance(rate, jax.core.Tracer) and np.ndim(rate) == 0 and float(rate) == 0
+def _known_rate(dropout: eqx.nn.Dropout, rate: float | None = None) -> float | None:
+    """`dropout`'s rate if known: its own, a number or a concrete 0-d array
+    (`jax.device_put` makes one of it), else (traced by `jax.jit`) `rate`, a static copy
+    (a `BiGS` keeps one), else `None`."""
+    p = dropout.p
+    if not isinstance(p, jax.core.Tracer) and np.ndim(p) == 0:
+        return float(p)
+    return rate
 
 
 def apply_dropout(
@@ -65,18 +68,26 @@ def apply_dropout(
 ) -> Array:
     """`dropout(x, key=key, inference=inference)`, and `x` itself at a rate of 0, also one
     held in an array (Equinox's dropout then asks for a key)."""
-    if _zero_rate(dropout):
+    if _known_rate(dropout) == 0:
         return x
     return dropout(x, key=key, inference=inference)
 
 
 def resolve_inference(
-    dropout: eqx.nn.Dropout, key: PRNGKeyArray | None, inference: bool | None
+    dropout: eqx.nn.Dropout,
+    key: PRNGKeyArray | None,
+    inference: bool | None,
+    *,
+    rate: float | None = None,
 ) -> bool:
-    """Whether dropout is off: `inference`, or (`None`) `dropout`'s own flag, as a Python
-    bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if dropout would
-    run (a positive rate, not in inference) without a `key` (Equinox's own error names
+    """Whether dropout is off: `True` at a known rate of 0 (`rate`: a static copy of it,
+    for a `dropout` traced by `jax.jit`), else `inference`, or (`None`) `dropout`'s own
+    flag, as a Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
+    if dropout would run (not in inference) without a `key` (Equinox's own error names
     neither the argument nor the way out); a `TypeError` if the flag is traced."""
+    known = _known_rate(dropout, rate)
+    if known == 0:
+        return True
     if inference is None:
         inference = dropout.inference
     if isinstance(inference, jax.core.Tracer):
@@ -88,16 +99,16 @@ def resolve_inference(
             "model = eqx.combine(jax.device_put(params), static)"
         )
     inference = bool(inference)
-    if inference or key is not None or _zero_rate(dropout):
+    if inference or key is not None:
         return inference
-    if isinstance(dropout.p, jax.core.Tracer):
+    if known is None:
         raise ValueError(
             "key is required for dropout unless inference=True: the dropout rate is traced "
             "(jax.jit traces every leaf of a module passed to it), so a rate of 0 cannot be "
             "told apart; pass a key or inference=True, or jit with eqx.filter_jit"
         )
     raise ValueError(
-        "key is required for dropout (dropout > 0) unless inference=True or the "
+        f"key is required for dropout (rate {known:g}) unless inference=True or the "
         "model is in eqx.nn.inference_mode"
     )
 
@@ -332,7 +343,7 @@ class _Layer(eqx.Module):
         - `x`: input `X_i`, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding
           (any other concrete mask is an error; a traced one, under `jit` or `jax.vmap`,
-          is not checked).
+          is not checked); padded rows of `x` are read as 0, whatever they hold.
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.
