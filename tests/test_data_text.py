@@ -71,18 +71,19 @@ def test_user_corpus_and_deterministic_split(corpus_dir):
 def test_jsonl_lines_without_ids_keep_their_split(tmp_path):
     """A JSONL line without an id is named by its text: a line inserted before it moves no
     document between splits (line numbers moved 38 of 44 test documents to train), and a
-    repeated line is one document, in one split."""
+    repeated line, in the same file or another, is one document, in one split."""
     lines = [json.dumps({"text": f"record {i} " + "x" * (i % 5)}) for i in range(300)]
-    path = tmp_path / "c.jsonl"
     kw = dict(valid_fraction=0.1, test_fraction=0.1)
 
-    def splits(content):
-        path.write_text("\n".join(content) + "\n")
-        return {s: set(ls.text_corpus(path, split=s, **kw)) for s in ("train", "valid", "test")}
+    def splits(content, other=()):
+        (tmp_path / "c.jsonl").write_text("\n".join(content) + "\n")
+        (tmp_path / "d.jsonl").write_text("".join(f"{line}\n" for line in other))
+        parts = ("train", "valid", "test")
+        return {s: list(ls.text_corpus(tmp_path, split=s, **kw)) for s in parts}
 
     before = splits(lines)
-    after = splits([json.dumps({"text": "a new first record"}), "", *lines, lines[7]])
-    assert all(before[s] <= after[s] for s in before)
+    after = splits([json.dumps({"text": "a new first record"}), "", *lines, lines[7]], lines[:50])
+    assert all(set(before[s]) <= set(after[s]) for s in before)
     assert sum(len(after[s]) for s in after) == 301
     assert len(before["test"]) > 15 and len(before["valid"]) > 15
 

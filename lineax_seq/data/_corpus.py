@@ -97,10 +97,13 @@ def _suffix(path: pathlib.Path) -> str:
     return path.suffix.lower()
 
 
+# The id of a JSONL line without one: this prefix and a hash of its text.
+_UNNAMED = "text#"
+
+
 def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
     rel = path.relative_to(root).as_posix() if path != root else path.name
     if _suffix(path) == ".jsonl":
-        unnamed = set()  # the texts of lines without an id, hashed
         with open(path, encoding="utf-8-sig", errors="replace") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -120,11 +123,9 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                 if "id" not in record:
                     # Named by its text, not its line number: inserting or removing a line
                     # moves no other line between splits, and a repeated line (one
-                    # document) cannot be in two.
+                    # document, in any file) cannot be in two.
                     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
-                    if digest not in unnamed:
-                        unnamed.add(digest)
-                        yield f"{rel}#{digest}", text, f"{path}:{lineno}"
+                    yield _UNNAMED + digest, text, f"{path}:{lineno}"
                     continue
                 doc_id = record["id"]
                 if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
@@ -186,6 +187,8 @@ def _read_documents_uncached(source, text_field):
     for path in sorted(files):
         for doc_id, text, where in _read_documents(path, root, text_field):
             if doc_id in seen:
+                if doc_id.startswith(_UNNAMED):
+                    continue  # a repeated line without an id: the same document
                 raise ValueError(
                     f"{where}: duplicate document id {doc_id!r} (first at {seen[doc_id]})"
                 )
@@ -244,8 +247,9 @@ def text_corpus(
     sources (found through `sysconfig`; about 1,800 files, 30 MB of real code), one
     document per file. A user `source` may be a `.txt`/`.py` file (one document), a
     `.jsonl` file (one document per line, its `text_field`, a string; an `"id"` field,
-    a string or an integer, if present, names the document, else its file and a hash of
-    its text do, so repeated lines without ids are one document), or a directory searched
+    a string or an integer, if present, names the document, else a hash of its text
+    does, so repeated lines without ids, in any of the files, are one document), or a
+    directory searched
     recursively for such files (following symbolic links to folders, and reading a file
     that links reach by several paths once; hidden files and folders, such as `.git` or
     `.venv`, are skipped; suffixes match in any case, `A.TXT` too). Files are read as

@@ -155,8 +155,8 @@ def corpus_errors(corpus: str | os.PathLike | None) -> Iterator[None]:
         hint = ""
         if "has no documents" in message and corpus is not None and _is_jsonl(corpus):
             hint = (
-                ". JSONL lines go to the held-out split by a hash of their ids (about 5%): "
-                "give more lines"
+                ". JSONL lines go to the held-out split by a hash of their ids, or texts "
+                "(about 5%): give more lines"
             )
         elif "has no documents" in message and corpus is not None and pathlib.Path(corpus).is_dir():
             hint = (
