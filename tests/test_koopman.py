@@ -903,7 +903,7 @@ def test_times_keep_the_rounding_of_their_own_dtype():
         got = ls.unroll_continuous(half, x0.astype(jnp.float16), ts16, reencode_dt=0.1, exact=True)
         np.testing.assert_allclose(np.asarray(got[1:], np.float64), discrete, atol=1e-3)
         # Weakly typed times take the half model's dtype, and its rounding: 0.3 is
-        # 0.30005 in float16 (it took float64's tolerance, reencoded first: off by 0.01).
+        # 0.30005 in float16 (it took float32's tolerance, reencoded first: off by 0.01).
         weak = 0.1 * jnp.arange(11)
         assert weak.weak_type
         np.testing.assert_array_equal(

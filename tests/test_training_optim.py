@@ -86,9 +86,9 @@ def test_schedule_bad_input():
     with pytest.raises(ValueError, match=r"schedule='step'"):
         ls.make_optimizer(1e-3, schedule="step")
     # A final learning rate that a constant schedule would ignore (it did, silently).
-    with pytest.raises(ValueError, match=r"end_lr=0.5 has no effect .*give total_steps"):
+    with pytest.raises(ValueError, match=r"end_lr=0.5 has no effect .*decaying schedule"):
         ls.make_schedule(1.0, end_lr=0.5)
-    with pytest.raises(ValueError, match=r"end_lr_ratio=0.5 has no effect .*give total_steps"):
+    with pytest.raises(ValueError, match=r"end_lr_ratio=0.5 has no effect .*decaying schedule"):
         ls.make_optimizer(1e-3, end_lr_ratio=0.5)
     assert float(ls.make_optimizer(1e-3, end_lr_ratio=1.0).learning_rate_schedule(9)) == 1e-3
 

@@ -354,9 +354,9 @@ def _check_reencode_dt(reencode_dt: object) -> tuple[float | None, float]:
     eps, eps32 = _eps(dtype), _eps(np.float32)
     if eps > eps32:
         raise ValueError(
-            f"reencode_dt={value!r} is a {np.dtype(dtype)} scalar, whose rounding ({eps / 2:.1e} "
-            "of it) summed over the intervals misplaces the reencoding times: pass a Python "
-            "float (or a float32 / float64 scalar)"
+            f"reencode_dt={value!r} is a {np.dtype(dtype)} scalar, whose relative rounding, "
+            f"{eps / 2:.1e}, summed over the intervals misplaces the reencoding times: pass a "
+            "Python float (or a float32 / float64 scalar)"
         )
     return value, eps32 if eps == eps32 else 0.0
 
@@ -615,8 +615,7 @@ def unroll_continuous(
     - `ts`: finite, strictly increasing output times `(times,)` (a JAX or NumPy
         array); `ts[0]` is the initial time.
     - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
-        JAX real scalar (float32 or float64, not half precision), or `None` (never
-        reencode).
+        JAX real scalar (not a half-precision float), or `None` (never reencode).
     - `num_segments`: number of reencoding segments,
         `max(1, ceil((ts[-1] - ts[0]) / reencode_dt))`; required only if `ts` is traced (inside
         `jit`), where it cannot be computed from `ts` (too few is then a run-time
@@ -630,8 +629,8 @@ def unroll_continuous(
         divergent at rounding level and reject steps until `max_steps`: give it e.g.
         `root_finder=optimistix.Chord(rtol=1e-5, atol=1e-6)`),
         `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
-        under `vmap` over step sizes), `max_steps` (positive, or `None`, unbounded, which
-        diffrax's default adjoint cannot differentiate; per segment),
+        under `vmap` over step sizes), `max_steps` (positive, or `None`: unbounded, not
+        differentiable with diffrax's default adjoint; per segment),
         `adjoint`, `progress_meter`, `throw`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without

@@ -175,7 +175,7 @@ class LotkaVolterra(DynamicalSystem):
     def invariant(self, x: Float[Array, "*batch 2"]) -> Float[Array, "*batch"]:
         """The conserved `delta x1 - gamma log x1 + beta x2 - alpha log x2`, shape `(*batch,)`,
         of states `x` `(*batch, 2)`: defined for positive populations (the orbits of
-        positive states stay positive); NaN (a log of a negative) or inf elsewhere."""
+        positive states stay positive); inf at a zero population, NaN at a negative one."""
         x = self._states(x)
         x1, x2 = x[..., 0], x[..., 1]
         return (

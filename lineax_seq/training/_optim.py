@@ -68,7 +68,7 @@ def make_schedule(
         if end_lr not in (0, peak_lr):
             raise ValueError(
                 f"end_lr={end_lr!r} has no effect with schedule='constant' (the default "
-                "without total_steps): give total_steps for a decaying schedule"
+                "without total_steps): leave end_lr at 0, or use a decaying schedule"
             )
         if warmup_steps == 0:
             return optax.constant_schedule(peak_lr)
@@ -402,8 +402,8 @@ def make_optimizer(
     if constant and end_lr_ratio not in (0, 1):
         raise ValueError(
             f"end_lr_ratio={end_lr_ratio!r} has no effect with a constant learning rate "
-            "(schedule='constant', the default without total_steps): give total_steps for "
-            "a decaying schedule"
+            "(schedule='constant', the default without total_steps): leave end_lr_ratio at "
+            "0, or use a decaying schedule (with total_steps)"
         )
 
     def _adamw(lr, wd) -> optax.GradientTransformation:
