@@ -189,12 +189,17 @@ def check_finite(name: str, a: Array) -> Array:
     return a
 
 
-def as_float_array(name: str, a: object, *, optional: bool = False) -> Array | None:
-    """[`as_array`][], and a `TypeError` naming `name` unless the dtype is a real floating
-    one (an integer or complex state would compute silently in the wrong type)."""
-    a = as_array(name, a, optional=optional)
+def check_float_dtype(name: str, a: Array | np.ndarray | None) -> None:
+    """A `TypeError` naming `name` unless `a` (if given) has a real floating dtype (an
+    integer or complex input would compute silently in the wrong type)."""
     if a is not None and not jnp.issubdtype(a.dtype, jnp.floating):
         raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={a.dtype}")
+
+
+def as_float_array(name: str, a: object, *, optional: bool = False) -> Array | None:
+    """[`as_array`][], then [`check_float_dtype`][]."""
+    a = as_array(name, a, optional=optional)
+    check_float_dtype(name, a)
     return a
 
 

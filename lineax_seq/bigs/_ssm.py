@@ -14,6 +14,7 @@ from .._checks import (
     RealScalar,
     as_arrays,
     check_bool,
+    check_float_dtype,
     check_int,
     check_key,
     check_mask_dtype,
@@ -27,8 +28,7 @@ from ..ssm._fft_conv import _fft_size, _work_dtype
 def check_sequence(name: str, x: Array, mask: Array | None, dim: int) -> None:
     """A `ValueError` unless `x` is `(length >= 1, dim)` and `mask` (if any) `(length,)`,
     a `TypeError` unless `x` is real floating and `mask` boolean."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={x.dtype}")
+    check_float_dtype(name, x)
     check_mask_dtype(mask)
     if x.ndim != 2 or x.shape[-1] != dim or x.shape[0] < 1:
         raise ValueError(

@@ -413,7 +413,7 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     `eqx.error_if` for traced ones) if the times span a reencoding time and the last
     time's tolerance reaches half a segment: the times cannot then be placed on the grid."""
     xp = np if isinstance(ts, np.ndarray) else jnp
-    eps = float(jnp.finfo(rounding_dtype).eps)
+    eps = _eps(rounding_dtype)
     rounding = _ULPS * eps * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
     interval = _ULPS * reencode_eps * (ts - ts[0])
     tolerance = (rounding + interval) / reencode_dt

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Complex, Float
 
-from .._checks import IntLike, as_array, check_int
+from .._checks import IntLike, as_array, check_float_dtype, check_int
 from ._fft_conv import _work_dtype
 from ._scan import linear_scan
 
@@ -143,8 +143,7 @@ def chunked_conv(
     kc, modes = abar.shape
     if skip is not None and skip.shape != (kc,):
         raise ValueError(f"skip must have shape ({kc},), got skip.shape={skip.shape}")
-    if skip is not None and not jnp.issubdtype(skip.dtype, jnp.floating):
-        raise TypeError(f"skip must have a real floating dtype, got skip.dtype={skip.dtype}")
+    check_float_dtype("skip", skip)
     if chunk is not None:
         chunk = check_int("chunk", chunk)
     if not isinstance(reverse, bool) and (

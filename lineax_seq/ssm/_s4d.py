@@ -11,7 +11,15 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, as_arrays, check_bool, check_int, check_key
+from .._checks import (
+    IntLike,
+    RealScalar,
+    as_arrays,
+    check_bool,
+    check_float_dtype,
+    check_int,
+    check_key,
+)
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
@@ -119,8 +127,7 @@ class S4D(eqx.Module):
         """A `TypeError` unless `x` is real floating (an integer input would come back
         rounded), a `ValueError` unless it is `(length >= 1, dim)` (`sequence`) or
         `(dim,)`: checked here too, for calls with jaxtyping's checks off."""
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={x.dtype}")
+        check_float_dtype(name, x)
         shape = "(length, dim)" if sequence else "(dim,)"
         if x.ndim != (2 if sequence else 1):
             raise ValueError(f"{name} must have shape {shape}, got {name}.shape={x.shape}")
