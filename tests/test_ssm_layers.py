@@ -168,27 +168,43 @@ def test_s4d_numpy_integer_sizes_and_trainable_activation(getkey, no_jaxtyping):
 
 
 def test_s4d_output_dtype_follows_input(getkey):
-    """bfloat16 in, bfloat16 out, whether kernels are shared or per feature, and from
-    either convolution method or the recurrent mode."""
-    x = jr.normal(getkey(), (9, 4))
-    for channels in (1, 4):
+    """bfloat16 in, bfloat16 out, whether kernels are shared or per feature, one- or
+    two-directional, and from either convolution method or the recurrent mode: computed
+    in float32 and rounded once (the float32 result on the same input, cast), the skip
+    `D x` included."""
+    x = jr.normal(getkey(), (40, 4)).astype(jnp.bfloat16)
+    for channels, bidirectional in ((1, False), (4, False), (1, True), (4, True)):
         key = getkey()
-        layer = ls.S4D(4, state_size=4, channels=channels, key=key)
-        expected = layer(x)
         for conv in ("fft", "chunked"):
-            y = ls.S4D(4, state_size=4, channels=channels, conv=conv, key=key)(
-                x.astype(jnp.bfloat16)
+            layer = ls.S4D(
+                4,
+                state_size=4,
+                channels=channels,
+                bidirectional=bidirectional,
+                conv=conv,
+                key=key,
             )
+            layer = eqx.tree_at(lambda m: m.skip, layer, 3 * layer.skip)  # D x matters
+            y = layer(x)
             assert y.dtype == jnp.bfloat16
-            np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.1, rtol=0.05)
-        _, y_t = layer.step(layer.init_state(), x[0].astype(jnp.bfloat16))
+            once = layer(x.astype(jnp.float32)).astype(jnp.bfloat16)
+            np.testing.assert_array_equal(y.astype(jnp.float32), once.astype(jnp.float32))
+        if bidirectional:
+            continue
+        _, y_t = layer.step(layer.init_state(), x[0])
         assert y_t.dtype == jnp.bfloat16
+        _, once = layer.step(layer.init_state(), x[0].astype(jnp.float32))
+        np.testing.assert_array_equal(
+            y_t.astype(jnp.float32), once.astype(jnp.bfloat16).astype(jnp.float32)
+        )
     # With the GELU + GLU output (float32 parameters) too, under strict promotion.
     glu = ls.S4D(4, state_size=4, activation=jax.nn.gelu, glu=True, key=getkey())
-    y = glu(x.astype(jnp.bfloat16))
+    y = glu(x)
     assert y.dtype == jnp.bfloat16
-    np.testing.assert_allclose(y.astype(jnp.float32), glu(x), atol=0.1, rtol=0.05)
-    _, y_t = glu.step(glu.init_state(), x[0].astype(jnp.bfloat16))
+    np.testing.assert_allclose(
+        y.astype(jnp.float32), glu(x.astype(jnp.float32)), atol=0.1, rtol=0.05
+    )
+    _, y_t = glu.step(glu.init_state(), x[0])
     assert y_t.dtype == jnp.bfloat16
 
 

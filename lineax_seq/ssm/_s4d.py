@@ -21,7 +21,7 @@ from .._checks import (
     check_key,
 )
 from ._chunked import _chunked_conv
-from ._fft_conv import fft_conv
+from ._fft_conv import _work_dtype, fft_conv
 from ._kernel import S4DKernel, complex_
 
 _CONVS = ("auto", "fft", "chunked")
@@ -165,6 +165,9 @@ class S4D(eqx.Module):
         """
         x = jnp.asarray(x)
         self._check_input("x", x, sequence=True)
+        dtype = x.dtype
+        # Half precision is computed in float32 and rounded once, the skip included.
+        x = x.astype(_work_dtype(dtype))
         shared = self.kernel.channels != self.dim
         method = self.conv if self.conv != "auto" else ("chunked" if shared else "fft")
         # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
@@ -183,7 +186,7 @@ class S4D(eqx.Module):
             y = fft_conv(x, k, k_backward)
         if shared:
             y = y + self.skip.astype(x.dtype) * x
-        return self._output(y)
+        return self._output(y.astype(dtype))
 
     def init_state(self) -> Complex[Array, "dim modes"]:
         """The zero recurrent state (before the first input).
@@ -241,5 +244,5 @@ class S4D(eqx.Module):
         abar, cb = self.kernel.discretize()
         state = abar * state + x_t.astype(state.dtype)[:, None]
         y = 2 * jnp.sum((cb * state).real, axis=-1)
-        y = y + (self.skip * x_t.astype(self.skip.dtype)).astype(y.dtype)
+        y = y + self.skip.astype(y.dtype) * x_t.astype(y.dtype)
         return state, self._output(y.astype(x_t.dtype))
