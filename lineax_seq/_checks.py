@@ -1,9 +1,10 @@
 """Input checks shared across subpackages."""
 
+import functools
 import math
 import numbers
 
-import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,6 +141,34 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
+def _raise(pred: np.ndarray, *, message: str) -> None:
+    if np.any(pred):
+        raise ValueError(message)
+
+
+def fail_if(pred: ArrayLike, message: str) -> None:
+    """Raise `ValueError(message)` if any element of `pred` is true: at once if `pred`
+    is concrete once reduced over `vmap` (eager calls), else at run time (an effect, like
+    `jax.debug.print`: nothing needs to use a returned value).
+
+    Mesh-safe, unlike `eqx.error_if`: that check's callback runs on one device, so when
+    it raises, the other devices wait in their next collective until XLA aborts the
+    process. Here `pred` is reduced over `vmap`, `shard_map` and mesh axes first, and
+    every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
+    whose message ends with `message`."""
+    with jax.ensure_compile_time_eval():  # eager `vmap`: the reduced `pred` is concrete
+        pred = jnp.any(eqxi.unvmap_any(jnp.asarray(pred)))
+    if not isinstance(pred, jax.core.Tracer):
+        if pred:
+            raise ValueError(message)
+        return
+    manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+    if manual:  # under `shard_map` each device holds its own part of `pred`
+        pred = jax.lax.pmax(pred, manual)
+    callback = functools.partial(_raise, message=message)
+    jax.lax.cond(pred, lambda: jax.debug.callback(callback, pred, partitioned=True), lambda: None)
+
+
 def check_mask_dtype(mask: Array | np.ndarray | None) -> None:
     """A `TypeError` unless `mask` (if given) is boolean: a float mask, e.g. an additive
     one (0 where tokens are kept), would be read as `True` wherever it is non-zero."""
@@ -149,34 +178,27 @@ def check_mask_dtype(mask: Array | np.ndarray | None) -> None:
 
 def check_trailing_mask(mask: Array | np.ndarray | None) -> None:
     """A `ValueError` unless `mask` (a boolean `(length,)` array or `None`) is trailing
-    padding: `True` at the real tokens, then `False` to the end; it names the first real
-    token after a pad. Checked when `mask` is concrete only: a run-time check
-    (`eqx.error_if`'s host callback) deadlocked a BiGS train step sharded over 8 CPU
-    devices."""
-    if mask is None or not _on_host(mask):
+    padding: `True` at the real tokens, then `False` to the end. At once, naming the first
+    real token after a pad, if `mask` is concrete, else at run time ([`fail_if`][])."""
+    expected = "mask must be trailing padding (True at real tokens, then False to the end)"
+    if mask is None:
+        return
+    if not _on_host(mask):
+        fail_if(mask[1:] & ~mask[:-1], expected)
         return
     host = np.asarray(mask).astype(bool)
     first = _first("mask", host[1:] & ~host[:-1])
     if first is not None:
         (i,), _ = first
-        raise ValueError(
-            "mask must be trailing padding (True at real tokens, then False to the end), "
-            f"got mask[{i}]=False before mask[{i + 1}]=True"
-        )
+        raise ValueError(f"{expected}, got mask[{i}]=False before mask[{i + 1}]=True")
 
 
 def check_finite(name: str, a: Array) -> Array:
     """`a`, checked to hold no NaN or inf: at once if it is concrete, else at run time
-    (`eqx.error_if`, so the returned array must be the one used)."""
+    ([`fail_if`][])."""
     if not _on_host(a):
-        # The check's host callback runs on one device: it passes a scalar, -0.0 (adding it
-        # changes no value), not `a`, which a mesh would otherwise gather onto that device.
-        zero = eqx.error_if(
-            jnp.asarray(-0.0, a.dtype),
-            ~jnp.all(jnp.isfinite(a)),
-            f"{name} contains NaN or inf values",
-        )
-        return a + zero
+        fail_if(~jnp.isfinite(a), f"{name} contains NaN or inf values, expected finite values")
+        return a
     host = np.asarray(a)
     bad = ~np.isfinite(host)
     first = _first(name, bad)
@@ -280,9 +302,8 @@ def check_ids(
 ) -> Array | np.ndarray:
     """`ids` (an integer array), checked to lie in `[0, upper)` (at the positions where
     `where` is True, if given): at once with the first offending id and its position if
-    `ids` is concrete, else at run time (`eqx.error_if`, so the returned array must be
-    the one used). Compared in at least int32, so narrow dtypes (`uint8` cannot hold 256)
-    do not wrap the bound."""
+    `ids` is concrete, else at run time ([`fail_if`][]). Compared in at least int32, so
+    narrow dtypes (`uint8` cannot hold 256) do not wrap the bound."""
     expected = f"{name}: ids must be in [0, {upper_name}={upper})"
     if where is not None and where.shape != ids.shape:
         raise ValueError(f"the mask of {name} must have its shape {ids.shape}, got {where.shape}")
@@ -299,4 +320,5 @@ def check_ids(
     signed = ids.dtype in (jnp.int32, jnp.int64)
     wide = ids if signed else ids.astype(jax.dtypes.canonicalize_dtype(jnp.int64))
     bad = (wide < 0) | (wide >= upper)
-    return eqx.error_if(ids, bad if where is None else bad & where.astype(bool), expected)
+    fail_if(bad if where is None else bad & where.astype(bool), expected)
+    return ids

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from _devices import needs_8_devices
+from _scripts import run_script
 from jax.flatten_util import ravel_pytree
 
 import lineax_seq as ls
@@ -144,9 +145,9 @@ def test_bigs_on_mesh(mesh, capfd):
 
 
 def test_bigs_train_step_with_padding_on_mesh(mesh):
-    """`make_train_step` on the mesh with padded examples completes (a run-time mask
-    check, a host callback on one device, deadlocked this step's all-reduce) and updates
-    the weights as on one device."""
+    """`make_train_step` on the mesh with padded examples completes (its run-time mask
+    check, as a host callback on one device, once deadlocked this step's all-reduce) and
+    updates the weights as on one device."""
     make = lambda: ls.BiGS(50, 16, 1, dropout=0.0, key=jr.key(0))  # steps donate them
     opt = optax.sgd(0.5)  # (Adam would magnify the rounding of near-zero gradients)
     tokens = jr.randint(jr.key(1), (BATCH, 8), 0, 50)
@@ -233,3 +234,77 @@ def test_koopman_on_mesh(mesh, capfd):
     assert got[0].shape == (BATCH, 7, 2)  # the 7 states after x0, one per action
     assert_batch_sharded(got[0])
     assert_close(got, want)
+
+
+# --------------------------------------------------------------------------- failed checks
+
+# Each case fails one run-time check on the (data=4, model=2) mesh, then runs again on
+# good input (the runtime still works). Before the checks were mesh-safe, the callback of
+# `eqx.error_if` raised on one device while the others waited in a collective, and XLA
+# aborted the process after 40 s.
+_FAILED_CHECKS = """
+import jax, jax.numpy as jnp, jax.random as jr, numpy as np, optax
+import lineax_seq as ls
+from lineax_seq._checks import fail_if
+
+mesh = ls.make_mesh(4, 2)
+
+
+def expect(name, message, run, bad, good):
+    try:
+        jax.block_until_ready(run(bad))
+    except Exception as e:
+        assert message in str(e), str(e)
+    else:
+        raise AssertionError(f"{name}: no error")
+    jax.block_until_ready(run(good))
+    print("raised:", name, flush=True)
+
+
+model = ls.shard_params(ls.BiGS(10, 16, 1, key=jr.key(0)), mesh, min_shard_size=16)
+tokens = jr.randint(jr.key(1), (8, 12), 0, 10)
+mask = jnp.arange(12) < jnp.array([12, 9, 12, 5, 12, 12, 3, 12])[:, None]
+opt = optax.sgd(0.1)
+loss_fn = lambda m, b, key: (jnp.mean(jax.vmap(m)(*b) ** 2), None)
+step = ls.make_train_step(loss_fn, opt, mesh=mesh, min_shard_size=16, donate=False)
+state = opt.init(model)
+train = lambda b: step(model, state, ls.shard_batch(b, mesh), jr.key(2))
+ids, holes = tokens.at[5, 3].set(10), mask.at[2, 4].set(False)
+expect("BiGS train step, token id", "ids must be in [0, vocab_size=10)", train,
+       (ids, mask), (tokens, mask))
+expect("BiGS train step, mask", "mask must be trailing padding", train,
+       (tokens, holes), (tokens, mask))
+
+koopman = ls.KoopmanAutoencoder(2, 8, width=16, encoder_layers=2, key=jr.key(3))
+ts = jnp.linspace(0.0, 0.1, 5)
+x0 = ls.shard_batch(jr.normal(jr.key(4), (8, 2)), mesh)
+solve = lambda steps: jax.jit(
+    jax.vmap(lambda x: ls.unroll_continuous(koopman, x, ts, max_steps=steps))
+)(x0)
+expect("unroll_continuous, max_steps", "the ODE solve reached max_steps=1", solve, 1, 4096)
+loss = jax.jit(lambda xs: jax.vmap(lambda x: ls.koopman_loss(koopman, x)[0])(xs).mean())
+xs = ls.shard_batch(jr.normal(jr.key(5), (8, 6, 2)), mesh)
+expect("koopman_loss, NaN", "xs contains NaN or inf", loss, xs.at[6, 2, 0].set(jnp.nan), xs)
+
+spec = jax.sharding.PartitionSpec("data")
+local = jax.jit(
+    jax.shard_map(
+        lambda x: (fail_if(x > 6, "too large"), jax.lax.psum(x.sum(), "data"))[1],
+        mesh=mesh, in_specs=spec, out_specs=jax.sharding.PartitionSpec(),
+    )
+)
+expect("shard_map, one shard", "too large", local, jnp.arange(8.0), jnp.zeros(8))
+"""
+
+
+def test_failed_checks_raise_on_a_mesh(tmp_path):
+    """A run-time check that fails on a mesh raises an error that names the problem, in
+    a train step, a Diffrax solve, a loss and under `shard_map` (in a fresh process of 8
+    CPU devices: a regression would abort the process)."""
+    script = tmp_path / "failed_checks.py"
+    script.write_text(_FAILED_CHECKS)
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = run_script(script, tmp_path, env)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    for name in ("token id", "mask", "max_steps", "NaN", "one shard"):
+        assert f"{name}\n" in out.stdout, out.stdout

@@ -235,8 +235,8 @@ class DirectionalSSM(eqx.Module):
 
         - `u`: input, shape `(length, dim)`, `length >= 1`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding (any
-            other concrete mask is an error; a traced one, under `jit` or `jax.vmap`, is
-            not checked); padded positions are zeroed first.
+            other mask is an error: at once, or at run time under `jit` or `jax.vmap`);
+            padded positions are zeroed first.
         - `key`: ignored (the layer is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 

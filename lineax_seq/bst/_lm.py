@@ -342,8 +342,9 @@ class BlockStateTransformerLM(eqx.Module):
         **Arguments:**
 
         - `tokens`: integer tokens in `[0, vocab_size)`, shape `(length,)`, `length` a
-          multiple of `window`. Out-of-range ids raise an error (`eqx.error_if`) instead
-          of being clamped.
+          multiple of `window`. Out-of-range ids raise an error (at once, or at run time
+          under `jit`: a `jax.errors.JaxRuntimeError` with the message, on a mesh too)
+          instead of being clamped.
         - `key`: ignored (the model is deterministic); accepted, as by every Equinox layer, so
             that `eqx.nn.Sequential` can call it.
 

@@ -17,6 +17,7 @@ from .._checks import (
     check_int,
     check_key,
     check_optional_int,
+    fail_if,
     host_arrays,
 )
 from .._nn import apply_linear
@@ -359,8 +360,7 @@ class ContextSSM(eqx.Module):
         else:
             filt = state["filter"]
             if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)
-                t = eqx.error_if(
-                    t,
+                fail_if(
                     t >= filt.shape[1],
                     f"the position is past the end: the decoding state holds {filt.shape[1]} "
                     "positions (the max_length given to init_state, or to the LM's "

@@ -22,6 +22,7 @@ from .._checks import (
     check_option,
     check_optional_int,
     check_real,
+    fail_if,
 )
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
@@ -383,7 +384,8 @@ def _segments(
         # Too few segments would stop reencoding early: an error, not a wrong answer.
         short = ts[-1] - ts[0] > (num_segments + tolerance[-1]) * reencode_dt
         message = f"num_segments={num_segments} is fewer than ceil((ts[-1] - ts[0]) / reencode_dt)"
-        return eqx.error_if(ts, short, message), num_segments
+        fail_if(short, message)
+        return ts, num_segments
     span = float(ts_host[-1] - ts_host[0])
     num = max(1, math.ceil(span / reencode_dt - float(tolerance[-1])))
     if num_segments is not None and num_segments < num:
@@ -409,9 +411,9 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     or are promoted to if lower) plus `_ULPS` units of `t - ts[0]` in `reencode_eps` (the
     precision `reencode_dt` came in: 0 for a Python number, float32's for a float32 one),
     and no more (a later time is reencoded). Per time, so that a late time does not widen an
-    early one's. The last time's counts the segments. A `ValueError` (host `ts`; an
-    `eqx.error_if` for traced ones) if the times span a reencoding time and the last
-    time's tolerance reaches half a segment: the times cannot then be placed on the grid."""
+    early one's. The last time's counts the segments. A `ValueError` (at run time for
+    traced `ts`) if the times span a reencoding time and the last time's tolerance
+    reaches half a segment: the times cannot then be placed on the grid."""
     xp = np if isinstance(ts, np.ndarray) else jnp
     eps = _eps(rounding_dtype)
     rounding = _ULPS * eps * xp.maximum(xp.abs(ts), xp.abs(ts[0]))
@@ -431,7 +433,8 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
         f"reencode_dt={reencode_dt!r} cannot place the reencoding times among the output times: "
     )
     if xp is jnp:
-        return eqx.error_if(tolerance, unresolved, f"{intro}{times}; or {interval_dt}")
+        fail_if(unresolved, f"{intro}{times}; or {interval_dt}")
+        return tolerance
     if unresolved:
         cause = interval_dt if interval[-1] > rounding[-1] else times
         raise ValueError(f"{intro}{cause} (ts from {ts[0]:.9g} to {ts[-1]:.9g})")
@@ -494,6 +497,12 @@ def _increasing(host: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(host)) and np.all(host[1:] > host[:-1]))
 
 
+_OR = (
+    "raise max_steps, loosen the step-size controller's tolerances, or pass throw=False "
+    "(NaN states from the failure on)"
+)
+
+
 def _check_ts(ts: Array, host: np.ndarray | None, given: np.ndarray | None) -> Array:
     """`ts`, checked to be finite and strictly increasing in the dtype it is computed in
     (`host`, on the host); `given` is the host array it came as, whose cast can merge
@@ -502,7 +511,8 @@ def _check_ts(ts: Array, host: np.ndarray | None, given: np.ndarray | None) -> A
         raise ValueError("ts must contain at least one time")
     if host is None:
         bad = jnp.any(ts[1:] <= ts[:-1]) | ~jnp.all(jnp.isfinite(ts))
-        return eqx.error_if(ts, bad, "ts must be finite and strictly increasing")
+        fail_if(bad, "ts must be finite and strictly increasing")
+        return ts
     if not _increasing(host):
         cast = ""
         if given is not None and _increasing(given):
@@ -541,7 +551,8 @@ def _check_dt0(dt0: object) -> float | Array | None:
             f"{dt0.shape} and dtype {dt0.dtype}"
         )
     bad = ~(jnp.isfinite(dt0) & (dt0 > 0))
-    return eqx.error_if(dt0, bad, "dt0 must be a positive, finite real number")
+    fail_if(bad, "dt0 must be a positive, finite real number")
+    return dt0
 
 
 def _check_no_solve_options(**options: object) -> None:
@@ -595,8 +606,7 @@ def unroll_continuous(
     trained through it; with `diffrax.BacksolveAdjoint` not with respect to a traced `ts`
     (diffrax's limitation).
     Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
-    default adjoint is a `custom_vjp`. Under a sharded `jax.jit`, `throw=True`'s error
-    check is a host callback on one device; `throw=False` avoids it. The paper's
+    default adjoint is a `custom_vjp`. The paper's
     integrator (odeint's Dormand-Prince at `rtol = atol = 1.4e-8`) is
     `solver=diffrax.Dopri5()` with `PIDController(rtol=1.4e-8, atol=1.4e-8)`.
 
@@ -631,14 +641,16 @@ def unroll_continuous(
         `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
         under `vmap` over step sizes), `max_steps` (positive, or `None`: unbounded, not
         differentiable with diffrax's default adjoint; per segment),
-        `adjoint`, `progress_meter`, `throw`: passed to `diffrax.diffeqsolve` (e.g.
+        `adjoint`, `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without
-        reencoding (one segment). With `throw=False` a failed solve (e.g. `max_steps`
-        reached) raises no error: the states from the failure on are NaN, so that one
-        bad initial condition under `vmap` does not stop the others. With `exact=True`
-        (no ODE solve) the options must be left `None` (`max_steps` and `throw` are
-        unused).
+        reencoding (one segment).
+    - `throw`: whether a failed solve (e.g. `max_steps` reached) raises an error (at run
+        time under `jit`, on a mesh too: a `jax.errors.JaxRuntimeError` with the
+        message). With `throw=False` it raises none: the states from the failure on are
+        NaN, so that one bad initial condition under `vmap` does not stop the others.
+        With `exact=True` (no ODE solve) the solver options must be left `None`
+        (`max_steps` and `throw` are unused).
 
     **Returns:**
 
@@ -903,13 +915,18 @@ def _solve(
             saveat=diffrax.SaveAt(ts=saves - start),
             stepsize_controller=stepsize_controller,
             max_steps=max_steps,
-            throw=throw,
+            throw=False,  # checked below, mesh-safe (diffrax's check is `eqx.error_if`)
             **extra,
         )
         zs = sol.ys
         z_end = zs[-1]
         z_next = model.encode(model.decode(z_end)) if reencode else z_end
-        if not throw:
+        if throw:
+            maxed = sol.result == diffrax.RESULTS.max_steps_reached
+            fail_if(maxed, f"the ODE solve reached max_steps={max_steps} in a segment; {_OR}")
+            failed = (sol.result != diffrax.RESULTS.successful) & ~maxed
+            fail_if(failed, f"the ODE solve failed (e.g. dt_min reached, or non-finite); {_OR}")
+        else:
             # A failed solve leaves its unreached states inf, which ReLU layers can map
             # back to finite values (relu(-inf) = 0): NaN from the failure on.
             ok = sol.result == diffrax.RESULTS.successful
