@@ -30,6 +30,7 @@ from ._layers import (
     GatedLayer,
     StackLayer,
     _check,
+    _known_rate,
     apply_dropout,
     apply_norm,
     check_dropout,
@@ -383,7 +384,7 @@ class BiGS(eqx.Module):
             ssm_init=self.ssm_init,
             dt_min=self.dt_min,
             dt_max=self.dt_max,
-            dropout=self.dropout_rate,
+            dropout=_known_rate(self.dropout, self.dropout_rate),  # as `tree_at` left it
             final_norm=self.final_norm is not None,
             init_std=self.init_std,
         )
@@ -431,13 +432,12 @@ class BiGS(eqx.Module):
         **Arguments:**
 
         - `tokens`: token ids in `[0, vocab_size)`, shape `(length,)`, `length >= 1`.
-            Out-of-range ids raise an error (at once, or through `eqx.error_if` under
-            `jit`) instead of being clamped; at padded positions any id is accepted.
+            Out-of-range ids raise an error (at once, or at run time under `jit`: a
+            `jax.errors.JaxRuntimeError` with the message, on a mesh too) instead of
+            being clamped; at padded positions any id is accepted.
         - `mask`: optional, shape `(length,)`, `True` at real tokens, then `False` at
-          trailing padding (any other concrete mask is an error; a traced one, under
-          `jit` or `jax.vmap` (so a batch's), is not checked: there a `False` between
-          real tokens is a zero input to the SSMs, whose state still decays across it,
-          and a key that attention skips, and its output is 0).
+          trailing padding (any other mask is an error: at once, or at run time under
+          `jit` or `jax.vmap`).
         - `token_types`: optional segment ids in `[0, num_token_types)`, shape `(length,)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'

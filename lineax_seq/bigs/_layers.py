@@ -20,6 +20,7 @@ from .._checks import (
     check_key,
     check_real,
     check_trailing_mask,
+    fail_if,
 )
 from .._nn import apply_linear
 from ..attention import MultiHeadAttention
@@ -81,12 +82,24 @@ def resolve_inference(
     rate: float | None = None,
 ) -> bool:
     """Whether dropout is off: `True` at a known rate of 0 (`rate`: a static copy of it,
-    for a `dropout` traced by `jax.jit`), else `inference`, or (`None`) `dropout`'s own
+    for a `dropout` traced by `jax.jit`: then a run-time error if the traced rate is not
+    0, unless `key` is given and `inference=False`), else `inference`, or (`None`) `dropout`'s own
     flag, as a Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
     if dropout would run (not in inference) without a `key` (Equinox's own error names
     neither the argument nor the way out); a `TypeError` if the flag is traced."""
     known = _known_rate(dropout, rate)
     if known == 0:
+        if not isinstance(dropout.p, jax.core.Tracer):
+            return True
+        if inference is False and key is not None:  # dropout at the traced rate
+            return False
+        # `rate` stands in for the traced rate (to need no key): check that it may.
+        fail_if(
+            dropout.p != 0,
+            "the dropout rate is not the model's dropout_rate=0 (changed with eqx.tree_at?), "
+            "which stands in for it under jax.jit: dropout would be skipped; pass a key and "
+            "inference=False, jit with eqx.filter_jit, or build the model with that rate",
+        )
         return True
     if inference is None:
         inference = dropout.inference
@@ -342,8 +355,8 @@ class _Layer(eqx.Module):
 
         - `x`: input `X_i`, shape `(length, dim)`.
         - `mask`: optional, `True` at real tokens, then `False` at trailing padding
-          (any other concrete mask is an error; a traced one, under `jit` or `jax.vmap`,
-          is not checked); padded rows of `x` are read as 0, whatever they hold.
+          (any other mask is an error: at once, or at run time under `jit` or
+          `jax.vmap`); padded rows of `x` are read as 0, whatever they hold.
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
           own flag, which `eqx.nn.inference_mode` sets.
