@@ -258,7 +258,18 @@ def test_unwritable_out_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["koopman", "--small", "--out", str(locked / "results")])
     assert exit_info.value.code == 2
-    assert re.search(r"--out .*results: .*locked is not writable", capsys.readouterr().err)
+    assert re.search(r"--out .*results: cannot write in .*locked", capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_out_on_a_mount_that_refuses_it_is_a_usage_error(capsys):
+    """Under /proc no new directory can be made, even by root, whom `os.access` lets
+    through: a usage error before any training, not a traceback after it."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["koopman", "--small", "--out", "/proc/lineax_seq/results"])
+    err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "==" not in err.out
+    assert re.search(r"--out /proc/lineax_seq/results: cannot write in /proc \(", err.err)
 
 
 def test_window_as_long_as_the_trajectories_is_usable():

@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 
 _CHECKOUT = pathlib.Path(__file__).parents[2]
@@ -178,7 +179,8 @@ def _is_jsonl(corpus: str | os.PathLike) -> bool:
 def output_problem(flag: str, path: pathlib.Path, *, directory: bool = True) -> str | None:
     """Why `path` (a directory to write into, or a file when not `directory`) cannot be
     written, checked before any training: an existing file where a directory goes (or a
-    directory where a file goes), or a file or an unwritable directory above it."""
+    directory where a file goes), or a file or a directory that refuses new entries
+    above it."""
     path = pathlib.Path(path)
     if directory and path.exists() and not path.is_dir():
         return f"{flag} {path}: exists and is not a directory"
@@ -189,8 +191,10 @@ def output_problem(flag: str, path: pathlib.Path, *, directory: bool = True) -> 
         parent = parent.parent
     if not parent.is_dir():
         return f"{flag} {path}: {parent} is a file, not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag} {path}: {parent} is not writable"
+    try:  # a probe, not `os.access`: root passes that on read-only or virtual mounts
+        os.rmdir(tempfile.mkdtemp(prefix=".lineax_seq_probe_", dir=parent))
+    except OSError as e:
+        return f"{flag} {path}: cannot write in {parent} ({e.strerror})"
     return None
 
 
