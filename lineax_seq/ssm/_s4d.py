@@ -161,7 +161,8 @@ class S4D(eqx.Module):
 
         **Returns:**
 
-        The output sequence, of shape `(length, dim)`.
+        The output sequence, of shape `(length, dim)`, in `x`'s dtype (bfloat16 and
+        float16 are computed in float32 and rounded once).
         """
         x = jnp.asarray(x)
         self._check_input("x", x, sequence=True)
@@ -226,7 +227,8 @@ class S4D(eqx.Module):
 
         **Returns:**
 
-        `(state, y_t)`: the new state and the output at this step, of shape `(dim,)`.
+        `(state, y_t)`: the new state and the output at this step, of shape `(dim,)`, in
+        `x_t`'s dtype.
         """
         state, x_t = as_arrays(state, x_t)
         if self.bidirectional:

@@ -350,7 +350,7 @@ def make_optimizer(
 
     ```python
     opt = ls.make_optimizer(1e-3, warmup_steps=100, total_steps=10_000, groups={
-        "ssm": ls.ParamGroup(match=r"\\.kernel\\.", learning_rate=1e-3, weight_decay=0.0)})
+        "ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=1e-3, weight_decay=0.0)})
     opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
     ```
 
