@@ -94,6 +94,14 @@ def test_devices_and_mesh_arguments_named(no_jaxtyping):
         for mesh in (None, "data"):
             with pytest.raises(TypeError, match=f"mesh must be a jax.sharding.Mesh.*mesh={mesh!r}"):
                 call(mesh)
+    # jax.make_mesh's default axes are Explicit: refused up front (a train step failed
+    # inside jit, "with_sharding_constraint can only refer to Auto axes").
+    explicit = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    for call in calls + (
+        lambda mesh: ls.make_train_step(common.loss_fn, common.optimizer(), mesh=mesh),
+    ):
+        with pytest.raises(ValueError, match=r"mesh has Explicit axes \['data'\] .*make_mesh"):
+            call(explicit)
 
 
 def test_param_sharding_rule():

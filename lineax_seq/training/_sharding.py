@@ -86,11 +86,21 @@ def _check_devices(devices: object) -> list[jax.Device]:
 
 
 def check_mesh(mesh: object, name: str = "mesh") -> None:
-    """A `TypeError` naming `mesh` unless it is a `jax.sharding.Mesh`."""
+    """A `TypeError` naming `mesh` unless it is a `jax.sharding.Mesh`, and a `ValueError`
+    if it has `Explicit` axes (`jax.make_mesh`'s default), which the sharding
+    constraints here (on `Auto` axes) cannot refer to."""
     if not isinstance(mesh, Mesh):
         raise TypeError(
             f"{name} must be a jax.sharding.Mesh (e.g. from lineax_seq.make_mesh), "
             f"got {name}={short_repr(mesh)}"
+        )
+    types = zip(mesh.axis_names, mesh.axis_types, strict=True)
+    explicit = [axis for axis, kind in types if kind == AxisType.Explicit]
+    if explicit:
+        raise ValueError(
+            f"{name} has Explicit axes {explicit} (jax.make_mesh's default); lineax_seq "
+            "shards over Auto axes: use lineax_seq.make_mesh, or jax.make_mesh(..., "
+            "axis_types=(jax.sharding.AxisType.Auto,) * len(axis_names))"
         )
 
 
@@ -204,7 +214,11 @@ def shard_params(
 
     **Returns:**
 
-    `tree` with its arrays sharded.
+    `tree` with its arrays sharded. As with `jax.device_put`, arrays already in place
+    may be reused, not copied: a step that donates the result (as
+    [`lineax_seq.make_train_step`][] does by default) then deletes them in `tree` too.
+    Keep only the returned tree (`model = shard_params(model, mesh)`), or pass
+    `donate=False` to the step.
     """
     shardings = param_sharding(tree, mesh, axis=axis, min_shard_size=min_shard_size)
     dynamic, static = eqx.partition(tree, eqx.is_array)
