@@ -440,7 +440,7 @@ def test_train_bad_input(data, tmp_path):
     for forever in (_grain_batches(data), _grain_batches(data, num_workers=2)):
         with pytest.raises(ValueError, match=r"eval_data repeats forever .* eval_batches=None"):
             ls.train(*args, steps=0, key=jr.key(0), eval_data=forever)
-    mesh = jax.make_mesh((1,), ("data",))
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
         ls.train(*args, steps=1, key=jr.key(0), mesh=mesh)
     scalar_loss = lambda model, batch, key: common.loss_fn(model, batch, key)[0]

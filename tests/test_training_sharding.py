@@ -206,3 +206,28 @@ def test_two_processes_data_parallel_equals_single_process(tmp_path):
         opt_state=common.optimizer().init(eqx.filter(common.make_model(), eqx.is_inexact_array)),
     )
     assert ckpt.step == len(batches)
+
+
+def test_checkpoint_loads_onto_the_templates_shardings(tmp_path):
+    """A checkpoint loaded into a sharded template (or abstract one with shardings) is
+    placed as the template is, never gathered on one device first."""
+    mesh = ls.make_mesh(4, 2)
+    model, opt = common.make_model(), common.optimizer()
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    path = ls.save_checkpoint(tmp_path, 1, model=model, opt_state=state)
+    sharded = ls.shard_params(model, mesh, min_shard_size=1)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        ls.shard_params(state, mesh, min_shard_size=1),
+    )
+    ckpt = ls.load_checkpoint(path, model=sharded, opt_state=abstract)
+    arrays = lambda tree: jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+    for got, like in zip(arrays(ckpt.model), arrays(sharded), strict=True):
+        assert got.sharding == like.sharding
+    assert ckpt.model.layers[1].weight.sharding.spec == P(None, "model")
+    placed = jax.tree.leaves(ckpt.opt_state)
+    assert [x.sharding for x in placed] == [x.sharding for x in jax.tree.leaves(abstract)]
+    for got, want in zip(arrays(ckpt.model), arrays(model), strict=True):
+        np.testing.assert_array_equal(got, want)
+    default = ls.load_checkpoint(path, model=model).model.layers[1].weight.sharding
+    assert default.device_set == {jax.devices()[0]}

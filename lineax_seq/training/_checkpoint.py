@@ -618,9 +618,12 @@ def load_checkpoint(
         them (or a [`lineax_seq.train`][] run's `out_dir`), in which case the newest one
         is loaded.
     - `model`: a model of the same structure (values are ignored;
-        `eqx.filter_eval_shape(Model, ...)` avoids allocating one).
-    - `opt_state`: an optimiser state of the same structure, or `None` to load the model
-        only (a saved optimiser state is skipped; the result's `opt_state` is `None`).
+        `eqx.filter_eval_shape(Model, ...)` avoids allocating one). Each array is loaded
+        onto its template's sharding (e.g. from [`lineax_seq.shard_params`][], or a
+        `jax.ShapeDtypeStruct` with one), else onto the default device.
+    - `opt_state`: an optimiser state of the same structure (placed likewise), or `None`
+        to load the model only (a saved optimiser state is skipped; the result's
+        `opt_state` is `None`).
 
     **Returns:**
 
@@ -641,6 +644,16 @@ def load_checkpoint(
         raise CheckpointError(f"Checkpoint directory {path} does not exist.")
     manifest = _read_manifest(path)
     return _load_verified(path, manifest, _verify_arrays(path, manifest), model, opt_state)
+
+
+def _placed_like(f, like: object) -> object:
+    """Deserialise one leaf (`eqx.default_deserialise_filter_spec`), straight onto the
+    template's sharding where it has one (a sharded model is never gathered on one
+    device)."""
+    sharding = getattr(like, "sharding", None)
+    if isinstance(like, jax.Array | jax.ShapeDtypeStruct) and sharding is not None:
+        return jax.device_put(np.load(f), sharding)
+    return eqx.default_deserialise_filter_spec(f, like)
 
 
 def _load_verified(
@@ -668,7 +681,7 @@ def _load_verified(
     if isinstance(manifest.get("static"), dict):
         _warn_static(path, manifest["static"], _static_fields(like))
     try:
-        tree = eqx.tree_deserialise_leaves(apath, read)
+        tree = eqx.tree_deserialise_leaves(apath, read, filter_spec=_placed_like)
         if opt_state is None:
             tree = {**tree, "opt_state": None}
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch

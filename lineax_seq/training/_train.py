@@ -681,6 +681,9 @@ def train(
     else:
         dynamic, static = eqx.partition(opt_state, eqx.is_array)
         opt_state = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
+    if mesh is not None:  # before a checkpoint is read: its arrays are loaded sharded
+        model = shard_params(model, mesh, min_shard_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
     it = _DataIterator(data)
     start, resumed_from, history = 0, None, []
     if out is not None:
@@ -691,9 +694,6 @@ def train(
         # Every process reads `out_dir` before process 0 writes its metrics: one that came
         # later took process 0's new metrics file for an earlier run (resume=False).
         multihost_utils.sync_global_devices("lineax_seq.train: out_dir read")
-    if mesh is not None:
-        model = shard_params(model, mesh, min_shard_size=min_shard_size)
-        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
 
     train_key, eval_key = jr.split(key)
     step_fn = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate=True)
