@@ -155,7 +155,7 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     it raises, the other devices wait in their next collective until XLA aborts the
     process. Here `pred` is reduced over `vmap`, `shard_map` and mesh axes first, and
     every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
-    whose message ends with `message`."""
+    whose message ends with `message` (Equinox's `EQX_ON_ERROR` does not apply)."""
     with jax.ensure_compile_time_eval():  # eager `vmap`: the reduced `pred` is concrete
         pred = jnp.any(eqxi.unvmap_any(jnp.asarray(pred)))
     if not isinstance(pred, jax.core.Tracer):
@@ -164,7 +164,7 @@ def fail_if(pred: ArrayLike, message: str) -> None:
         return
     manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
     if manual:  # under `shard_map` each device holds its own part of `pred`
-        pred = jax.lax.pmax(pred, manual)
+        pred = jax.lax.pmax(pred.astype(jnp.int32), manual) > 0
     callback = functools.partial(_raise, message=message)
     jax.lax.cond(pred, lambda: jax.debug.callback(callback, pred, partitioned=True), lambda: None)
 

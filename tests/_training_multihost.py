@@ -49,10 +49,28 @@ def main() -> None:
         mesh=mesh,
         progress=False,
     )
+    # Resumed from its last checkpoint, read straight onto the mesh by both processes:
+    # nothing left to train, the same model.
+    resumed = ls.train(
+        common.make_model(),
+        common.optimizer(),
+        common.loss_fn,
+        data,
+        steps=len(batches),
+        key=jax.random.key(0),
+        out_dir=out_dir,
+        resume=True,
+        mesh=mesh,
+        progress=False,
+    )
+    assert resumed.resumed_from == len(batches), resumed.resumed_from
+    placed = resumed.model.layers[0].weight.sharding
+    assert placed.mesh == mesh and len(placed.device_set) == jax.device_count()
     if process_id == 0:
-        arrays = jax.tree.leaves(eqx.filter(result.model, eqx.is_array))
-        leaves = [np.asarray(x.addressable_data(0)) for x in arrays]
-        np.savez(out_dir / "final.npz", *leaves)
+        for name, model in (("final", result.model), ("resumed", resumed.model)):
+            arrays = jax.tree.leaves(eqx.filter(model, eqx.is_array))
+            leaves = [np.asarray(x.addressable_data(0)) for x in arrays]
+            np.savez(out_dir / f"{name}.npz", *leaves)
     jax.distributed.shutdown()
 
 

@@ -1017,13 +1017,16 @@ def test_encoder_after_device_put_and_under_plain_jit():
     noisy = eqx.tree_at(lambda m: m.dropout.p, model, 0.5)
     assert not np.allclose(noisy(tokens, key=jr.key(2), inference=False), want)
     assert noisy.config()["dropout"] == 0.5
-    # Under jax.jit such a rate is traced: with a key and inference=False it is used, and
-    # where the static copy (0) would stand in for it, a run-time error says so.
-    train = jax.jit(lambda m, t, k: m(t, key=k, inference=False))
-    eager = noisy(tokens, key=jr.key(2), inference=False)
-    np.testing.assert_allclose(train(noisy, tokens, jr.key(2)), eager, rtol=1e-5, atol=1e-5)
-    with pytest.raises(Exception, match="not the model's dropout_rate=0 .*changed with"):
-        jax.block_until_ready(jax.jit(lambda m, t, k: m(t, key=k))(noisy, tokens, jr.key(2)))
+    # Under jax.jit such a rate is traced and the static copy (0) stands in for it: where
+    # dropout is on, a run-time error says so (it was skipped silently); where it is
+    # off, nothing is wrong.
+    for inference in (None, False):
+        with pytest.raises(Exception, match="not the model's dropout_rate=0 .*changed with"):
+            run = jax.jit(lambda m, t, k: m(t, key=k, inference=inference))  # noqa: B023
+            jax.block_until_ready(run(noisy, tokens, jr.key(2)))
+    for off in (jax.jit(lambda m, t: m(t, inference=True))(noisy, tokens),
+                jax.jit(lambda m, t: m(t))(eqx.nn.inference_mode(noisy), tokens)):  # fmt: skip
+        np.testing.assert_allclose(off, want, rtol=1e-6, atol=1e-6)
     dropping = ls.BiGS(50, 8, 2, state_size=4, dropout=0.1, key=jr.key(0))
     with pytest.raises(ValueError, match=r"key is required for dropout \(rate 0.1\)"):
         jax.jit(lambda m, t: m(t, inference=False))(dropping, tokens)

@@ -199,6 +199,10 @@ def test_two_processes_data_parallel_equals_single_process(tmp_path):
     assert len(final.files) == len(expected)
     for i, b in enumerate(expected):
         np.testing.assert_allclose(final[f"arr_{i}"], np.asarray(b), rtol=1e-5, atol=1e-6)
+    # Resumed in both processes from the last checkpoint, loaded onto the mesh.
+    resumed = np.load(tmp_path / "multi/resumed.npz")
+    for name in final.files:
+        np.testing.assert_array_equal(resumed[name], final[name])
     # Process 0 wrote the checkpoints (gathered from both processes); they load.
     ckpt = ls.load_checkpoint(
         tmp_path / "multi/checkpoints",
@@ -213,6 +217,9 @@ def test_checkpoint_loads_onto_the_templates_shardings(tmp_path):
     placed as the template is, never gathered on one device first."""
     mesh = ls.make_mesh(4, 2)
     model, opt = common.make_model(), common.optimizer()
+    model = eqx.tree_at(
+        lambda m: m.layers[1].weight, model, replace_fn=lambda w: w.astype("bfloat16")
+    )
     state = opt.init(eqx.filter(model, eqx.is_inexact_array))
     path = ls.save_checkpoint(tmp_path, 1, model=model, opt_state=state)
     sharded = ls.shard_params(model, mesh, min_shard_size=1)
@@ -229,5 +236,7 @@ def test_checkpoint_loads_onto_the_templates_shardings(tmp_path):
     assert [x.sharding for x in placed] == [x.sharding for x in jax.tree.leaves(abstract)]
     for got, want in zip(arrays(ckpt.model), arrays(model), strict=True):
         np.testing.assert_array_equal(got, want)
-    default = ls.load_checkpoint(path, model=model).model.layers[1].weight.sharding
-    assert default.device_set == {jax.devices()[0]}
+    assert ckpt.model.layers[1].weight.dtype == jnp.bfloat16  # NumPy reads it as raw bytes
+    # A one-device template's arrays are not committed to its device.
+    default = ls.load_checkpoint(path, model=model).model.layers[1].weight
+    assert default.sharding.device_set == {jax.devices()[0]} and not default.committed

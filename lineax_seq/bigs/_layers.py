@@ -83,23 +83,21 @@ def resolve_inference(
 ) -> bool:
     """Whether dropout is off: `True` at a known rate of 0 (`rate`: a static copy of it,
     for a `dropout` traced by `jax.jit`: then a run-time error if the traced rate is not
-    0, unless `key` is given and `inference=False`), else `inference`, or (`None`) `dropout`'s own
+    0 and dropout is on), else `inference`, or (`None`) `dropout`'s own
     flag, as a Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
     if dropout would run (not in inference) without a `key` (Equinox's own error names
     neither the argument nor the way out); a `TypeError` if the flag is traced."""
     known = _known_rate(dropout, rate)
     if known == 0:
-        if not isinstance(dropout.p, jax.core.Tracer):
-            return True
-        if inference is False and key is not None:  # dropout at the traced rate
-            return False
-        # `rate` stands in for the traced rate (to need no key): check that it may.
-        fail_if(
-            dropout.p != 0,
-            "the dropout rate is not the model's dropout_rate=0 (changed with eqx.tree_at?), "
-            "which stands in for it under jax.jit: dropout would be skipped; pass a key and "
-            "inference=False, jit with eqx.filter_jit, or build the model with that rate",
-        )
+        if isinstance(dropout.p, jax.core.Tracer) and inference is not True:
+            # `rate` stands in for the traced rate (to need no key): check that it may.
+            on = ~jnp.asarray(dropout.inference) if inference is None else True
+            fail_if(
+                (dropout.p != 0) & on,
+                "the dropout rate is not the model's dropout_rate=0 (changed with "
+                "eqx.tree_at?), which stands in for it under jax.jit: dropout would be "
+                "skipped; jit with eqx.filter_jit, or build the model with that rate",
+            )
         return True
     if inference is None:
         inference = dropout.inference

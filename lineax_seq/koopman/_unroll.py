@@ -647,8 +647,10 @@ def unroll_continuous(
         reencoding (one segment).
     - `throw`: whether a failed solve (e.g. `max_steps` reached) raises an error (at run
         time under `jit`, on a mesh too: a `jax.errors.JaxRuntimeError` with the
-        message). With `throw=False` it raises none: the states from the failure on are
-        NaN, so that one bad initial condition under `vmap` does not stop the others.
+        message; the backward solve of `diffrax.BacksolveAdjoint` is checked by diffrax
+        itself, with a callback on one device, which on a mesh aborts the process). With
+        `throw=False` it raises none: the states from the failure on are NaN, so that
+        one bad initial condition under `vmap` does not stop the others.
         With `exact=True` (no ODE solve) the solver options must be left `None`
         (`max_steps` and `throw` are unused).
 
@@ -915,7 +917,9 @@ def _solve(
             saveat=diffrax.SaveAt(ts=saves - start),
             stepsize_controller=stepsize_controller,
             max_steps=max_steps,
-            throw=False,  # checked below, mesh-safe (diffrax's check is `eqx.error_if`)
+            # The forward solve is checked below, mesh-safe (diffrax's check is an
+            # `eqx.error_if`); a backsolve's backward solve only diffrax can check.
+            throw=throw and isinstance(adjoint, diffrax.BacksolveAdjoint),
             **extra,
         )
         zs = sol.ys

@@ -137,8 +137,7 @@ class S4D(eqx.Module):
             raise ValueError(f"{name} must have at least one position, got {name}.shape={x.shape}")
 
     def _output(self, y: Float[Array, "*length dim"]) -> Float[Array, "*length dim"]:
-        # The output keeps the input's dtype, as the SSM path does; the GLU's product
-        # runs in its parameters' dtype.
+        # In `y`'s (work) dtype; the GLU's product runs in its parameters' dtype.
         dtype = y.dtype
         if self.activation is not None:
             y = self.activation(y)
@@ -187,7 +186,7 @@ class S4D(eqx.Module):
             y = fft_conv(x, k, k_backward)
         if shared:
             y = y + self.skip.astype(x.dtype) * x
-        return self._output(y.astype(dtype))
+        return self._output(y).astype(dtype)
 
     def init_state(self) -> Complex[Array, "dim modes"]:
         """The zero recurrent state (before the first input).
@@ -247,4 +246,4 @@ class S4D(eqx.Module):
         state = abar * state + x_t.astype(state.dtype)[:, None]
         y = 2 * jnp.sum((cb * state).real, axis=-1)
         y = y + self.skip.astype(y.dtype) * x_t.astype(y.dtype)
-        return state, self._output(y.astype(x_t.dtype))
+        return state, self._output(y).astype(x_t.dtype)

@@ -618,9 +618,10 @@ def load_checkpoint(
         them (or a [`lineax_seq.train`][] run's `out_dir`), in which case the newest one
         is loaded.
     - `model`: a model of the same structure (values are ignored;
-        `eqx.filter_eval_shape(Model, ...)` avoids allocating one). Each array is loaded
-        onto its template's sharding (e.g. from [`lineax_seq.shard_params`][], or a
-        `jax.ShapeDtypeStruct` with one), else onto the default device.
+        `eqx.filter_eval_shape(Model, ...)` avoids allocating one). An array whose
+        template is sharded over several devices (e.g. by [`lineax_seq.shard_params`][],
+        or a `jax.ShapeDtypeStruct` with such a sharding) is loaded onto that sharding;
+        the others onto the default device.
     - `opt_state`: an optimiser state of the same structure (placed likewise), or `None`
         to load the model only (a saved optimiser state is skipped; the result's
         `opt_state` is `None`).
@@ -648,12 +649,19 @@ def load_checkpoint(
 
 def _placed_like(f, like: object) -> object:
     """Deserialise one leaf (`eqx.default_deserialise_filter_spec`), straight onto the
-    template's sharding where it has one (a sharded model is never gathered on one
-    device)."""
+    template's sharding where it spans several devices: each device gets its own shards
+    (nothing is gathered on one device, and no process waits for another)."""
     sharding = getattr(like, "sharding", None)
-    if isinstance(like, jax.Array | jax.ShapeDtypeStruct) and sharding is not None:
-        return jax.device_put(np.load(f), sharding)
-    return eqx.default_deserialise_filter_spec(f, like)
+    if (
+        not isinstance(like, jax.Array | jax.ShapeDtypeStruct)
+        or not isinstance(sharding, jax.sharding.Sharding)
+        or isinstance(sharding, jax.sharding.SingleDeviceSharding)
+    ):
+        return eqx.default_deserialise_filter_spec(f, like)
+    host = np.load(f)
+    if host.dtype.kind == "V":  # how NumPy reads bfloat16 and the other ml_dtypes
+        host = host.view(like.dtype)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def _load_verified(
