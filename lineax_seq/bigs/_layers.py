@@ -83,8 +83,8 @@ def resolve_inference(
 ) -> bool:
     """Whether dropout is off: `True` at a known rate of 0 (`rate`: a static copy of it,
     for a `dropout` traced by `jax.jit`: then a run-time error if the traced rate is not
-    0 and dropout is on), else `inference`, or (`None`) `dropout`'s own
-    flag, as a Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
+    0 and dropout is on), else `inference`, or (`None`) `dropout`'s own flag, as a Python
+    bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
     if dropout would run (not in inference) without a `key` (Equinox's own error names
     neither the argument nor the way out); a `TypeError` if the flag is traced."""
     known = _known_rate(dropout, rate)

@@ -606,9 +606,9 @@ def unroll_continuous(
     trained through it; with `diffrax.BacksolveAdjoint` not with respect to a traced `ts`
     (diffrax's limitation).
     Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`: the
-    default adjoint is a `custom_vjp`. The paper's
-    integrator (odeint's Dormand-Prince at `rtol = atol = 1.4e-8`) is
-    `solver=diffrax.Dopri5()` with `PIDController(rtol=1.4e-8, atol=1.4e-8)`.
+    default adjoint is a `custom_vjp`. The paper's integrator (odeint's Dormand-Prince at
+    `rtol = atol = 1.4e-8`) is `solver=diffrax.Dopri5()` with
+    `PIDController(rtol=1.4e-8, atol=1.4e-8)`.
 
     With `exact=True` (linear dynamics only) the flow is the matrix exponential
     `z(t) = exp((t - tau_j) (delta / dt) K) z(tau_j)`: the oracle for the ODE path. With concrete
