@@ -36,33 +36,22 @@ def main() -> None:
     local = len(batches[0][0]) // num_processes
     sl = slice(process_id * local, (process_id + 1) * local)
     data = [(x[sl], y[sl]) for x, y in batches]
-    result = ls.train(
+    run = lambda **options: ls.train(
         common.make_model(),
         common.optimizer(),
         common.loss_fn,
         data,
         steps=len(batches),
         key=jax.random.key(0),
-        log_every=1,
         out_dir=out_dir,
-        checkpoint_every=2,
         mesh=mesh,
         progress=False,
+        **options,
     )
+    result = run(log_every=1, checkpoint_every=2)
     # Resumed from its last checkpoint, read straight onto the mesh by both processes:
     # nothing left to train, the same model.
-    resumed = ls.train(
-        common.make_model(),
-        common.optimizer(),
-        common.loss_fn,
-        data,
-        steps=len(batches),
-        key=jax.random.key(0),
-        out_dir=out_dir,
-        resume=True,
-        mesh=mesh,
-        progress=False,
-    )
+    resumed = run(resume=True)
     assert resumed.resumed_from == len(batches), resumed.resumed_from
     placed = resumed.model.layers[0].weight.sharding
     assert placed.mesh == mesh and len(placed.device_set) == jax.device_count()
