@@ -207,7 +207,14 @@ def loss_fn(model, tokens, target):
 
 model = Recall(32, key=jr.key(2))
 kernels_before = model.ssm.kernel(length)
-optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 3e-3, steps // 10, steps))
+# As in S4, the SSM kernel trains at a lower learning rate and without weight decay:
+# decay would pull `log_dt` towards 0, i.e. every step size towards 1.
+optimizer = ls.make_optimizer(
+    3e-3,
+    warmup_steps=steps // 10,
+    total_steps=steps,
+    groups={"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=1e-3, weight_decay=0.0)},
+)
 opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
 
