@@ -487,6 +487,21 @@ def test_attention_bias_in_another_float_dtype(getkey):
     np.testing.assert_allclose(got, run(mha, rpb, swa, x)[0][0], rtol=1e-5, atol=1e-6)
 
 
+def test_sliding_window_attention_promotes_mixed_inputs(getkey):
+    """`q`, `k`, `v` of different dtypes are promoted to one, as `jnp` operations take
+    them: the result is the float32 attention of the promoted inputs (a bfloat16 `v` gave
+    a bfloat16 result, its softmax weights rounded). Strict promotion refuses the mix."""
+    q, k, v = jr.normal(getkey(), (3, 8, 2, 4))
+    v_half = v.astype(jnp.bfloat16)
+    with jax.numpy_dtype_promotion("standard"):
+        got = ls.sliding_window_attention(q, k, v_half, window=4)
+    want = ls.sliding_window_attention(q, k, v_half.astype(jnp.float32), window=4)
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(jax.dtypes.TypePromotionError):
+        ls.sliding_window_attention(q, k, v_half, window=4)
+
+
 def test_attention_bias_shared_by_the_heads(getkey):
     """A `(q, k)` bias is every head's, as a `(q, k)` mask is (it was refused)."""
     mha = ls.MultiHeadAttention(8, 2, key=getkey())

@@ -346,6 +346,36 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
 
 
+def test_decoding_with_mixed_precision_parameters(stack, getkey):
+    """A bfloat16 model whose LayerNorms, embedding and SSM kernels stay float32 (as
+    `S4DKernel` advises) computes in float32 where they promote: decoding stores that in
+    the bfloat16 caches and matches the forward pass to their rounding; the prefill's
+    cache is the one `step` takes. Both crashed inside JAX (a float32 key written into a
+    bfloat16 cache; float32 queries against bfloat16 keys)."""
+    keep = ("norm", "embedding", "ssm.kernel")
+    mixed = jax.tree_util.tree_map_with_path(
+        lambda path, a: (
+            a
+            if not eqx.is_inexact_array(a) or any(w in jax.tree_util.keystr(path) for w in keep)
+            else a.astype(jnp.bfloat16)
+        ),
+        stack,
+    )
+    assert mixed.layers[0].attention.attention.key_proj.weight.dtype == jnp.bfloat16
+    tokens = jr.randint(getkey(), (L,), 0, VOCAB)
+    with jax.numpy_dtype_promotion("standard"):
+        full = _forward_pair(mixed, tokens[None])[0]
+        steps = _decode(mixed, tokens)
+        cache, _ = mixed.prefill(tokens[: 2 * W], L)
+        after = eqx.filter_jit(lambda c, t: jax.lax.scan(lambda c, x: mixed.step(c, x), c, t)[1])(
+            cache, tokens[2 * W :]
+        )
+        assert ls.generate(mixed, tokens[:5], 3, key=getkey()).shape == (8,)
+    assert full.dtype == jnp.float32
+    for got in (steps, jnp.concatenate([full[: 2 * W], after])):
+        np.testing.assert_allclose(got.astype(jnp.float32), full, atol=0.1)
+
+
 def test_generate_under_strict_promotion_in_any_dtype(getkey):
     """Under the suite's strict dtype promotion, sampling from a bfloat16 (or float64)
     model, a bfloat16 S4 model's prefill, and decoding under x64 (int32 cache positions
@@ -384,7 +414,7 @@ def test_layers_compute_in_the_dtype_of_params_and_input_together(variant, zoo, 
     """A bfloat16 layer fed float32 `x` computes in float32, as the float32 layer with the
     same (rounded) weights; under x64 a float32 layer fed float64 computes in float64.
     BRECT's recurrent states failed both (its scan's carry kept the parameters' dtype).
-    `step` refuses an `x_t` whose keys would not fit the cache, by name."""
+    `step` takes such an `x_t` too, rounding what it stores to the cache's bfloat16."""
     x = jr.normal(getkey(), (L, DIM))
     half = _bfloat16(zoo[variant])
     single = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, half)
@@ -392,8 +422,11 @@ def test_layers_compute_in_the_dtype_of_params_and_input_together(variant, zoo, 
         got, want = eqx.filter_jit(lambda a, b, x: (a(x), b(x)))(half, single, x)
         assert got.dtype == jnp.float32
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)  # bfloat16 param-only ops
-        with pytest.raises(ValueError, match="`x_t` has dtype float32.*pass x_t in bfloat16"):
-            half.step(half.init_cache(L), x[0], 0)
+        cache, y_0 = half.step(half.init_cache(L), x[0], 0)
+        assert jax.tree.map(lambda a: a.dtype, cache) == jax.tree.map(
+            lambda a: a.dtype, half.init_cache(L)
+        )
+        np.testing.assert_allclose(y_0, got[0], rtol=2e-2, atol=2e-2)  # bfloat16 cache
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
         y = zoo[variant](np.asarray(x, np.float64))
         assert y.dtype == jnp.float64

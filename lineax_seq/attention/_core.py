@@ -90,6 +90,13 @@ def masked_bias(
     return blocked if bias is None else bias + blocked
 
 
+def promote(*arrays: Array) -> tuple[Array, ...]:
+    """`arrays` in their common dtype, `jnp.result_type`'s (an error under strict
+    promotion if they differ), as `jnp`'s own operations take them."""
+    dtype = jnp.result_type(*arrays)
+    return tuple(a.astype(dtype) for a in arrays)
+
+
 def head_major_attention(
     q: Float[Array, "*batch q d"],
     k: Float[Array, "*batch k d"],
@@ -99,13 +106,15 @@ def head_major_attention(
 ) -> Float[Array, "*batch q d"]:
     """Softmax attention with leading batch axes (e.g. `(heads, blocks)`).
 
-    Logits and the softmax are float32, or float64 for float64 inputs (the outputs are
-    cast back to `v`'s dtype);
+    `q`, `k` and `v` are first promoted to one dtype, as `jnp` operations promote (an
+    error under strict promotion). Logits and the softmax are float32, or float64 for
+    float64 inputs (the outputs are cast back to the inputs' dtype);
     normalisation happens after the value product, on `(q, d)` instead of `(q, k)`.
     `bias` is additive (`MASKED` blocks a key); `mask` (`False` blocks a key) replaces the
     blocked logits, as `jax.nn.dot_product_attention` does, so a query that sees no key
     gets the plain mean of the values and no gradient through its logits.
     """
+    q, k, v = promote(q, k, v)
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=acc)
@@ -128,12 +137,14 @@ def attend(
     mask: Bool[Array, "..."] | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "*batch q heads d"]:
-    """`jax.nn.dot_product_attention` for float32 inputs. Other dtypes go to
+    """`jax.nn.dot_product_attention` for float32 inputs (`q`, `k` and `v` promoted to
+    one dtype first, as `jnp` operations promote). Other dtypes go to
     `head_major_attention`: float64 is computed in float64 throughout; float16 there
     asks for a product XLA's CPU backend cannot compile, and bfloat16 one that mixes
     dtypes (an error under strict dtype promotion). `bias` and `mask` broadcast to
     `(*batch, heads, q, k)`, as there; `implementation` as in
     [`lineax_seq.MultiHeadAttention`][]."""
+    q, k, v = promote(q, k, v)
     if implementation == "cudnn":
         return fused_attention(q, k, v, bias, mask, implementation="cudnn")
     if q.dtype == jnp.float32:

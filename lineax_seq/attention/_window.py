@@ -19,6 +19,7 @@ from ._core import (
     fused_attention,
     head_major_attention,
     masked_bias,
+    promote,
 )
 from ._mha import MultiHeadAttention
 
@@ -86,8 +87,9 @@ def sliding_window_attention(
     recent tokens. All blocks are computed at once, as batched matrix products over
     `(heads, blocks)` (queries `(window, head_dim)` against a `(2 * window, head_dim)`
     key frame), so the cost is `O(length * window)` and nothing of size
-    `(length, length)` is built. Logits and the softmax are computed in float32 (float64
-    for float64 inputs).
+    `(length, length)` is built. `q`, `k` and `v` of different dtypes are promoted to one,
+    as `jnp` operations promote them; logits and the softmax are computed in float32
+    (float64 for float64 inputs).
 
     With `implementation="cudnn"` (NVIDIA GPUs, float16 / bfloat16) the blocks are the
     batch of cuDNN's fused flash-attention kernel, which never writes the
@@ -114,6 +116,7 @@ def sliding_window_attention(
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not jnp.issubdtype(a.dtype, jnp.floating):
             raise TypeError(f"`{name}` must have a floating dtype, got {name}.dtype={a.dtype}.")
+    q, k, v = promote(q, k, v)
     if q.ndim != 3:
         raise ValueError(
             f"`q`, `k` and `v` must have shape (length, heads, head_dim), got q.shape={q.shape}."

@@ -11,6 +11,11 @@ Every layer also has a decoding mode: `init_cache(max_length)` and
 `step(cache, x_t, t) -> (cache, y_t)` reproduce `__call__` one token at a time. `step`
 checks its arguments when traced too: the cache's entries, shapes and dtypes against
 `init_cache`'s, and `t`, a scalar integer (its value, `>= 0`, if not traced).
+
+A cache holds the parameters' dtypes (the key/value projections', the recurrent
+states', the SSM kernel's). What a step computes in a wider dtype (a float32 `x_t` into a
+bfloat16 layer, or float32 LayerNorms in a bfloat16 model) is rounded to them when it is
+stored, so decoding then matches `__call__` to that rounding.
 """
 
 import math
@@ -81,16 +86,6 @@ def _check_step(layer: eqx.Module, cache: Cache, x_t: Array, t: Position) -> Int
     them (see the module docstring)."""
     held = held_positions(cache)
     check_cache("cache", cache, layer.init_cache, held)
-    # The cache holds keys in the parameters' dtype; an `x_t` that promotes them (float32
-    # into a bfloat16 layer, as `__call__` allows) would give keys that do not fit it.
-    dtype = cache["frame"]["k"].dtype
-    computed = jnp.promote_types(x_t.dtype, dtype)
-    if computed != dtype:
-        raise ValueError(
-            f"`x_t` has dtype {x_t.dtype}: with the layer's {dtype} parameters its keys "
-            f"and values would be {computed}, but the cache (from init_cache) holds "
-            f"{dtype} ones: pass x_t in {dtype}."
-        )
     return check_position("t", t, held)
 
 
@@ -99,6 +94,12 @@ def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
 
 
 # --------------------------------------------------------------------------- decoding helpers
+
+
+def _stored(new, like):
+    """`new` in the dtypes of `like` (a PyTree of the same structure): what a decoding
+    step stores is rounded to the cache's dtypes (see the module docstring)."""
+    return jax.tree.map(lambda a, b: a.astype(b.dtype), new, like)
 
 
 def _init_frame(attention: SlidingWindowAttention) -> Cache:
@@ -123,7 +124,7 @@ def _self_attention_step(
     shift = lambda a: jnp.concatenate([a[w:], jnp.zeros_like(a[w:])])
     frame = jax.tree.map(lambda a: jnp.where(r == 0, shift(a), a), frame)
     q = attention.attention.queries(h_t[None])
-    k, v = attention.attention.keys_values(h_t[None])
+    k, v = _stored(attention.attention.keys_values(h_t[None]), (frame["k"], frame["v"]))
     frame = {
         "k": jax.lax.dynamic_update_slice_in_dim(frame["k"], k, w + r, axis=0),
         "v": jax.lax.dynamic_update_slice_in_dim(frame["v"], v, w + r, axis=0),
@@ -141,10 +142,11 @@ def _prefill_frame(attention: SlidingWindowAttention, h: Array, blocks: Int[Arra
     w = attention.window
     k, v = attention.attention.keys_values(h)
     last = lambda a: jax.lax.dynamic_slice_in_dim(a, jnp.maximum(blocks - 1, 0) * w, w)
-    return {
+    frame = {
         name: jnp.concatenate([jnp.zeros_like(last(a)), last(a)])
         for name, a in (("k", k), ("v", v))
     }
+    return _stored(frame, _init_frame(attention))
 
 
 # --------------------------------------------------------------------------- SLIDE
@@ -299,7 +301,7 @@ class _PositionContext(eqx.Module):
 
     def step(self, cache: Cache, y_t, t: Int[Array, ""], window: int):
         r = t % window
-        k, v = self._kv(y_t[None])
+        k, v = _stored(self._kv(y_t[None]), (cache["k"], cache["v"]))
         cache = {
             "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k, r, axis=0),
             "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v, r, axis=0),
@@ -350,10 +352,9 @@ class _MultiFilterContext(eqx.Module):
         # The context changes once a block: its keys/values are computed then, not for
         # every token.
         context = jnp.where(t == 0, self.initial, cache["last"])
-        k, v = jax.lax.cond(
-            t % window == 0, lambda: self._kv(context), lambda: (cache["k"], cache["v"])
-        )
-        return {"k": k, "v": v, "last": y_t}, None
+        kept = (cache["k"], cache["v"])
+        k, v = jax.lax.cond(t % window == 0, lambda: _stored(self._kv(context), kept), lambda: kept)
+        return {"k": k, "v": v, "last": y_t.astype(cache["last"].dtype)}, None
 
 
 # --------------------------------------------------------------------------- BST
@@ -774,9 +775,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         def block_end():
             new = self._update_states(states, s, ks, vs, frame["k"][w:], frame["v"][w:])
-            return new, *self._state_kv(new)
+            return _stored((new, *self._state_kv(new.astype(states.dtype))), kept)
 
-        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: (states, s, (ks, vs)))
+        kept = (states, s, (ks, vs))
+        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: kept)
         return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, out
 
     def _prefill(

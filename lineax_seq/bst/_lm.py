@@ -407,6 +407,10 @@ class BlockStateTransformerLM(eqx.Module):
 
         SLIDE, BRECT and `ssm="s4"` layers keep a fixed-size state and may decode
         further; `ssm="unstruct"` layers store the inputs and raise an error past it.
+        The cache holds the parameters' dtypes: in a bfloat16 model whose LayerNorms,
+        embedding or SSM kernels stay float32, what a step computes in float32 is rounded
+        to bfloat16 where it is stored, so decoding matches `self(tokens)` to that
+        rounding.
         """
         max_length = check_int("max_length", max_length)
         return {

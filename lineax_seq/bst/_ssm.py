@@ -356,7 +356,7 @@ class ContextSSM(eqx.Module):
             abar, cb = self.kernel.discretize()
             s = abar * state["s4"] + u_all.astype(abar.dtype)[:, None]
             y = 2 * jnp.sum((cb * s).real, axis=-1)
-            state = {"s4": s}
+            state = {"s4": s.astype(state["s4"].dtype)}
         else:
             filt = state["filter"]
             if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)
@@ -366,7 +366,7 @@ class ContextSSM(eqx.Module):
                     "positions (the max_length given to init_state, or to the LM's "
                     "init_cache); decode no further, or start from a larger max_length",
                 )
-            inputs = state["inputs"].at[t].set(u)
+            inputs = state["inputs"].at[t].set(u.astype(state["inputs"].dtype))
             lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
             taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
             history = repeat(inputs, "T f -> T (s f)", s=self.streams)
