@@ -346,6 +346,16 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     np.testing.assert_allclose(steps, _forward_pair(lm, tokens[None])[0], atol=1e-4)
 
 
+def test_eager_prefill_compiles_once(stack, getkey):
+    """An eager `prefill` of a model with a BRECT layer compiles its scan over blocks
+    once, as `__call__` does (it compiled it anew on every call: ~0.4 s each here)."""
+    tokens = jr.randint(getkey(), (L,), 0, VOCAB)
+    stack.prefill(tokens, L)
+    with compilations() as compiled:
+        stack.prefill(tokens, L)
+    assert compiled == []
+
+
 def test_decoding_with_mixed_precision_parameters(stack, getkey):
     """A bfloat16 model whose LayerNorms, embedding and SSM kernels stay float32 (as
     `S4DKernel` advises) computes in float32 where they promote: decoding stores that in

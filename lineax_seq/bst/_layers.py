@@ -259,8 +259,8 @@ class _PositionContext(eqx.Module):
     """SH / MH: the SSM outputs at the block's own positions, causal mask.
 
     SH: one stream of `features`, lifted to every head by the key/value projections.
-    MH: one stream per head (its own kernels, hence its own `C`), each head projecting
-    only its own stream.
+    MH: one stream per head (each from its own kernels), each head projecting only its
+    own stream.
     """
 
     key_proj: Float[Array, "..."]
@@ -375,8 +375,10 @@ class BlockStateTransformerLayer(eqx.Module):
     - `"sh"` Single-Head: the SSM output (one stream of `ssm_features`) at the block's own
       `window` positions, lifted to the heads by the key/value projections; token `i`
       sees the context at positions `<= i` (causal mask).
-    - `"mh"` Multi-Head: `num_heads` SSM output streams (separate kernels, hence separate
-      `C`, per head); head `h` attends to stream `h` with the same causal mask.
+    - `"mh"` Multi-Head: `num_heads` SSM output streams; head `h` attends to stream `h`
+      with the same causal mask. Each stream has its own S4D kernel (`A`, `B`, `C` and
+      step size), as in the paper's Pseudocode 2.3; section 2.3.3's text describes one
+      state read by separate `C_h`, which would share `A`, `B` and the step size.
     - `"mf"` Multi-Filter: `num_filters` streams; block `b` attends to the `S` outputs at
       the last position of block `b - 1` (a learned initial context for block 0), lifted
       to `dim` plus learned context IDs. No mask needed.
@@ -785,7 +787,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         self, x: Float[Array, "length dim"], blocks: Int[Array, ""], max_length: int
     ) -> tuple[Cache, Float[Array, "length dim"]]:
         """As `SlidingWindowLayer._prefill`."""
-        y, after = self._forward(x)
+        y, after = _jitted_forward(self, x)
         last = after[jnp.maximum(blocks - 1, 0)].astype(self.initial_state.dtype)
         states = jnp.where(blocks > 0, last, self.initial_state)
         s, (ks, vs) = self._state_kv(states)
