@@ -113,6 +113,13 @@ def test_controlled_intervals_keep_the_time():
     assert jnp.allclose(euler[:, 0], expected, atol=1e-6)
 
 
+def test_sample_trajectories_names_a_missing_action_sampler(key):
+    """A controlled system without `sample_actions` is named up front (it was an
+    `AttributeError` from inside the jitted sampler)."""
+    with pytest.raises(TypeError, match=r"Ramp has action_dim=1 but no sample_actions"):
+        ls.sample_trajectories(Ramp(), key, 2, 3)
+
+
 def test_fixed_step_solver_steps_on_the_sampling_times():
     system, x = ls.Duffing(), jnp.array([0.5, 0.2])
     expected = [x]

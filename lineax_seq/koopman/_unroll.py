@@ -290,7 +290,10 @@ def unroll(
         `None` for autonomous models.
     - `steps`: number of steps to predict, a positive (Python or NumPy) integer.
     - `reencode_every`: reencoding period, a positive integer, or `None`.
-    - `method`: `"parallel"` or `"sequential"`.
+    - `method`: `"parallel"` or `"sequential"`. Without controls the parallel path is
+        much faster (34-60x on 2 CPU cores, latent 128); with controls its associative
+        scan does more work than the plain scan, and on those cores `"sequential"` was
+        1.5-2.3x faster (latent 128, batch 64): time both at your sizes.
 
     **Returns:**
 
@@ -482,13 +485,16 @@ def _segment_times(
     """Per segment, its output times padded with its end time, then the end time.
 
     Returns `save_ts` `(num, width + 1)` and the position of every `ts[i]` in the row of
-    its segment.
+    its segment. `width`, the most times in one segment rounded up to a power of two, is
+    what the compiled solve's shape depends on: `ts` of one length laid out differently
+    over the segments rarely needs a new compilation.
     """
     num = taus.shape[0] - 1
     counts = np.bincount(seg, minlength=num)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     position = np.arange(ts.shape[0]) - first[seg]
-    save_ts = np.repeat(taus[1:, None], int(counts.max()) + 1, axis=1)
+    width = 1 << (int(counts.max()) - 1).bit_length()
+    save_ts = np.repeat(taus[1:, None], width + 1, axis=1)
     save_ts[seg, position] = ts
     return save_ts, position
 
@@ -560,10 +566,10 @@ def _check_no_solve_options(**options: object) -> None:
     no ODE, so they would be ignored."""
     given = [name for name, value in options.items() if value is not None]
     if given:
-        verb = "has" if len(given) == 1 else "have"
+        verb, them = ("has", "it") if len(given) == 1 else ("have", "them")
         raise ValueError(
             f"{', '.join(given)} {verb} no effect with exact=True (the matrix exponential "
-            "solves no ODE): leave them None, or pass exact=False to integrate with diffrax"
+            f"solves no ODE): leave {them} None, or pass exact=False to integrate with diffrax"
         )
 
 

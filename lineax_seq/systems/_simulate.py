@@ -237,6 +237,12 @@ def sample_trajectories(
     `(num, steps, action_dim)`, or `None` for autonomous systems.
     """
     _check_system(system)
+    if system.action_dim and not callable(getattr(system, "sample_actions", None)):
+        raise TypeError(
+            f"{type(system).__name__} has action_dim={system.action_dim} but no "
+            "sample_actions(key, num, steps) method, which draws the (num, steps, "
+            "action_dim) controls; define it, or simulate chosen actions with simulate"
+        )
     check_key("key", key)
     num = check_int("num", num)
     steps, dt = _check_steps(steps, dt)
