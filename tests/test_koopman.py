@@ -84,6 +84,39 @@ def test_long_unroll_without_reencoding_chains_chunks(model):
     np.testing.assert_allclose(ls.unroll(model, x0, steps=300), expected, rtol=1e-3, atol=1e-5)
 
 
+def _shapes(jaxpr) -> set[tuple[int, ...]]:
+    """The shapes of every value in `jaxpr` and the jaxprs inside it (scans, conds)."""
+    shapes = set()
+    for eqn in jaxpr.eqns:
+        shapes |= {tuple(v.aval.shape) for v in eqn.outvars}
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    shapes |= _shapes(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    shapes |= _shapes(sub)
+    return shapes
+
+
+@pytest.mark.parametrize("k", [130, 200])
+def test_long_reencoding_periods_are_chunked(controlled, mlp_dynamics, k):
+    """A period longer than the internal chunk of 128 steps is cut into chunks (130 into
+    two of 65, the last of 200's padded), still reencoding after exactly `k` steps; the
+    table of powers of `Kbar` stays a chunk long (it was `(k, n, n)`: 2.3 GB at a period
+    of 1,000, latent 384, batch 8)."""
+    x0 = jnp.array([0.5, -0.2])
+    actions = jr.normal(jr.key(30), (300, 1))
+    decoded_latents = ls.KoopmanAutoencoder(2, 6, decoder="mlp", width=8, key=jr.key(31))
+    for m, u in [(controlled, actions), (mlp_dynamics, None), (decoded_latents, None)]:
+        expected = reference_unroll(m, x0, u, 300, k)
+        got = ls.unroll(m, x0, u, steps=300, reencode_every=k)
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    n = controlled.latent_dim
+    jaxpr = jax.make_jaxpr(lambda x: ls.unroll(controlled, x, actions, steps=300, reencode_every=k))
+    tables = {s for s in _shapes(jaxpr(x0).jaxpr) if len(s) == 3 and s[1:] == (n, n)}
+    assert tables and max(s[0] for s in tables) <= 128
+
+
 def test_reencode_every_at_least_steps_is_no_reencoding(controlled):
     x0 = jnp.array([0.1, 0.4])
     u = jr.normal(jr.key(4), (STEPS, 1))

@@ -164,28 +164,33 @@ def _latent_rollout(
 
     Steps are grouped into blocks; with reencoding the block is the period `k` and each
     block ends with `z <- phi(psi(z))`. Inside a block the linear recurrence is evaluated
-    in parallel from a table of powers of `Kbar`; the blocks follow each other in a scan.
+    in parallel from a table of powers of `Kbar`, by chunks of at most `_MAX_CHUNK`
+    steps (so the table stays `(chunk, n, n)` for any period); the chunks and the blocks
+    follow each other in scans.
     """
     reencode, block, num_blocks = _blocks(steps, reencode_every)
-    pad = num_blocks * block - steps
+    parts = -(-block // _MAX_CHUNK)
+    chunk = -(-block // parts)  # the last chunk of a block padded to it
     if vs is not None:
-        vs = jnp.concatenate([vs, jnp.zeros((pad, vs.shape[1]), vs.dtype)])
+        vs = jnp.concatenate([vs, jnp.zeros((num_blocks * block - steps, vs.shape[1]), vs.dtype)])
         vs = vs.reshape(num_blocks, block, vs.shape[1])
+        vs = jnp.pad(vs, ((0, 0), (0, parts * chunk - block), (0, 0)))
+        vs = vs.reshape(num_blocks, parts, chunk, vs.shape[-1])
 
     linear = isinstance(model.dynamics, LinearKoopmanDynamics)
     if linear:
         Kbar, Lbar = model.dynamics.discretize()
         if method == "parallel":
-            powers = _powers(Kbar, block)
+            powers = _powers(Kbar, chunk)
 
-    def run_block(z, v_block):
+    def run_chunk(z, v_chunk):
         if linear and method == "parallel":
-            # One (block * n, n) @ (n,) product; under vmap a single GEMM.
-            zs = matmul(powers.reshape(-1, powers.shape[-1]), z).reshape(block, -1)
-            if v_block is not None:
+            # One (chunk * n, n) @ (n,) product; under vmap a single GEMM.
+            zs = matmul(powers.reshape(-1, powers.shape[-1]), z).reshape(chunk, -1)
+            if v_chunk is not None:
                 # z_j = Kbar^j z_0 + sum_{i < j} Kbar^(j - 1 - i) Lbar v_i
-                zs = zs + _forced(powers, matmul(v_block, Lbar.T))
-            return zs
+                zs = zs + _forced(powers, matmul(v_chunk, Lbar.T))
+            return zs[-1], zs
 
         def one(z, v):
             if linear:
@@ -194,11 +199,11 @@ def _latent_rollout(
                 z = model.dynamics(z, v)
             return z, z
 
-        _, zs = jax.lax.scan(one, z, v_block, length=block)
-        return zs
+        return jax.lax.scan(one, z, v_chunk, length=chunk)
 
     def body(z, v_block):
-        zs = run_block(z, v_block)
+        _, zs = jax.lax.scan(run_chunk, z, v_block, length=parts)
+        zs = zs.reshape(parts * chunk, -1)[:block]
         z_end = zs[-1]
         z_next = model.encode(model.decode(z_end)) if reencode else z_end
         return z_next, zs
@@ -269,11 +274,11 @@ def unroll(
     re-encoded, `z <- phi(psi(z))` (periodic reencoding; `k = 1` reencodes every step;
     `None`, or `k >= steps`, never reencodes). For linear dynamics the `k` steps between
     reencodings are computed in parallel (`method="parallel"`: a table of powers of
-    `Kbar` and an associative scan for the control inputs; with the linear decoder and no
-    controls the decoder is folded into the table, `x_{j} = (W Kbar^j) z_0 + b`, so a
-    step costs `O(state_dim * latent_dim)`); `method="sequential"` is the plain
-    step-by-step `lax.scan` (same result, for reference and benchmarks). The latent
-    products run at `Precision.HIGHEST` (see
+    `Kbar`, up to 128 steps at a time, and an associative scan for the control inputs;
+    with the linear decoder and no controls the decoder is folded into the table,
+    `x_{j} = (W Kbar^j) z_0 + b`, so a step costs `O(state_dim * latent_dim)`);
+    `method="sequential"` is the plain step-by-step `lax.scan` (same result, for
+    reference and benchmarks). The latent products run at `Precision.HIGHEST` (see
     [`LinearKoopmanDynamics`][lineax_seq.LinearKoopmanDynamics]); the encoder's and
     MLP decoder's follow JAX's default (`jax.default_matmul_precision`).
 
