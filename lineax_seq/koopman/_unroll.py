@@ -202,8 +202,11 @@ def _latent_rollout(
         return jax.lax.scan(one, z, v_chunk, length=chunk)
 
     def body(z, v_block):
-        _, zs = jax.lax.scan(run_chunk, z, v_block, length=parts)
-        zs = zs.reshape(parts * chunk, -1)[:block]
+        if parts == 1:
+            _, zs = run_chunk(z, None if v_block is None else v_block[0])
+        else:
+            _, zs = jax.lax.scan(run_chunk, z, v_block, length=parts)
+            zs = zs.reshape(parts * chunk, -1)[:block]
         z_end = zs[-1]
         z_next = model.encode(model.decode(z_end)) if reencode else z_end
         return z_next, zs
