@@ -131,6 +131,26 @@ def test_read_classification_bad_inputs(tmp_path):
         ls.read_classification(tmp_path / "d.csv", num_classes=1)
 
 
+def test_read_classification_plain_numbers_blank_lines_and_suffix_case(tmp_path):
+    """Labels are plain decimal numbers (Python's `float` read "1_0" as class 10); a
+    line of spaces is blank, as an empty one (it was a row of one field); `.CSV` and
+    `.JSONL` are CSV and JSONL files (they were refused)."""
+    with pytest.raises(ValueError, match=r"q.csv:2: label '1_0' is not an integer"):
+        ls.read_classification(_write_csv(tmp_path / "q.csv", [("x", "1_0")]), num_classes=20)
+    with pytest.raises(ValueError, match=r"label '1_0.5' is not a number"):
+        ls.read_classification(_write_csv(tmp_path / "r.csv", [("x", "1_0.5")]), num_classes=None)
+    upper = tmp_path / "u.CSV"
+    upper.write_text("text,label\nhi,1\n   \n\n,\nyo, 2e0 \n")
+    got = ls.read_classification(upper, num_classes=3)
+    assert [got[i] for i in range(len(got))] == [
+        {"text": "hi", "label": 1},
+        {"text": "yo", "label": 2},
+    ]
+    jsonl = tmp_path / "v.JSONL"
+    jsonl.write_text(json.dumps({"text": "a", "label": " -2.5 "}) + "\n  \n")
+    assert ls.read_classification(jsonl, num_classes=None)[0]["label"] == -2.5
+
+
 def test_read_classification_csv_rows_must_match_the_header(tmp_path):
     """csv.DictReader files extra fields under the key None: an unquoted comma in a text
     changed the label (`meh, 0,1` read as text 'meh', label 0)."""
@@ -274,6 +294,16 @@ def test_classification_dataset_label_dtype_follows_the_first_record():
     # 0-d arrays (e.g. `jnp.asarray(ys)[i]`) are labels too, by their dtype.
     np.testing.assert_array_equal(labels([np.asarray(2), jnp.asarray(1)]), [2, 1])
     assert labels([jnp.asarray(0.5), np.asarray(1)]).dtype == np.float32
+    # Values that read_classification refuses, named here too (batched silently, or a
+    # bare OverflowError, before).
+    for values, message in [
+        ([1, -1], r"records\[1\]\['label'\] -1 is not a class id"),
+        ([1, 2**40], r"records\[1\]\['label'\] 1099511627776 is not a class id"),
+        ([0.5, float("nan")], r"records\[1\]\['label'\] nan is not a finite float32"),
+        ([0.5, 1e39], r"records\[1\]\['label'\] 1e\+39 is not a finite float32"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            labels(values)
 
 
 def _longest_first_oracle(a, b, budget):
@@ -312,11 +342,13 @@ def test_classification_dataset_pair_truncation():
             expected = ids + [pad] * (length - len(ids))
             np.testing.assert_array_equal(longest["tokens"][i], expected, err_msg=str(r))
             assert longest["padding_mask"][i].sum() == len(ids)
-            # The default cuts the encoded pair at the end (the committed results').
+            # "end" cuts the encoded pair at the end (the committed results').
             whole = [cls, *a, sep, *b, sep][:length]
             np.testing.assert_array_equal(end["tokens"][i], whole + [pad] * (length - len(whole)))
-    # The default is "end" (the committed ablation results' truncation).
-    assert inspect.signature(ls.classification_dataset).parameters["truncation"].default == "end"
+    # The default is BERT's and Hugging Face's (it was "end": a long premise dropped the
+    # hypothesis); the experiments pass their own, "end", the committed results'.
+    default = inspect.signature(ls.classification_dataset).parameters["truncation"].default
+    assert default == "longest_first"
     # A 50-character premise at length 16: "end" leaves no hypothesis and no separator.
     premise = {"text": "p" * 50, "text_pair": "short hyp", "label": 0}
     for truncation, expected in (
@@ -369,6 +401,20 @@ def listops_small():
     return ls.listops(40, seed=0, min_length=50, max_length=400)
 
 
+def test_listops_defaults_draw_lra_trees():
+    """LRA's generator (`generate_tree(1, max_depth=10)`) counts the root at depth 1, so
+    its trees nest at most 9 operators, and at its lengths nearly all reach 9; the
+    defaults nested 10."""
+    data = ls.listops(12, seed=3)
+    nesting = []
+    for i in range(len(data)):
+        tokens = data[i]["text"].split()
+        assert 500 <= len(tokens) <= 2000
+        depth = np.cumsum([t.startswith("[") - (t == "]") for t in tokens])
+        nesting.append(int(depth.max()))
+    assert max(nesting) == 9
+
+
 def test_listops_labels_match_an_independent_evaluator(listops_small):
     labels = []
     for i in range(len(listops_small)):
@@ -377,7 +423,7 @@ def test_listops_labels_match_an_independent_evaluator(listops_small):
         assert 50 <= len(tokens) <= 400
         value, stats = _evaluate(tokens)
         assert ex["label"] == value
-        assert stats["max_depth"] <= 10
+        assert stats["max_depth"] <= 9
         assert all(2 <= c <= 10 for c in stats["arg_counts"])
         labels.append(value)
     assert len(set(labels)) >= 5  # several of the 10 classes occur

@@ -83,7 +83,7 @@ else:
     cfg = dict(
         min_length=500,
         max_length=2000,
-        max_depth=10,
+        max_depth=9,  # LRA's trees (its max_depth=10 counts the root at depth 1)
         num_train=96_000,
         num_valid=2_000,
         dim=128,

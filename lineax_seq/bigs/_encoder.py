@@ -344,6 +344,8 @@ class BiGS(eqx.Module):
 
         Overrides keep the other settings: `routing="attention"` on `"bigs-large"` has
         ~490M parameters (`19 d^2` per layer); match sizes with a smaller `inner_dim`.
+        The BiGS configurations have no absolute positions (`max_length=None`): with
+        `routing="attention"` pass `max_length=` too, or the model sees a bag of tokens.
 
         **Arguments:**
 

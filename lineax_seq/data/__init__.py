@@ -41,10 +41,10 @@ IGNORE_INDEX = -100
 read_classification(path, *, num_classes: int | None, text_field="text", label_field="label",
                     pair_field=None, label_names=None)
     -> grain.MapDataset of {"text", "label"[, "text_pair"]}
-listops(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth=10,
+listops(num_examples, *, seed=0, min_length=500, max_length=2000, max_depth=9,
         max_args=10, branch_prob=0.25) -> grain.MapDataset of {"text", "label"}
 classification_dataset(records, tokenizer, *, length, batch_size,
-                       add_special_tokens=True, truncation="end"|"longest_first",
+                       add_special_tokens=True, truncation="longest_first"|"end",
                        **loader) -> IterDataset
 
 # trajectories: {"states": (B, T+1, d), "actions": (B, T, m) if given}

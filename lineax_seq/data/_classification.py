@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 
 import grain
@@ -68,7 +69,7 @@ def _csv_rows(f, path: pathlib.Path):
                     f"{header.count(name)} times; column names must be distinct"
                 )
         for fields in reader:
-            if not fields:  # a blank line
+            if not "".join(fields).strip():  # a blank line (spaces, or empty fields only)
                 continue
             if len(fields) != len(header):
                 raise ValueError(
@@ -88,7 +89,7 @@ def _csv_rows(f, path: pathlib.Path):
 
 def _read_rows(f, path: pathlib.Path):
     """`(line number, row)` of a CSV (with a header row) or JSONL file open as `f`."""
-    if path.suffix == ".csv":
+    if path.suffix.lower() == ".csv":
         yield from _csv_rows(f, path)
     else:
         for lineno, line in enumerate(f, 1):
@@ -101,9 +102,22 @@ def check_table_path(path: str | os.PathLike) -> pathlib.Path:
     p = pathlib.Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(path)!r} is not a file")
-    if p.suffix not in (".csv", ".jsonl"):
+    if p.suffix.lower() not in (".csv", ".jsonl"):
         raise ValueError(f"path {str(path)!r} must end in .csv or .jsonl, got {p.suffix!r}")
     return p
+
+
+_DECIMAL = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf|infinity|nan)", re.A | re.I)
+
+
+def _parse_number(text: str) -> float:
+    """`text` as a float if it is a plain decimal number (`"2"`, `" -2.5e3 "`, `"nan"`),
+    else a `ValueError`: Python's `float` also reads `"1_0"` as 10 and other scripts'
+    digits."""
+    text = text.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
 
 
 def finite_number(value) -> float | None:
@@ -112,8 +126,8 @@ def finite_number(value) -> float | None:
     if isinstance(value, bool):
         return None
     try:
-        x = float(str(value).strip())
-    except ValueError:
+        x = float(value) if isinstance(value, int | float) else _parse_number(str(value))
+    except (ValueError, OverflowError):
         return None
     return x if np.isfinite(x) else None
 
@@ -137,7 +151,7 @@ def _check_label(
         return label_names.index(str(name))
     if num_classes is None:  # regression
         try:
-            target = float(value) if isinstance(value, int | float) else float(str(value).strip())
+            target = float(value) if isinstance(value, int | float) else _parse_number(str(value))
         except ValueError:
             raise ValueError(f"{where}: label {value!r} is not a number") from None
         except OverflowError:  # a JSON integer beyond the float range
@@ -310,14 +324,19 @@ def _check_record(record, index: int) -> bool:
 def _label_array(label, regression: bool, index: int) -> np.generic:
     """`label` as an `int32` class id, or a `float32` target if `regression` (the first
     record's label is a float), so that a batch has one dtype."""
+    where = f"records[{index}]['label']"
     if regression:
+        if not (math.isfinite(float(label)) and abs(float(label)) <= _FLOAT32_MAX):
+            raise ValueError(f"{where} {label!r} is not a finite float32 regression target")
         return np.float32(label)
     if np.asarray(label).dtype.kind == "f" and not float(label).is_integer():
         raise ValueError(
-            f"records[{index}]['label'] {label!r} is not a whole number, but the first "
+            f"{where} {label!r} is not a whole number, but the first "
             "record's label is an int, which makes the labels class ids; write every "
             "regression target as a float (1.0, not 1)"
         )
+    if not 0 <= int(label) <= np.iinfo(np.int32).max:
+        raise ValueError(f"{where} {label!r} is not a class id (an integer in [0, 2**31))")
     return np.int32(label)
 
 
@@ -382,7 +401,7 @@ def classification_dataset(
     length: IntLike,
     batch_size: IntLike,
     add_special_tokens: bool = True,
-    truncation: str = "end",
+    truncation: str = "longest_first",
     seed: IntLike = 0,
     shuffle: bool = True,
     num_epochs: IntLike | None = None,
@@ -412,14 +431,15 @@ def classification_dataset(
         [`lineax_seq.batch_examples`][].
     - `add_special_tokens`: add `<cls>` and `<sep>` (`False` for ListOps, whose
         expressions are encoded as they are).
-    - `truncation`: how an example longer than `length` is cut. `"end"` (the default,
-        which the committed BiGS ablation results were made with): the encoded
+    - `truncation`: how an example longer than `length` is cut. `"longest_first"` (the
+        default, BERT's and Hugging Face's): the special tokens are kept and the texts
+        shortened, the longer of `text` and `text_pair` by one token at a time
+        (`text_pair` on a tie), so both keep about half of `length` when both are long.
+        `"end"` (what the committed BiGS ablation results were made with): the encoded
         `<cls> text <sep> text_pair <sep>` is cut at the end, so a long `text` drops
-        `text_pair` and the separators. `"longest_first"` (BERT's and Hugging Face's):
-        the special tokens are kept and the texts shortened, the longer of `text` and
-        `text_pair` by one token at a time (`text_pair` on a tie), so both keep about
-        half of `length` when both are long. Without special tokens both cut `text` at
-        the end (and a sentence pair is refused: nothing would separate its texts).
+        the final `<sep>`, and `text_pair` with its separators. Without special tokens
+        both cut `text` at the end (and a sentence pair is refused: nothing would
+        separate its texts).
 
     **Returns:**
 
@@ -610,7 +630,7 @@ def listops(
     seed: IntLike = 0,
     min_length: IntLike = 500,
     max_length: IntLike = 2000,
-    max_depth: IntLike = 10,
+    max_depth: IntLike = 9,
     max_args: IntLike = 10,
     branch_prob: RealLike = 0.25,
 ) -> grain.MapDataset:
@@ -620,10 +640,13 @@ def listops(
     with operators `MIN`, `MAX`, `MED` (median, rounded down) and `SM` (sum modulo 10)
     over digits; the label (10 classes) is the value of the whole expression. As in
     LRA, the root is an operator; below it a node is an operator with probability
-    `branch_prob` (while shallower than `max_depth`) and a digit otherwise; operators
-    take 2 to `max_args` arguments. Sequences outside `[min_length, max_length]` tokens
-    are rejected and redrawn. Example `i` depends only on `(seed, i)`, and is generated
-    lazily when read, so any split (`seed`) and any size is cheap.
+    `branch_prob` (while fewer than `max_depth` operators enclose it) and a digit
+    otherwise; operators take 2 to `max_args` arguments. Sequences outside
+    `[min_length, max_length]` tokens are rejected and redrawn. The defaults draw LRA's
+    trees: its generator counts the root at depth 1, so its `max_depth=10` nests at most
+    9 operators; its length bounds are exclusive (`500 < length < 2000`), ours
+    inclusive. Example `i` depends only on `(seed, i)`, and is generated lazily when
+    read, so any split (`seed`) and any size is cheap.
 
     Encode with [`lineax_seq.ListOpsTokenizer`][] and
     `classification_dataset(..., add_special_tokens=False)`.
@@ -633,7 +656,10 @@ def listops(
     - `num_examples`: dataset size (LRA: 96k train / 2k valid / 2k test).
     - `seed`: use different seeds for different splits (an integer >= 0).
     - `min_length`, `max_length`: accepted token-count range.
-    - `max_depth`, `max_args`, `branch_prob`: the grammar's shape parameters.
+    - `max_depth`: the most operators nested in one another, the root's included
+        (`1`: the root alone, over digits).
+    - `max_args`, `branch_prob`: the most arguments of an operator, and the
+        probability that a node below the root is an operator.
 
     **Returns:**
 

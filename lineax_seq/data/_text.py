@@ -181,10 +181,12 @@ def mask_tokens(
     """BERT/RoBERTa masking of one sequence.
 
     Exactly `max(1, round(mask_prob * n))` of the `n` non-special positions are chosen
-    uniformly without replacement (none if `n = 0`), as BERT's pretraining data
-    builder does. Each chosen position independently becomes `mask_id` with
-    probability `mask_token_prob` (80%), a uniformly random non-special token with
-    probability `random_token_prob` (10%), and stays unchanged otherwise (10%).
+    uniformly without replacement (none if `n = 0`): BERT's pretraining data builder
+    takes `round(mask_prob * length)` with `[CLS]` and `[SEP]` counted in `length` (and
+    at most `max_predictions_per_seq`), so it may choose one more. Each chosen position
+    independently becomes `mask_id` with probability `mask_token_prob` (80%), a
+    uniformly random non-special token with probability `random_token_prob` (10%), and
+    stays unchanged otherwise (10%).
 
     **Arguments:**
 

@@ -547,11 +547,13 @@ def split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
 def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> Any:
     """ListOps expressions short enough to fit `length` tokens of `tok` (the pretrained
     model's tokenizer, not ListOps' own: the fine-tuned model keeps its vocabulary)."""
-    sample = ls.listops(64, seed=seed, min_length=8, max_length=64)
+    # max_depth=10: the trees of the committed results (listops's default was 10 then).
+    sample = ls.listops(64, seed=seed, min_length=8, max_length=64, max_depth=10)
     texts = [sample[i]["text"] for i in range(len(sample))]
     per_symbol = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
     max_symbols = max(8, int((length - 2) / per_symbol))
-    return ls.listops(num, seed=seed, min_length=max(4, max_symbols // 4), max_length=max_symbols)
+    lo = max(4, max_symbols // 4)
+    return ls.listops(num, seed=seed, min_length=lo, max_length=max_symbols, max_depth=10)
 
 
 # ---------------------------------------------------------------------------------------
