@@ -81,9 +81,9 @@ class _MLP(eqx.Module):
         return apply_linear(self.down, jax.nn.relu(apply_linear(self.up, x)))
 
 
-def _check_step(layer: eqx.Module, cache: Cache, x_t: Array, t: Position) -> Int[Array, ""]:
-    """`t` as an int32 scalar, once `cache`, `x_t` and `t` are checked as `step` takes
-    them (see the module docstring)."""
+def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
+    """`t` as an int32 scalar, once `cache` and `t` are checked as `step` takes them
+    (see the module docstring)."""
     held = held_positions(cache)
     check_cache("cache", cache, layer.init_cache, held)
     return check_position("t", t, held)
@@ -232,7 +232,7 @@ class SlidingWindowLayer(eqx.Module):
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         x_t = check_features("x_t", x_t, self.attention.attention.dim, ndim=1)
-        return _jitted_step(self, cache, x_t, _check_step(self, cache, x_t, t))
+        return _jitted_step(self, cache, x_t, _check_step(self, cache, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
@@ -543,7 +543,7 @@ class BlockStateTransformerLayer(eqx.Module):
         `ssm="unstruct"`, `t` must be below `init_cache`'s `max_length`.
         """
         x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
-        return _jitted_step(self, cache, x_t, _check_step(self, cache, x_t, t))
+        return _jitted_step(self, cache, x_t, _check_step(self, cache, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
@@ -764,7 +764,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         `x_t` is `(dim,)`; returns `(cache, y_t)` with `y_t` `(dim,)`.
         """
         x_t = check_features("x_t", x_t, self.self_attention.attention.dim, ndim=1)
-        return _jitted_step(self, cache, x_t, _check_step(self, cache, x_t, t))
+        return _jitted_step(self, cache, x_t, _check_step(self, cache, t))
 
     def _step(
         self, cache: Cache, x_t: Float[Array, " dim"], t: Int[Array, ""]
