@@ -44,6 +44,24 @@ def t5_bucket(rel: int, bidirectional: bool, num_buckets: int, max_distance: int
     return ret + min(large, num_buckets - 1)
 
 
+def test_relative_position_buckets_match_reference_in_other_sizes():
+    """Other bucket counts and distances, on exact log boundaries too: with 6 buckets
+    (1 exact per direction) and max_distance 100, distance 10 is half-way in log scale,
+    and XLA's float32 log put it in the bucket below the formula's."""
+    rel = np.arange(-300, 301)
+    for num_buckets, max_distance, bidirectional in [
+        (6, 100, True),
+        (4, 16, False),
+        (8, 1000, True),
+        (64, 128, False),
+        (10, 50, True),
+    ]:
+        kw = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        got = np.asarray(ls.relative_position_bucket(jnp.asarray(rel), **kw))
+        want = [t5_bucket(int(r), bidirectional, num_buckets, max_distance) for r in rel]
+        np.testing.assert_array_equal(got, want, err_msg=str(kw))
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_relative_position_buckets_match_reference(bidirectional):
     rel = np.arange(-400, 401)

@@ -1,5 +1,6 @@
 """T5-style bucketed relative position bias."""
 
+import functools
 import math
 import numbers
 
@@ -83,14 +84,30 @@ def relative_position_bucket(
     else:
         n = jnp.maximum(n, 0)
     max_exact = num_buckets // 2
-    # log-spaced buckets for max_exact <= n < max_distance; n is clipped to >= 1 inside the
-    # log only to avoid log(0) in the branch that `where` discards.
-    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
-        max_distance / max_exact
-    )
-    large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(n.dtype)
-    large = jnp.minimum(large, num_buckets - 1)
+    # Log-spaced buckets for max_exact <= n < max_distance: one more per threshold passed,
+    # the thresholds found on the host with T5's formula in float64 (XLA's float32 log
+    # put a distance on an exact boundary, e.g. 10 of 100 with max_exact 1, one below).
+    thresholds = jnp.asarray(_log_thresholds(num_buckets, max_distance), n.dtype)
+    passed = jnp.searchsorted(thresholds, n, side="right", method="compare_all")
+    large = jnp.where(n < max_distance, max_exact + passed.astype(n.dtype), num_buckets - 1)
     return offset + jnp.where(n < max_exact, n, large)
+
+
+@functools.cache
+def _log_thresholds(num_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """The smallest distance in each log-spaced bucket after the first (`num_buckets`
+    per direction), where T5's formula `max_exact + floor(log(n / max_exact) /
+    log(max_distance / max_exact) * (num_buckets - max_exact))` reaches it."""
+    max_exact, span = num_buckets // 2, math.log(max_distance / (num_buckets // 2))
+    bucket = lambda n: max_exact + int(math.log(n / max_exact) / span * (num_buckets - max_exact))
+    thresholds = []
+    for b in range(max_exact + 1, num_buckets):
+        start = max_exact * math.exp((b - max_exact) / (num_buckets - max_exact) * span)
+        n = max(max_exact, math.floor(start) - 2)
+        while bucket(n) < b:
+            n += 1
+        thresholds.append(n)
+    return tuple(thresholds)
 
 
 class RelativePositionBias(eqx.Module):
