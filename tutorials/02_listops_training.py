@@ -25,7 +25,7 @@
 #   progress bar, writes `metrics.jsonl`, evaluates, checkpoints atomically and
 #   resumes exactly.
 #
-# The default size runs in a few minutes on a laptop CPU (expressions of up to 256
+# The default size runs in about five minutes on a 2-core CPU (expressions of up to 256
 # tokens); `LINEAX_SEQ_SMALL=1` gives a run of well under a minute, and
 # `LINEAX_SEQ_LRA=1` the Long Range Arena's setting (expressions of 500-2,000 tokens,
 # 20,000 steps, twice over: a crashed-and-resumed run and a reference run), which needs

@@ -4,8 +4,8 @@
 # A Koopman autoencoder learns coordinates `z = phi(x)` in which a nonlinear system
 # evolves (approximately) linearly, `dz/dt = K z`. Prediction is then cheap: encode
 # once, advance the latent with the discretised generator `Kbar`, decode with `psi`.
-# The catch is that small errors accumulate: after a few hundred steps the latent
-# drifts off the set of codes the decoder understands. *Periodic reencoding* fixes
+# The catch is that small errors accumulate: within a couple of hundred steps the
+# latent drifts off the set of codes the decoder understands. *Periodic reencoding* fixes
 # this by decoding and re-encoding every `k` steps, `z <- phi(psi(z))`, which projects
 # the latent back onto the learned manifold (chapter 1 of *Beyond the Horizon*).
 #
@@ -171,13 +171,17 @@ print(f"predicting 0: MSE x100 at {horizon} steps {100 * jnp.mean(truth**2):8.3f
 
 # %% [markdown]
 # Without reencoding the latent drifts off the codes the decoder has seen, and the
-# rollout spirals away from the true orbit after a few hundred steps. Reencoding
-# every step goes the other way and diverges: it composes `horizon` encoder/decoder
-# round trips, each of which adds its own error, and the encoder, trained on the data
-# only, amplifies errors that leave it, so the state runs off within a hundred steps.
-# Every `k` steps, with `k` in the tens, the round trip's error is paid rarely and the
-# drift is corrected before it grows: the periodic rollouts follow the orbits over
-# the whole horizon.
+# rollout spirals away from the true orbit: in a run at the default size its error
+# passed a tenth of the states' mean square by step 150, and by step 300 it did worse
+# than predicting the origin. Reencoding every step goes the other way and diverges:
+# it composes `horizon` encoder/decoder round trips, each of which adds its own error,
+# and the encoder, trained on the data only, amplifies errors that leave it, so the
+# state runs off within a hundred steps. Every `k` steps the round trip's error is paid
+# rarely and the drift is corrected before it grows. How rarely matters: in that run
+# `k = 25` and `k = 50` kept the rollouts on the orbits over the whole horizon (MSE
+# x100 over 1,000 steps 5.8 and 3.8, against 108 without reencoding and 78 for
+# predicting the origin), while `k = 10` paid the round trip often enough to drift too
+# (31, worse than the origin by the last steps).
 
 # %%
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -106,7 +106,7 @@ print("targets: ", repr(tokenizer.decode(masked_view[1:-1])[:100]))
 # the paper's scale (what `python -m lineax_seq bigs` uses by default).
 
 # %%
-MAX_MASKED = LENGTH // 4  # 15% masking: more than L/4 masked tokens is vanishingly rare
+MAX_MASKED = LENGTH // 4  # room enough: mlm_dataset masks max(1, round(0.15 n)) of n tokens
 
 
 class MaskedLM(eqx.Module):
