@@ -339,7 +339,9 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
         steps = _decode(half, tokens)
         full = _forward_pair(half, tokens[None])[0]
     assert steps.dtype == full.dtype == jnp.bfloat16
-    np.testing.assert_allclose(steps.astype(jnp.float32), full.astype(jnp.float32), atol=0.1)
+    # |logits| < 0.2 here: bfloat16 decoding agrees to ~1e-3; one input token shifted
+    # moves them by 0.02-0.06 (a tolerance of 0.1 let that pass).
+    np.testing.assert_allclose(steps.astype(jnp.float32), full.astype(jnp.float32), atol=5e-3)
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):  # int32/int64 mixes
         steps = _decode(lm, tokens)
     assert steps.dtype == jnp.float32
@@ -382,8 +384,10 @@ def test_decoding_with_mixed_precision_parameters(stack, getkey):
         )
         assert ls.generate(mixed, tokens[:5], 3, key=getkey()).shape == (8,)
     assert full.dtype == jnp.float32
+    # The logits are small here (|logit| < 0.1): decoding agrees to ~1e-4, and one token
+    # of the input shifted moves them by ~0.04.
     for got in (steps, jnp.concatenate([full[: 2 * W], after])):
-        np.testing.assert_allclose(got.astype(jnp.float32), full, atol=0.1)
+        np.testing.assert_allclose(got.astype(jnp.float32), full, atol=2e-3)
 
 
 def test_generate_under_strict_promotion_in_any_dtype(getkey):
