@@ -352,8 +352,10 @@ class _MultiFilterContext(eqx.Module):
         # The context changes once a block: its keys/values are computed then, not for
         # every token.
         context = jnp.where(t == 0, self.initial, cache["last"])
-        kept = (cache["k"], cache["v"])
-        k, v = jax.lax.cond(t % window == 0, lambda: _stored(self._kv(context), kept), lambda: kept)
+        # `context` holds `initial`'s dtype (`last` is stored in it), as `init_cache`'s did.
+        k, v = jax.lax.cond(
+            t % window == 0, lambda: self._kv(context), lambda: (cache["k"], cache["v"])
+        )
         return {"k": k, "v": v, "last": y_t.astype(cache["last"].dtype)}, None
 
 
@@ -777,10 +779,10 @@ class BlockRecurrentTransformerLayer(eqx.Module):
 
         def block_end():
             new = self._update_states(states, s, ks, vs, frame["k"][w:], frame["v"][w:])
-            return _stored((new, *self._state_kv(new.astype(states.dtype))), kept)
+            new = new.astype(states.dtype)  # stored in the states' dtype, as `init_cache`
+            return new, *self._state_kv(new)
 
-        kept = (states, s, (ks, vs))
-        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: kept)
+        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: (states, s, (ks, vs)))
         return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, out
 
     def _prefill(
