@@ -270,6 +270,33 @@ def test_classification_dataset_checks_the_first_record():
         data = make([good, good, later], add_special_tokens=False, shuffle=False, num_epochs=1)
         with pytest.raises(ValueError, match=message):
             list(data)
+    # A later epoch names the record it reads (grain's index runs on past the end).
+    data = make([good, good, {"text": "a", "label": 0.5}], shuffle=False)
+    iterator = iter(data)
+    iterator.set_state({"next_index": 4})
+    with pytest.raises(ValueError, match=r"records\[2\]\['label'\] 0.5 is not a whole"):
+        next(iterator), next(iterator)
+
+
+def test_classification_dataset_length_leaves_room_for_text():
+    tok = ls.ByteTokenizer()
+    single = grain.MapDataset.source([{"text": "hello", "label": 0}])
+    pair = grain.MapDataset.source([{"text": "hello", "text_pair": "there", "label": 0}])
+    for records, short in ((single, 2), (pair, 4)):
+        with pytest.raises(ValueError, match=rf"length={short} leaves no room for a .*>= "):
+            ls.classification_dataset(records, tok, length=short, batch_size=1)
+        batch = next(iter(ls.classification_dataset(records, tok, length=short + 1,
+                                                    batch_size=1, shuffle=False)))  # fmt: skip
+        assert tok.encode("h")[0] in batch["tokens"] and batch["padding_mask"].all()
+    # Without special tokens one token is a text.
+    batch = next(iter(ls.classification_dataset(single, tok, length=1, batch_size=1,
+                                                add_special_tokens=False)))  # fmt: skip
+    np.testing.assert_array_equal(batch["tokens"], [tok.encode("h")])
+    # A pair later in the records is refused as it is read.
+    mixed = grain.MapDataset.source([{"text": "hello", "label": 0}, pair[0]])
+    data = ls.classification_dataset(mixed, tok, length=4, batch_size=2, shuffle=False)
+    with pytest.raises(ValueError, match=r"length=4 leaves no room for a sentence pair in rec"):
+        next(iter(data))
 
 
 def test_classification_dataset_label_dtype_follows_the_first_record():

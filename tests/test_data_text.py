@@ -354,6 +354,8 @@ def test_lm_bad_inputs():
     tok = ls.ByteTokenizer()
     with pytest.raises(ValueError, match="length=1000 .* longest document has 227 tokens"):
         ls.lm_windows(DOCS, tok, length=1000)
+    with pytest.raises(ValueError, match="texts has no documents"):
+        ls.lm_windows([], tok, length=2)
     with pytest.raises(ValueError, match="length must be a positive integer, got length="):
         ls.lm_windows(DOCS, tok, length=0)
     with pytest.raises(ValueError, match="batch_size must be a positive integer, got batch_size=0"):
@@ -696,6 +698,9 @@ def test_bpe_bad_arguments_and_files(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(IsADirectoryError, match="is a directory, expected a file name"):
         ls.BPETokenizer.train(DOCS, vocab_size=270).save(tmp_path / "dir")
+    missing = tmp_path / "nodir" / "bpe.json"
+    with pytest.raises(FileNotFoundError, match=r"bpe.json'.*directory '.*nodir' does not exist"):
+        ls.BPETokenizer.train(DOCS, vocab_size=270).save(missing)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]  # no .tmp left behind
     with pytest.raises(
         ValueError, match="min_frequency must be an integer >= 0, got min_frequency=-1"

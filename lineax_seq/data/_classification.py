@@ -349,9 +349,18 @@ def _longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarra
     return a[:keep_a], b[: budget - keep_a]
 
 
+# The shortest `length` that keeps a token of each text next to the special tokens:
+# `<cls> a <sep>` and `<cls> a <sep> b <sep>`.
+_MIN_LENGTH = {False: 3, True: 5}
+
+
 class _EncodeClassification:
     """Picklable map with index: `{"text", "label"}` -> `{"tokens", "padding_mask",
-    "label"}`, or a `ValueError` naming `records[index]` if the record is malformed."""
+    "label"}`, or a `ValueError` naming `records[index]` if the record is malformed.
+
+    grain passes a later epoch's index unreduced (`index + epoch * num_records`); the
+    errors name the record it reads, `index % num_records`.
+    """
 
     def __init__(
         self,
@@ -360,16 +369,27 @@ class _EncodeClassification:
         add_special_tokens: bool,
         truncation: str = "end",
         regression: bool = False,
+        num_records: int | None = None,
     ):
         self.tokenizer, self.length, self.special = tokenizer, length, add_special_tokens
         self.truncation, self.regression = truncation, regression
+        self.num_records = num_records
 
     def __call__(self, index: int, record):
+        if self.num_records:
+            index %= self.num_records
         _check_record(record, index)
         if "text_pair" in record and not self.special:
             raise ValueError(
                 f"records[{index}] has a 'text_pair', which add_special_tokens=False would "
                 "drop: sentence pairs are encoded as <cls> text <sep> text_pair <sep>"
+            )
+        if self.special and self.length < _MIN_LENGTH["text_pair" in record]:
+            kind = "a sentence pair" if "text_pair" in record else "a text"
+            raise ValueError(
+                f"length={self.length} leaves no room for {kind} in records[{index}]: "
+                f"<cls>, <sep> and at least one token of each text need length >= "
+                f"{_MIN_LENGTH['text_pair' in record]} (or add_special_tokens=False)"
             )
         t = self.tokenizer
         ids = t.encode(record["text"])
@@ -450,8 +470,9 @@ def classification_dataset(
 
     `ValueError` for a bad `length` or `truncation`, for an empty `records`, and
     (naming `records` and the index) for a record of another form, a sentence pair with
-    `add_special_tokens=False` or a fractional label among class ids: for the first
-    record at once, for the others while iterating.
+    `add_special_tokens=False`, a fractional label among class ids, or a `length` with
+    no room for text beside the special tokens (under 3, or 5 for a sentence pair):
+    for the first record at once, for the others while iterating.
     """
     length = check_int("length", length)
     if truncation not in TRUNCATIONS:
@@ -460,7 +481,9 @@ def classification_dataset(
         raise ValueError("records is empty: there are no examples to batch")
     first = records[0]  # random access: cheap, and no whole pass over the dataset
     regression = _check_record(first, 0)
-    encode = _EncodeClassification(tokenizer, length, add_special_tokens, truncation, regression)
+    encode = _EncodeClassification(
+        tokenizer, length, add_special_tokens, truncation, regression, len(records)
+    )
     encode(0, first)  # the first record's errors now; the others' while iterating
     examples = records.map_with_index(encode)
     return batch_examples(

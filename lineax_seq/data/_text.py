@@ -73,8 +73,10 @@ class _LMWindows:
 
 def _lm_starts(offsets: np.ndarray, length: int, stride: int) -> np.ndarray:
     lengths = np.diff(offsets)
-    if lengths.size == 0 or lengths.max() < length + 1:
-        longest = int(lengths.max()) if lengths.size else 0
+    if lengths.size == 0:
+        raise ValueError("texts has no documents: there is nothing to cut into windows")
+    if lengths.max() < length + 1:
+        longest = int(lengths.max())
         raise ValueError(
             f"length={length} needs documents of length + 1 = {length + 1} tokens, but the "
             f"longest document has {longest} tokens"
@@ -120,7 +122,8 @@ def lm_windows(
 
     **Raises:**
 
-    `ValueError` if `length < 1` or longer than every document.
+    `ValueError` if `length < 1`, `texts` is empty, or `length` is longer than every
+    document.
     """
     length = check_int("length", length)
     stride = length if stride is None else check_int("stride", stride)

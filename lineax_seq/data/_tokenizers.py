@@ -362,6 +362,9 @@ class BPETokenizer(_SpecialIds):
         """Write the tokenizer to `path` as JSON (atomically: temporary file + rename)."""
         if os.path.isdir(path):
             raise IsADirectoryError(f"path {str(path)!r} is a directory, expected a file name")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"path {str(path)!r}: its directory {parent!r} does not exist")
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self._tok.to_str())
