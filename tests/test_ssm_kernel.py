@@ -33,7 +33,7 @@ def _loop_kernel(kernel, length):
     a, b, c, dt = _continuous(kernel)
     if kernel.discretization == "zoh":
         abar = np.exp(dt * a)
-        bbar = (abar - 1) / a * b
+        bbar = np.expm1(dt * a) / a * b  # (abar - 1) / a cancels for |dt A| << 1
     else:
         abar = (1 + dt * a / 2) / (1 - dt * a / 2)
         bbar = dt * b / (1 - dt * a / 2)
@@ -222,6 +222,33 @@ def test_small_dt_long_kernel_accurate_in_float32(discretization, getkey):
     expected = 2 * np.real(np.einsum("cn,cnl->cl", cb, np.exp(log_abar[..., None] * positions)))
     scale = np.abs(expected).max()
     np.testing.assert_allclose(np.asarray(k)[:, positions], expected, atol=3e-6 * scale)
+
+
+def test_zoh_near_zero_real_part_has_finite_gradients():
+    """A real mode (`Im A = 0`) whose `Re A` trains towards 0: zero-order hold's
+    `Bbar = (exp(dt A) - 1) / A B` tends to `dt B`. Its gradient divided by `A^2`, which
+    underflows in float32 (NaN from `log_neg_real_a = -44`), and at `Re A = -0.0`
+    (`log_neg_real_a` below ~-104) the kernel itself was 0 / 0."""
+    kernel = ls.S4DKernel(4, 1, init="real", key=jr.key(0))
+    loss = lambda k: jnp.sum(k(16) ** 2)
+
+    @jax.jit
+    def run(value):
+        k = eqx.tree_at(
+            lambda k: k.log_neg_real_a, kernel, kernel.log_neg_real_a.at[0, 0].set(value)
+        )
+        return k(16), jax.grad(loss)(k)
+
+    for value in (-44.0, -60.0, -120.0):
+        k, grads = run(value)
+        assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads)), value
+        # Mode 0 tends to a pure integrator (Abar = 1, Bbar = dt B); the loop kernel
+        # from float64 parameters (Re A = -0.0 at -120 is 0 / 0 there too).
+        limit = eqx.tree_at(
+            lambda k: k.log_neg_real_a, kernel, kernel.log_neg_real_a.at[0, 0].set(-60)
+        )
+        reference = _loop_kernel(limit, 16)
+        np.testing.assert_allclose(k, reference, atol=1e-5 * np.abs(reference).max())
 
 
 def test_kernel_grads(getkey):

@@ -109,6 +109,15 @@ def complex_(
     return jax.lax.complex(real.astype(work), imag.astype(work))
 
 
+def _expm1_over(x: Complex[Array, "*shape"]) -> Complex[Array, "*shape"]:
+    """`(exp(x) - 1) / x`, also where `x` is zero or too small to square: `1 + x / 2`
+    below `sqrt(eps)`, which is exact to rounding there, and so is its gradient (the
+    quotient's gradient divides by `x^2`, which underflows)."""
+    small = jnp.abs(x) < jnp.sqrt(jnp.finfo(x.dtype).eps)
+    safe = jnp.where(small, 1, x)
+    return jnp.where(small, 1 + x / 2, jnp.expm1(safe) / safe)
+
+
 class S4DKernel(eqx.Module):
     """Diagonal state-space (S4D) convolution kernel.
 
@@ -129,8 +138,9 @@ class S4DKernel(eqx.Module):
     `[log dt_min, log dt_max]` per channel.
 
     All parameters are real arrays: `Re A = -exp(log_neg_real_a)` stays negative
-    (a stable system) under any optimiser; `B`, `C` are stored as real and imaginary
-    parts.
+    (a stable system) under any optimiser, or reaches 0 where the exponential
+    underflows (`log_neg_real_a` below about -87 in float32), where zero-order hold
+    takes its limit `Bbar = dt B`; `B`, `C` are stored as real and imaginary parts.
 
     The kernel can be evaluated at any length at call time. It is computed by powers
     in blocks: with `L = M * P`, `Abar^(P m + j) = Abar^(P m) Abar^j` needs only
@@ -205,7 +215,7 @@ class S4DKernel(eqx.Module):
         dta = dt * a
         if self.discretization == "zoh":
             log_abar = dta
-            bbar = jnp.expm1(dta) / a * b
+            bbar = dt * _expm1_over(dta) * b
         else:
             half = dta / 2
             # log((1 + h) / (1 - h)) without rounding the quotient (1 + O(dt)) first;
