@@ -242,7 +242,9 @@ class DirectionalSSM(eqx.Module):
 
         **Returns:**
 
-        `K * u + D u`, shape `(length, dim)` (zero at padded positions if `mask`).
+        `K * u + D u`, shape `(length, dim)` (zero at padded positions if `mask`), in
+        `u`'s dtype, as [`lineax_seq.S4D`][] returns it (half-precision input is
+        convolved in float32 and rounded once).
         """
         u, mask = as_arrays(u, mask)
         check_sequence("u", u, mask, self.dim)
