@@ -592,7 +592,7 @@ def test_checks_without_jaxtyping(mods, no_jaxtyping):
     with pytest.raises(ValueError, match=r"mask must have shape \(3,\) like x"):
         ls.masked_mean(jnp.ones((3, 2)), jnp.ones(1, bool))
     with pytest.raises(
-        ValueError, match=r"x must have shape \(length >= 1, dim\), got x.shape=\(0, 8\)"
+        ValueError, match=r"x must have shape \(length >= 1, dim=8\), got x.shape=\(0, 8\)"
     ):
         ls.SequenceClassificationHead(8, 3, key=jr.key(0))(jnp.ones((0, 8)), inference=True)
     # Options of the other routing are checked too (a config must rebuild either way).
@@ -769,7 +769,7 @@ def test_bad_inputs(mods):
         model.layer(2)
     with pytest.raises(ValueError, match="num_heads=-3"):
         ls.GatedLayer(8, num_heads=-3, key=jr.key(0))
-    with pytest.raises(ValueError, match=r"shape \(length, dim=16\), got x.shape=\(7, 9\)"):
+    with pytest.raises(ValueError, match=r"shape \(length >= 1, dim=16\), got x.shape=\(7, 9\)"):
         mods["span"](jnp.ones((7, 9)))
     with pytest.raises(ValueError, match=r"got x.shape=\(3, 7, 15\)"):
         mods["mc"](jnp.ones((3, 7, 15)), inference=True)
@@ -788,10 +788,13 @@ def test_shapes_checked_without_jaxtyping(mods, no_jaxtyping):
         (lambda: model(tokens, token_types=jnp.zeros(1, jnp.int32)), "token_types " + like_tokens),
         (lambda: model.layer(0)(jnp.ones((2, 4, DIM))), r"x must have shape \(length >= 1, dim=16"),
         (lambda: mods["span"](x, jnp.ones(1, bool)), r"mask must have shape \(4,\) like x"),
-        (lambda: mods["span"](jnp.ones(DIM)), r"x must have shape \(length, dim=16\)"),
+        (lambda: mods["span"](jnp.ones(DIM)), r"x must have shape \(length >= 1, dim=16\)"),
         (lambda: mods["mc"](x[None], jnp.ones((2, 4), bool)), r"mask must have shape \(1, 4\)"),
-        (lambda: mods["mc"](x), r"x must have shape \(choices, length, dim=16\)"),
-        (lambda: mods["mlm"](jnp.ones(DIM), jnp.ones((VOCAB, DIM))), r"x must have shape \(n, dim"),
+        (lambda: mods["mc"](x), r"x must have shape \(choices >= 1, length >= 1, dim=16\)"),
+        (
+            lambda: mods["mlm"](jnp.ones(DIM), jnp.ones((VOCAB, DIM))),
+            r"x must have shape \(n >= 1, dim",
+        ),
     ]:
         with pytest.raises(ValueError, match=pattern):
             call()
@@ -1066,3 +1069,61 @@ def test_head_dropout_rate_is_a_static_float(rate):
     assert out.shape == (3,)
     choice = ls.MultipleChoiceHead(8, dropout=rate, key=jr.key(0))
     assert type(choice.scorer.dropout.p) is float
+
+
+def test_heads_under_plain_jit_and_after_device_put():
+    """The heads keep a static copy of their dropout rate, as `BiGS` does: under
+    `jax.jit` (every leaf traced) or after `jax.device_put` a rate of 0 needs no key and
+    no `inference=` (both asked for one)."""
+    x, mask = jr.normal(jr.key(1), (5, 8)), jnp.arange(5) < 3
+    cls = ls.SequenceClassificationHead(8, 3, key=jr.key(0))
+    mc = ls.MultipleChoiceHead(8, key=jr.key(0))
+    want = cls(x, mask), mc(x[None], mask[None])
+    for inference in (None, False):
+
+        @jax.jit
+        def run(heads, inference=inference):
+            return heads[0](x, mask, inference=inference), heads[1](
+                x[None], mask[None], inference=inference
+            )
+
+        for out, ref in zip(run((cls, mc)), want, strict=True):
+            np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    placed = jax.device_put((cls, mc), jax.devices()[0])
+    got = eqx.filter_jit(lambda h: (h[0](x, mask), h[1](x[None], mask[None])))(placed)
+    for out, ref in zip(got, want, strict=True):
+        np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    # A rate of 0.1 still needs a key (it is not told apart from 0 by the traced leaf).
+    dropping = ls.SequenceClassificationHead(8, 3, dropout=0.1, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"key is required for dropout \(rate 0.1\)"):
+        jax.jit(lambda h: h(x, inference=False))(dropping)
+
+
+def test_masked_mean_sums_half_precision_in_float32():
+    """A float16 sum over the real tokens overflowed (4096 x 20 > 65504: inf, and NaN
+    logits from the heads); `jnp.mean`, the path without a mask, did not."""
+    x = jnp.full((4096, 4), 20, jnp.float16)
+    mean = ls.masked_mean(x, jnp.ones(4096, bool))
+    assert mean.dtype == jnp.float16
+    np.testing.assert_array_equal(mean, ls.masked_mean(x))
+    np.testing.assert_array_equal(mean, jnp.full(4, 20, jnp.float16))
+    head = ls.SequenceClassificationHead(4, 2, key=jr.key(0))
+    head = jax.tree.map(lambda a: a.astype(jnp.float16) if eqx.is_inexact_array(a) else a, head)
+    assert bool(jnp.isfinite(head(x, jnp.arange(4096) < 4000)).all())
+
+
+def test_head_inputs_need_every_axis(no_jaxtyping):
+    """Zero choices (or positions) is an error, not an empty score vector, and a tied MLM
+    head with hidden states of the wrong width names `x` (jaxtyping blamed the
+    embedding, checked after `x` had bound `dim`)."""
+    mc = ls.MultipleChoiceHead(8, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"x must have shape \(choices >= 1, length >= 1, dim=8"):
+        mc(jnp.ones((0, 5, 8)))
+    with pytest.raises(ValueError, match=r"x must have shape \(length >= 1, dim=8\)"):
+        ls.SpanExtractionHead(8, key=jr.key(0))(jnp.ones((0, 8)))
+
+
+def test_tied_mlm_head_names_x():
+    head = ls.MaskedLMHead(16, 50, key=jr.key(0))
+    with pytest.raises(ValueError, match=r"x must have shape \(n >= 1, dim=16\), got .*\(8, 32\)"):
+        head(jnp.ones((8, 32)), jnp.ones((50, 16)))

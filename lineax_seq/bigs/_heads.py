@@ -19,6 +19,7 @@ from .._checks import (
     check_mask_dtype,
 )
 from .._nn import apply_linear
+from ..ssm._fft_conv import _work_dtype
 from ._layers import (
     INIT_STD,
     apply_dropout,
@@ -31,10 +32,12 @@ from ._layers import (
 
 
 def _check_hidden(x: Array, dim: int, axes: tuple[str, ...], mask: Array | None = None) -> None:
-    """A `ValueError` unless `x` is `(*axes, dim)` and `mask` (if any) `x.shape[:-1]` (a
-    mask of length 1 would broadcast silently), a `TypeError` unless `mask` is boolean."""
-    if x.ndim != len(axes) + 1 or x.shape[-1] != dim:
-        raise ValueError(f"x must have shape ({', '.join(axes)}, dim={dim}), got x.shape={x.shape}")
+    """A `ValueError` unless `x` is `(*axes, dim)` with every axis `>= 1` and `mask` (if
+    any) `x.shape[:-1]` (a mask of length 1 would broadcast silently), a `TypeError`
+    unless `mask` is boolean."""
+    if x.ndim != len(axes) + 1 or x.shape[-1] != dim or 0 in x.shape[:-1]:
+        shape = ", ".join(f"{axis} >= 1" for axis in axes)
+        raise ValueError(f"x must have shape ({shape}, dim={dim}), got x.shape={x.shape}")
     check_mask_dtype(mask)
     if mask is not None and mask.shape != x.shape[:-1]:
         raise ValueError(f"mask must have shape {x.shape[:-1]} like x, got mask.shape={mask.shape}")
@@ -53,7 +56,8 @@ def masked_mean(
 
     **Returns:**
 
-    Shape `(dim,)` (zero if no position is real).
+    Shape `(dim,)` (zero if no position is real), in `x`'s dtype (half precision is
+    summed in float32, as `jnp.mean` does).
     """
     x, mask = as_array("x", x), as_array("mask", mask, optional=True)
     if x.ndim != 2 or x.shape[0] < 1:
@@ -63,8 +67,10 @@ def masked_mean(
     if mask.shape != x.shape[:1]:
         raise ValueError(f"mask must have shape {x.shape[:1]} like x, got mask.shape={mask.shape}")
     check_mask_dtype(mask)
-    total = jnp.sum(jnp.where(mask[:, None], x, 0), axis=0)
-    return total / jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
+    # Summed in at least float32, as `jnp.mean` does (a float16 sum overflows).
+    wide = _work_dtype(x.dtype)
+    total = jnp.sum(jnp.where(mask[:, None], x, 0).astype(wide), axis=0)
+    return (total / jnp.maximum(jnp.sum(mask), 1).astype(wide)).astype(x.dtype)
 
 
 class MaskedLMHead(eqx.Module):
@@ -114,7 +120,7 @@ class MaskedLMHead(eqx.Module):
     def __call__(
         self,
         x: Float[Array | np.ndarray, "n dim"],
-        embedding: Float[Array | np.ndarray, "vocab dim"] | None = None,
+        embedding: Float[Array | np.ndarray, "vocab embedding_dim"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "n vocab"]:
@@ -165,6 +171,7 @@ class SequenceClassificationHead(eqx.Module):
     dropout: eqx.nn.Dropout
     classifier: eqx.nn.Linear
     num_outputs: int = eqx.field(static=True)
+    dropout_rate: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -194,6 +201,7 @@ class SequenceClassificationHead(eqx.Module):
         self.dropout = eqx.nn.Dropout(dropout)
         self.classifier = dense(dim, num_outputs, std=init_std, key=cls_key)
         self.num_outputs = num_outputs
+        self.dropout_rate = dropout
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -220,7 +228,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
-        inference = resolve_inference(self.dropout, key, inference)
+        inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
         pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
@@ -324,7 +332,8 @@ class MultipleChoiceHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
-        inference = resolve_inference(self.scorer.dropout, key, inference)
+        scorer = self.scorer
+        inference = resolve_inference(scorer.dropout, key, inference, rate=scorer.dropout_rate)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]
