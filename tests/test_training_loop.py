@@ -303,6 +303,24 @@ def test_functions_and_mesh_named_at_construction(data, no_jaxtyping):
             run(**kw)
 
 
+@pytest.mark.parametrize("accumulate_steps", [1, 2])
+def test_logged_lr_follows_the_optimiser_state_passed_in(data, accumulate_steps):
+    """A run continued from an earlier run's `opt_state` logs the learning rate of its
+    next update from the optimiser's own update count (it counted from the loop's step
+    0, 0.0093 where the optimiser used 0.0018)."""
+    opt = ls.make_optimizer(1e-2, warmup_steps=2, total_steps=8, accumulate_steps=accumulate_steps)
+    run = lambda opt_state: ls.train(
+        common.make_model(), opt, common.loss_fn, data, steps=4 * accumulate_steps,
+        key=jr.key(0), opt_state=opt_state, log_every=accumulate_steps, progress=False,
+    )  # fmt: skip
+    first = run(None)
+    second = run(first.opt_state)
+    schedule = opt.learning_rate_schedule
+    for result, before in ((first, 0), (second, 4)):
+        logged = [r["lr"] for r in result.history if r["split"] == "train"]
+        assert logged == [float(schedule(before + u)) for u in range(1, 5)]
+
+
 def test_steps_zero_evaluates_the_model_as_given(data):
     """`steps=0` with `eval_data` is an evaluation only: one record at step 0, the
     model's own losses (it wrote no record at all)."""
@@ -428,6 +446,11 @@ def test_train_bad_input(data, tmp_path):
         ls.train(*args, steps=1, key=jr.key(0), checkpoint_every=5)
     with pytest.raises(ValueError, match=r"eval_every=5 needs eval_data"):
         ls.train(*args, steps=1, key=jr.key(0), eval_every=5)
+    # Evaluation options without eval_data were ignored in silence.
+    with pytest.raises(ValueError, match=r"eval_batches=2 needs eval_data"):
+        ls.train(*args, steps=1, key=jr.key(0), eval_batches=2)
+    with pytest.raises(ValueError, match=r"eval_fn needs eval_data"):
+        ls.train(*args, steps=1, key=jr.key(0), eval_fn=common.loss_fn)
     with pytest.raises(ValueError, match=r"log_every=0"):
         ls.train(*args, steps=1, key=jr.key(0), log_every=0)
     # Checked before any step runs.

@@ -91,6 +91,11 @@ def test_schedule_bad_input():
     with pytest.raises(ValueError, match=r"end_lr_ratio=0.5 has no effect .*decaying schedule"):
         ls.make_optimizer(1e-3, end_lr_ratio=0.5)
     assert float(ls.make_optimizer(1e-3, end_lr_ratio=1.0).learning_rate_schedule(9)) == 1e-3
+    # A warmup or a decay the wrong way round was accepted (the "decay" rose).
+    with pytest.raises(ValueError, match=r"end_lr=0.002 must be <= peak_lr=0.001 .* decay"):
+        ls.make_schedule(1e-3, total_steps=10, end_lr=2e-3)
+    with pytest.raises(ValueError, match=r"init_lr=0.01 must be <= peak_lr=0.001 .* warm up"):
+        ls.make_schedule(1e-3, warmup_steps=2, init_lr=1e-2)
 
 
 def test_param_labels(toy):
@@ -144,6 +149,12 @@ def test_param_group_bad_input(toy):
         ls.ParamGroup(instance_of="Linear")
     with pytest.raises((ValueError, TypeError), match="groups"):
         ls.make_optimizer(groups=[ls.ParamGroup(match="a")])
+    with pytest.raises((ValueError, TypeError), match="must be strings, got 3|parameter .groups"):
+        ls.make_optimizer.__wrapped__(groups={3: ls.ParamGroup(match="a")})
+    # A predicate that fails is named with the parameter it failed on.
+    broken = ls.ParamGroup(match=lambda path, leaf: leaf.missing)
+    with pytest.raises(ValueError, match=r"groups\['p'\].match raised AttributeError: .* on the"):
+        ls.param_labels(toy, {"p": broken})
     for name, value in (("b1", 2.0), ("b2", -0.1), ("eps", -1)):
         with pytest.raises(ValueError, match=f"{name}={value}"):
             ls.make_optimizer(total_steps=10, **{name: value})

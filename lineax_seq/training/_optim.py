@@ -52,7 +52,8 @@ def make_schedule(
     **Raises:**
 
     `ValueError` for an unknown `schedule`, a negative `warmup_steps`, a missing or
-    too small `total_steps`, or a negative or non-finite `peak_lr`, `init_lr` or `end_lr`.
+    too small `total_steps`, a negative or non-finite `peak_lr`, `init_lr` or `end_lr`,
+    or an `init_lr` or `end_lr` above `peak_lr`.
     """
     if schedule is None:
         schedule = "constant" if total_steps is None else "cosine"
@@ -64,6 +65,12 @@ def make_schedule(
     for name, value in (("peak_lr", peak_lr), ("init_lr", init_lr), ("end_lr", end_lr)):
         if not _finite(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
+    for name, value, what in (("init_lr", init_lr, "warm up"), ("end_lr", end_lr, "decay")):
+        if value > peak_lr:
+            raise ValueError(
+                f"{name}={value!r} must be <= peak_lr={peak_lr!r} (the schedule would {what} "
+                "the wrong way)."
+            )
     if schedule == "constant":
         if end_lr not in (0, peak_lr):
             raise ValueError(
@@ -185,6 +192,8 @@ def _check_groups(groups: Mapping[str, ParamGroup]) -> None:
             f"groups must be a mapping of group name to ParamGroup, got {type(groups).__name__}."
         )
     for name, group in groups.items():
+        if not isinstance(name, str):
+            raise ValueError(f"groups: group names must be strings, got {name!r}.")
         if name == DEFAULT_GROUP:
             raise ValueError(
                 f"groups: the name {DEFAULT_GROUP!r} is reserved for the parameters that "
@@ -267,11 +276,7 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
         if isinstance(group.match, str | re.Pattern):
             selected[name] = {i for i, p in enumerate(paths) if re.search(group.match, p)}
         elif group.match is not None:
-            selected[name] = {
-                i
-                for i, (p, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True))
-                if group.match(p, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
-            }
+            selected[name] = _predicate_selects(name, group.match, paths, paths_leaves)
         if not selected[name]:
             raise _selects_nothing(name, group, model, paths)
     for i in range(len(paths)):
@@ -286,6 +291,24 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
                 "parameter wins), so it changes no learning rate or weight decay."
             )
     return jtu.tree_unflatten(treedef, labels)
+
+
+def _predicate_selects(
+    name: str, match: Callable[[str, Any], bool], paths: list[str], paths_leaves: list
+) -> set[int]:
+    """The indices of the parameters a `match` predicate selects; an exception it raises
+    is re-raised as a `ValueError` naming the group and the parameter."""
+    selected = set()
+    for i, (p, (_, leaf)) in enumerate(zip(paths, paths_leaves, strict=True)):
+        try:
+            if match(p, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)):
+                selected.add(i)
+        except Exception as e:
+            raise ValueError(
+                f"groups[{name!r}].match raised {type(e).__name__}: {e} on the parameter "
+                f"{p!r} (it gets the path and a jax.ShapeDtypeStruct)"
+            ) from e
+    return selected
 
 
 def _holds_parameters(where: Callable[[PyTree], Any], model: PyTree) -> bool:
@@ -359,7 +382,9 @@ def make_optimizer(
     - `learning_rate`: peak learning rate of the `"default"` group.
     - `schedule`, `warmup_steps`, `total_steps`: see [`lineax_seq.make_schedule`][]:
         by default a cosine decay to `total_steps` if it is given, else a constant
-        learning rate (after the warmup), so `make_optimizer(1e-3)` is plain AdamW.
+        learning rate (after the warmup), so `make_optimizer(1e-3)` is
+        `optax.adamw(1e-3, weight_decay=0.01)` after `clip_by_global_norm(1.0)` (the
+        defaults below; `clip_norm=None` leaves out the clipping).
         Counted in optimiser updates (one per `accumulate_steps` micro-batches).
     - `end_lr_ratio`: final learning rate of the decaying schedules as a fraction of
         each group's peak (an error with a constant one, unless 0 or 1).

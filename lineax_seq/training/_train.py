@@ -302,6 +302,16 @@ def _host(x: Any) -> float:
     return float(np.asarray(x))
 
 
+def _schedule_count(opt_state: PyTree) -> Array | None:
+    """The update count the optimiser's schedules read (the first
+    `optax.ScaleByScheduleState` in `opt_state`), or `None` if it has none. It counts the
+    updates of an `opt_state` passed in from an earlier run too, and an accumulating
+    optimiser's updates (not its micro-batches)."""
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+    states = jax.tree.leaves(opt_state, is_leaf=is_schedule)
+    return next((x.count for x in states if is_schedule(x)), None)
+
+
 def _count(batch: Any, unit: str) -> int:
     """The leading size of the batch's first leaf (`"samples"`), or the largest product of
     a leaf's first two dimensions (`"tokens"`: a `(B, L)` token array; a classification
@@ -528,8 +538,12 @@ def _check_train_args(
         raise ValueError(f"checkpoint_every={checkpoint_every} needs out_dir to be set.")
     if plot and out_dir is None:
         raise ValueError("plot=True needs out_dir to be set.")
-    if eval_every and eval_data is None:
-        raise ValueError(f"eval_every={eval_every} needs eval_data.")
+    if eval_data is None:
+        for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
+            if value:
+                raise ValueError(f"{name}={value} needs eval_data.")
+        if eval_fn is not None:
+            raise ValueError("eval_fn needs eval_data: without it nothing is evaluated.")
 
 
 def train(
@@ -742,7 +756,9 @@ def train(
         for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
             record[k] = float(np.mean([m[k] for _, m in fetched]))
         if lr_schedule is not None:  # learning rate of the next update
-            record["lr"] = float(lr_schedule(last // accumulate_steps))
+            count = _schedule_count(opt_state)
+            updates = last // accumulate_steps if count is None else int(_host(count))
+            record["lr"] = float(lr_schedule(updates))
         if window_items:  # (none yet right after the first, compiling, step)
             record[f"{unit}_per_s"] = window_items / elapsed
         window_items = 0
