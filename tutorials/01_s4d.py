@@ -68,7 +68,7 @@ fig.savefig(OUT / "s4d_kernels_by_init.png", dpi=100)
 # Zero-order hold (`"zoh"`, the default) and the bilinear transform agree when the
 # step size is small compared with the time scales of `A`, i.e. `|A_n| dt << 1`. With
 # the `"lin"` initialisation the fastest mode has `|A_n| ~ pi N / 2 ~ 100` for
-# `N = 64`, so at `dt = 0.01` (the figure above) the two maps differ completely for
+# `N = 64`, so at `dt = 0.01` (the kernels plotted above) the two maps differ completely for
 # that mode; the difference then falls roughly as `dt^3` (the bilinear map's phase
 # error per step, accumulated over the 256 lags):
 

@@ -10,8 +10,8 @@
 # X &= \mathrm{LN}(X_i), \quad V = \sigma(W_v X), \quad F = \sigma(W_f X), \quad
 #   B = \sigma(W_b\,\mathrm{Flip}(X)),\\
 # U_1 &= W_{u_1}\mathrm{SSM}(F), \quad U_2 = W_{u_2}\mathrm{SSM}(B), \quad
-#   U = \sigma\big(W_u (U_1 \otimes \mathrm{Flip}(U_2))\big),\\
-# X_{i+1} &= W_o (U \otimes V) + X_i .
+#   U = \sigma\big(W_u (U_1 \odot \mathrm{Flip}(U_2))\big),\\
+# X_{i+1} &= W_o (U \odot V) + X_i .
 # \end{aligned}
 # $$
 #
@@ -93,7 +93,7 @@ print("original:", repr(tokenizer.decode(original[1:-1])[:100]))
 print("targets: ", repr(tokenizer.decode(masked_view[1:-1])[:100]))
 
 # %% [markdown]
-# ## 2. The model: `BiGS` encoder + masked-LM head
+# ## 2. The model: BiGS encoder + masked-LM head
 #
 # `ls.BiGS` works on one sequence (`jax.vmap` over a batch). It takes no absolute
 # positions: the SSM kernels carry position, and are generated for any length at call

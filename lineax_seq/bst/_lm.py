@@ -166,7 +166,11 @@ class BlockStateTransformerLM(eqx.Module):
         attention_implementation: str | None = None,
         key: PRNGKeyArray,
     ):
-        """**Arguments:**
+        """The defaults are the paper's language models (Table 2.1): 12 layers, width
+        1024, 8 heads of 128, MLP 4096, `W = 512` (with its 32k vocabulary, SLIDE has
+        184M parameters and BRECT 193M; the paper: 190M, 196M).
+
+        **Arguments:**
 
         - `vocab_size`: number of tokens.
         - `dim`: model width; divisible by `num_heads` (the SSM width defaults to
@@ -175,10 +179,6 @@ class BlockStateTransformerLM(eqx.Module):
         - `num_heads`: attention heads.
         - `window`: block / window size `W`.
         - `mlp_dim`: MLP hidden size (default `4 * dim`).
-
-          The defaults are the paper's language models (Table 2.1): 12 layers, width
-          1024, 8 heads of 128, MLP 4096, `W = 512` (with its 32k vocabulary, SLIDE has
-          184M parameters and BRECT 193M; the paper: 190M, 196M).
         - `bst_layers`: 0-based indices of the BST layers; `None` means the paper's
           `(1, 7, 9)` of 12 (sections 2.4.1 and A) rescaled to `num_layers` (as in
           [`lineax_seq.bst_variant_config`][]); `()` gives
