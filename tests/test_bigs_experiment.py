@@ -547,7 +547,7 @@ def test_pretrain_writes_run(pretrained):
     assert h.shape == (200, 16)
 
 
-def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
+def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path, capsys):
     out, argv, _ = pretrained
     steps = argv.index("--steps") + 1
     resumed = [*argv[:steps], "4", *argv[steps + 1 :], "--resume"]
@@ -568,6 +568,16 @@ def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path):
     continued = _bigs_train.load_pretrained(tmp_path)[0].encoder.token_embedding.weight
     # It started from the checkpoint (3 small Adam steps away), not from a fresh init.
     assert 0 < float(jnp.max(jnp.abs(continued - start))) < 0.01
+    # Without --corpus it continues on the corpus it starts from (it took the default,
+    # the standard library, with another run's tokenizer and weights).
+    again = [*longer[: longer.index("--max-files")], *longer[longer.index("--max-files") + 2 :]]
+    again[again.index("--out") + 1] = str(tmp_path / "again")
+    again[again.index("--init-from") + 1] = str(tmp_path)
+    again[again.index("--steps") + 1] = "1"
+    _bigs.pretrain(_parse(again))
+    record = json.loads((tmp_path / "again" / "config.json").read_text())["pretrain"]
+    assert (record["corpus"], record["max_files"]) == (str(corpus_dir), 12)
+    assert "pretraining on its corpus (--corpus " in capsys.readouterr().out
 
 
 def test_finetune_file_and_kernels(pretrained, tmp_path):
@@ -599,6 +609,9 @@ def test_finetune_file_and_kernels(pretrained, tmp_path):
         _parse(["kernels", "--checkpoint", str(out), "--out", str(tmp_path / "k.png")])
     )
     assert png.stat().st_size > 0
+    # An existing directory gets kernels.png inside it (it wrote `<dir>.png` beside it).
+    into = _bigs.kernels(_parse(["kernels", "--checkpoint", str(out), "--out", str(tmp_path)]))
+    assert into == tmp_path / "kernels.png" and into.stat().st_size > 0
     with pytest.raises(ValueError, match="--regression"):
         bad = write_rows([("a", 0.5), ("b", 1.5)] * 8, tmp_path / "reg.csv")
         _bigs.finetune(_parse(["finetune", "--checkpoint", str(out), "--train", str(bad)]))

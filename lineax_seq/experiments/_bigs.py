@@ -346,8 +346,7 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
     start or resume) in place of those not given, so that a bare `--resume --out DIR`
     continues the run as it was started. Options given (at their defaults too) override
     the record; a note names those that change it."""
-    config = _recorded_config(args.out)
-    recorded = (config.get("resumed") or [config.get("pretrain") or {}])[-1]
+    recorded = _latest_settings(_recorded_config(args.out))
     merged, changed = vars(args).copy(), []
     for name in _RESUMED_OPTIONS:
         if name not in recorded:
@@ -361,6 +360,33 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
             changed.append(f"--{name.replace('_', '-')} {merged[name]} (recorded: {value})")
     if changed:
         print(f"note: --resume with changed options: {', '.join(changed)}", flush=True)
+    return argparse.Namespace(**merged)
+
+
+def _latest_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The options of a run's latest start or resume, as its `config.json` records them."""
+    return (config.get("resumed") or [config.get("pretrain") or {}])[-1]
+
+
+def _init_from_corpus(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with `--init-from`'s recorded corpus (`corpus`, `max_files`) where the
+    command line leaves them out, so that continuing a run at a longer length reads the
+    text it was pretrained on (the default corpus would be another one); a note says so."""
+    with reading_inputs(f"--init-from {args.init_from}: {CONFIG_FILE}"):
+        recorded = _latest_settings(json.loads((args.init_from / CONFIG_FILE).read_text()))
+    merged, taken = vars(args).copy(), []
+    for name in ("corpus", "max_files"):
+        if name in recorded and name not in merged.get(_GIVEN, ()):
+            value = recorded[name]
+            merged[name] = pathlib.Path(value) if name == "corpus" and value else value
+            if merged[name] != getattr(args, name):
+                taken.append(f"--{name.replace('_', '-')} {merged[name]}")
+    if taken:
+        print(
+            f"note: --init-from {args.init_from}: pretraining on its corpus "
+            f"({', '.join(taken)}); pass --corpus to choose another",
+            flush=True,
+        )
     return argparse.Namespace(**merged)
 
 
@@ -390,6 +416,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume:
         args = _resume_options(args)
         _check(args)
+    elif args.init_from is not None:
+        args = _init_from_corpus(args)
     config, model, tok, ((train_texts, eval_texts), batches) = _pretrain_inputs(args)
     out.mkdir(parents=True, exist_ok=True)
     config["tokenizer"] = save_tokenizer(tok, out)
@@ -585,7 +613,8 @@ def kernels(args: argparse.Namespace) -> pathlib.Path:
             f"--checkpoint {' '.join(map(str, args.checkpoint))}: no run with SSM routing "
             "(attention has no kernels to draw)"
         )
-    path = plot_kernels(panels, args.out, radius=args.radius)
+    out = args.out / "kernels.png" if args.out.is_dir() else args.out
+    path = plot_kernels(panels, out, radius=args.radius)
     print(f"kernel heat map: {path}")
     return path
 
@@ -657,7 +686,7 @@ def _optim_arguments(
         type=non_negative_float,
         default=1e-3,
         help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
-        "capped at --lr; 0 means --lr",
+        "capped at --lr (so with the default --lr the SSMs train at --lr); 0 means --lr",
     )
     add("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay")
     add("--warmup", type=fraction, default=warmup, help="warmup fraction of the steps")
@@ -757,7 +786,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "recorded data and optimiser options (options given here override those; a run with "
         "no checkpoint yet starts again, from its own --init-from if it had one)",
     )
-    _path(init, "--init-from", "start from this run's weights, e.g. at a longer --length")
+    _path(
+        init,
+        "--init-from",
+        "start from this run's weights, e.g. at a longer --length, on its corpus (its "
+        "--corpus and --max-files where they are not given)",
+    )
 
     fin = sub.add_parser(
         "finetune",
@@ -869,7 +903,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(
         ker,
         "--out",
-        "the PNG to write (.png is appended to other names; default outputs/bigs/kernels.png)",
+        "the PNG to write (.png is appended to other names; an existing directory gets "
+        "kernels.png; default outputs/bigs/kernels.png)",
         default=pathlib.Path("outputs/bigs/kernels.png"),
     )
     _SUBPARSERS.update(pretrain=pre, finetune=fin, ablation=abl, kernels=ker)

@@ -628,7 +628,9 @@ _HELP = {
     "lr": "peak learning rate (AdamW, warmup then cosine decay)",
     "warmup_steps": "learning-rate warmup steps",
     "eval_multipliers": "evaluation lengths as multiples of L; must include 1",
-    "eval_tokens": "held-out tokens scored at every evaluation length",
+    "eval_tokens": "held-out tokens scored at every evaluation length (rounded down to "
+    "whole windows of the longest length, at least one, and at most what the held-out "
+    "split holds)",
     "seeds": "seeds (initialisation and batch order); results are mean and std over them",
 }
 
