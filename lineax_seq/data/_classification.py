@@ -351,7 +351,7 @@ def _longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarra
 
 # The shortest `length` that keeps a token of each text next to the special tokens:
 # `<cls> a <sep>` and `<cls> a <sep> b <sep>`.
-_MIN_LENGTH = {False: 3, True: 5}
+MIN_LENGTH, MIN_PAIR_LENGTH = 3, 5
 
 
 class _EncodeClassification:
@@ -384,12 +384,13 @@ class _EncodeClassification:
                 f"records[{index}] has a 'text_pair', which add_special_tokens=False would "
                 "drop: sentence pairs are encoded as <cls> text <sep> text_pair <sep>"
             )
-        if self.special and self.length < _MIN_LENGTH["text_pair" in record]:
-            kind = "a sentence pair" if "text_pair" in record else "a text"
+        is_pair = "text_pair" in record
+        if self.special and self.length < (MIN_PAIR_LENGTH if is_pair else MIN_LENGTH):
             raise ValueError(
-                f"length={self.length} leaves no room for {kind} in records[{index}]: "
-                f"<cls>, <sep> and at least one token of each text need length >= "
-                f"{_MIN_LENGTH['text_pair' in record]} (or add_special_tokens=False)"
+                f"length={self.length} leaves no room for "
+                f"{'a sentence pair' if is_pair else 'a text'} in records[{index}]: <cls>, <sep> "
+                "and at least one token of each text need length >= "
+                f"{MIN_PAIR_LENGTH if is_pair else MIN_LENGTH} (or add_special_tokens=False)"
             )
         t = self.tokenizer
         ids = t.encode(record["text"])

@@ -29,6 +29,8 @@ import jax.random as jr
 
 import lineax_seq as ls
 
+from ..data._classification import MIN_LENGTH as _MIN_LENGTH
+from ..data._classification import MIN_PAIR_LENGTH as _PAIR_MIN_LENGTH
 from ..training._checkpoint import CHECKPOINT_DIR
 from ..training._train import METRICS_FILE
 from ._bigs_ablation import (
@@ -88,11 +90,6 @@ from ._cli import (
 # Checks of option combinations and of the run directories, before any data is loaded
 # (`run` reports them as usage errors, the subcommands as `ValueError`s)
 # ---------------------------------------------------------------------------------------
-
-
-# The shortest sequences with any text: <cls>, text, <sep> (a sentence pair: two more).
-_MIN_LENGTH = 3
-_PAIR_MIN_LENGTH = 5
 
 
 def _mlm_length_problem(args: argparse.Namespace) -> str | None:
