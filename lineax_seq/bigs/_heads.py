@@ -336,5 +336,5 @@ class MultipleChoiceHead(eqx.Module):
         inference = resolve_inference(scorer.dropout, key, inference, rate=scorer.dropout_rate)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
-        score = lambda xi, mi, ki: self.scorer(xi, mi, key=ki, inference=inference)[0]
+        score = lambda xi, mi, ki: scorer(xi, mi, key=ki, inference=inference)[0]
         return jax.vmap(score)(x, mask, keys)

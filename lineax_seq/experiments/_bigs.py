@@ -344,20 +344,10 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
     continues the run as it was started. Options given (at their defaults too) override
     the record; a note names those that change it."""
     recorded = _latest_settings(_recorded_config(args.out))
-    merged, changed = vars(args).copy(), []
-    for name in _RESUMED_OPTIONS:
-        if name not in recorded:
-            continue
-        value = recorded[name]
-        if name == "corpus" and value is not None:
-            value = pathlib.Path(value)
-        if name not in merged.get(_GIVEN, ()):
-            merged[name] = value
-        elif merged[name] != value:
-            changed.append(f"--{name.replace('_', '-')} {merged[name]} (recorded: {value})")
+    args, _, changed = _with_recorded(args, recorded, _RESUMED_OPTIONS)
     if changed:
         print(f"note: --resume with changed options: {', '.join(changed)}", flush=True)
-    return argparse.Namespace(**merged)
+    return args
 
 
 def _latest_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -371,20 +361,37 @@ def _init_from_corpus(args: argparse.Namespace) -> argparse.Namespace:
     text it was pretrained on (the default corpus would be another one); a note says so."""
     with reading_inputs(f"--init-from {args.init_from}: {CONFIG_FILE}"):
         recorded = _latest_settings(json.loads((args.init_from / CONFIG_FILE).read_text()))
-    merged, taken = vars(args).copy(), []
-    for name in ("corpus", "max_files"):
-        if name in recorded and name not in merged.get(_GIVEN, ()):
-            value = recorded[name]
-            merged[name] = pathlib.Path(value) if name == "corpus" and value else value
-            if merged[name] != getattr(args, name):
-                taken.append(f"--{name.replace('_', '-')} {merged[name]}")
+    args, taken, _ = _with_recorded(args, recorded, ("corpus", "max_files"))
     if taken:
         print(
             f"note: --init-from {args.init_from}: pretraining on its corpus "
             f"({', '.join(taken)}); pass --corpus to choose another",
             flush=True,
         )
-    return argparse.Namespace(**merged)
+    return args
+
+
+def _with_recorded(
+    args: argparse.Namespace, recorded: dict[str, Any], names: tuple[str, ...]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """`args` with `recorded`'s values of the options `names` that the command line left
+    out; also those taken (where they differ) and those given that differ from the
+    record, as `--option value` notes."""
+    merged, taken, changed = vars(args).copy(), [], []
+    for name in names:
+        if name not in recorded:
+            continue
+        value = recorded[name]
+        if name == "corpus" and value is not None:
+            value = pathlib.Path(value)
+        flag = f"--{name.replace('_', '-')}"
+        if name not in merged.get(_GIVEN, ()):
+            if merged[name] != value:
+                taken.append(f"{flag} {value}")
+            merged[name] = value
+        elif merged[name] != value:
+            changed.append(f"{flag} {merged[name]} (recorded: {value})")
+    return argparse.Namespace(**merged), taken, changed
 
 
 def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
