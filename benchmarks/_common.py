@@ -212,15 +212,13 @@ def plot_lengths(
 ) -> None:
     """Forward time (ms) against sequence length, log-log, one line per `series` entry
     (`(length, ms)` points; those in `dashed` drawn dashed, e.g. quoted figures)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig = Figure(figsize=(6.5, 4.5))
+    ax = fig.subplots()
     for name, points in series.items():
-        style = dict(color="k", linestyle="--", marker="x") if name in dashed else {}
-        ax.plot(*zip(*points, strict=True), marker="o", label=name, **style)
+        style = dict(color="k", linestyle="--", marker="x") if name in dashed else dict(marker="o")
+        ax.plot(*zip(*points, strict=True), label=name, **style)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length L")
@@ -230,4 +228,3 @@ def plot_lengths(
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

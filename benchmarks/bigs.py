@@ -428,13 +428,11 @@ def _gemm_gflops() -> float:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     lengths = result["lengths"]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    ax_t, ax_m = fig.subplots(1, 2)
     n = result["setting"]["num_layers"]
     layers = "1 layer" if n == 1 else f"{n} layers"
     labels = {
@@ -475,7 +473,6 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax_t.set_title(f"batch {BATCH}, d {DIM} ({jax.devices()[0].device_kind})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -397,12 +397,10 @@ def _targets(times, ratios, lengths) -> dict[str, str]:
 def _plot(
     times, memory, lengths, path: pathlib.Path, label: str, *, device: str, backend: str
 ) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    ax_t, ax_m = fig.subplots(1, 2)
     for variant in times:
         xs = [k for k in lengths if k in times[variant]]
         ax_t.plot(xs, [times[variant][k] * 1e3 for k in xs], "o-", label=variant)
@@ -423,7 +421,6 @@ def _plot(
         ax_t.annotate("x: meliad reference (SLIDE, BRECT)", (0.02, 0.95), xycoords="axes fraction")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

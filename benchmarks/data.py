@@ -12,7 +12,6 @@ pipeline / train step says how far the pipeline is from being the bottleneck.
 """
 
 import argparse
-import os
 import pathlib
 import sys
 import time
@@ -219,12 +218,10 @@ def main():
 
 
 def plot(payload, path):
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig = Figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2, sharey=True)
     for ax, task, title in zip(axes, ("lm", "mlm"), ("causal LM", "masked LM"), strict=True):
         names = list(payload["pipeline"][task])
         rates = [payload["pipeline"][task][n]["tokens_per_s"] for n in names]
@@ -247,6 +244,5 @@ def plot(payload, path):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MPLBACKEND", "Agg")
     RESULTS.mkdir(parents=True, exist_ok=True)
     main()

@@ -125,11 +125,12 @@ def main() -> None:
 
 
 def plot(results, ratios, path: pathlib.Path) -> None:
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     names = list(results)
     ms = [results[n]["seconds"] * 1e3 for n in names]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     bars = ax.bar(names, ms, color=["C0", "C1", "C2", "C3"])
     ax.bar_label(bars, fmt="%.0f ms")
     ax.set_yscale("log")
@@ -141,7 +142,6 @@ def plot(results, ratios, path: pathlib.Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
