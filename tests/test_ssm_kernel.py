@@ -9,7 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import lineax_seq as ls
-from lineax_seq.ssm._fft_conv import _fft_size
+from lineax_seq._numerics import fft_size
 
 INITS = ["lin", "inv", "real", "legs"]
 DISCRETIZATIONS = ["zoh", "bilinear"]
@@ -355,7 +355,7 @@ def test_fft_size():
         return m == 1
 
     for minimum in (1, 2, 7, 14, 74, 1000, 2049, 4097):
-        size = _fft_size(minimum)
+        size = fft_size(minimum)
         assert size >= minimum and smooth(size)
         assert not any(smooth(s) for s in range(minimum, size))
 

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Bool, Float
 
+from .._numerics import work_dtype
+
 IMPLEMENTATIONS = ("xla", "cudnn")
 
 
@@ -22,8 +24,7 @@ reads a masked (e.g. future) one."""
 
 def clip_bias(bias: Float[Array, "..."]) -> Float[Array, "..."]:
     """A user's additive `bias` in float32 (float64 stays), clipped at `BIAS_FLOOR`."""
-    wide = jnp.float64 if bias.dtype == jnp.float64 else jnp.float32
-    return jnp.maximum(bias.astype(wide), BIAS_FLOOR)
+    return jnp.maximum(bias.astype(work_dtype(bias.dtype)), BIAS_FLOOR)
 
 
 def check_implementation(value: object, name: str = "implementation") -> str | None:
@@ -115,7 +116,7 @@ def head_major_attention(
     gets the plain mean of the values and no gradient through its logits.
     """
     q, k, v = promote(q, k, v)
-    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    acc = work_dtype(q.dtype)
     scale = jnp.asarray(1 / math.sqrt(q.shape[-1]), q.dtype)
     logits = jnp.einsum("...qd,...kd->...qk", q * scale, k, preferred_element_type=acc)
     if bias is not None:

@@ -19,7 +19,7 @@ from .._checks import (
     check_mask_dtype,
 )
 from .._nn import apply_linear
-from ..ssm._fft_conv import _work_dtype
+from .._numerics import work_dtype
 from ._layers import (
     INIT_STD,
     apply_dropout,
@@ -68,7 +68,7 @@ def masked_mean(
         raise ValueError(f"mask must have shape {x.shape[:1]} like x, got mask.shape={mask.shape}")
     check_mask_dtype(mask)
     # Summed in at least float32, as `jnp.mean` does (a float16 sum overflows).
-    wide = _work_dtype(x.dtype)
+    wide = work_dtype(x.dtype)
     total = jnp.sum(jnp.where(mask[:, None], x, 0).astype(wide), axis=0)
     return (total / jnp.maximum(jnp.sum(mask), 1).astype(wide)).astype(x.dtype)
 

@@ -20,9 +20,9 @@ from .._checks import (
     check_mask_dtype,
     check_trailing_mask,
 )
+from .._numerics import rfft_conv
 from ..ssm import S4DKernel
 from ..ssm._chunked import _chunked_conv
-from ..ssm._fft_conv import _fft_size, _work_dtype
 
 
 def check_sequence(name: str, x: Array, mask: Array | None, dim: int) -> None:
@@ -99,14 +99,7 @@ def fft_ssm_conv(
 
     Shape `(directions, length, channels)`, in `u`'s dtype.
     """
-    length = u.shape[1]
-    n = _fft_size(2 * length)
-    work = _work_dtype(u.dtype)
-    u_f = jnp.fft.rfft(u.astype(work), n=n, axis=1)  # (z, n // 2 + 1, channels)
-    k_f = jnp.fft.rfft(k.astype(work), n=n, axis=-1)  # (z, kc, n // 2 + 1)
-    k_f = jnp.stack([jnp.conj(k_f[i]) if r else k_f[i] for i, r in enumerate(reverse)])
-    y = jnp.fft.irfft(u_f * jnp.swapaxes(k_f, 1, 2), n=n, axis=1)[:, :length]
-    return y.astype(u.dtype)
+    return rfft_conv(u, k, anti_causal=reverse)
 
 
 def ssm_conv(

@@ -31,10 +31,10 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, RealScalar, check_int, check_key
 from .._nn import apply_linear
+from .._numerics import work_dtype
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
 from ..attention._window import block_attention, check_sequence, check_window
-from ..ssm._fft_conv import _work_dtype
 from ._ssm import (
     ContextSSM,
     Position,
@@ -52,7 +52,7 @@ def _norm(norm: eqx.nn.LayerNorm, x: Float[Array, "*batch dim"]) -> Float[Array,
     # In float32 at least, as `eqx.nn.LayerNorm`: in bfloat16, `x - mean` loses about
     # `eps * |mean| / std` (a residual stream's offset) before the normalisation.
     dtype = jnp.result_type(x, norm.weight, norm.bias)  # the result's, as before
-    work = _work_dtype(dtype)  # float64 stays, narrower types run in float32
+    work = work_dtype(dtype)  # float64 stays, narrower types run in float32
     x = x.astype(work)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.var(x, axis=-1, keepdims=True)

@@ -23,6 +23,7 @@ from .._checks import (
     host_arrays,
 )
 from .._nn import apply_linear
+from .._numerics import work_dtype
 from ..attention import MultiHeadAttention
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
@@ -499,7 +500,7 @@ def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy
         # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
         # (greedy in the limit) instead of overflowing every logit to inf or NaN.
         # (At least float32, chosen explicitly: promote_types follows strict promotion.)
-        work = jnp.float64 if logits.dtype == jnp.float64 else jnp.float32
+        work = work_dtype(logits.dtype)
         shifted = logits.astype(work) - jnp.max(logits).astype(work)
         # The key of position i + 1: more steps extend a sample, they do not redraw it.
         token = jr.categorical(jr.fold_in(key, i), shifted / temperature.astype(work))

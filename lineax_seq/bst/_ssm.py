@@ -21,9 +21,9 @@ from .._checks import (
     host_arrays,
 )
 from .._nn import apply_linear
+from .._numerics import rfft_conv
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv, _isolated_einsum
-from ..ssm._fft_conv import _fft_size, _work_dtype
 from ..ssm._kernel import check_kernel_options, complex_
 
 SSMS = ("s4", "unstruct")
@@ -215,14 +215,10 @@ class ContextSSM(eqx.Module):
             # One stream: no transform to share, and the chunked form (matrix products
             # and a scan over chunks, no FFT) is the faster exact convolution.
             return _chunked_conv(u, *self.kernel._discretize(), self._skip())[:, None, :]
-        # Causal FFT convolution, zero-padded to >= 2L (exact); the streams share u, so
-        # its transform is computed once (not `streams` times).
-        n = _fft_size(2 * length)
-        work = _work_dtype(u.dtype)  # FFTs in float32 at least (bfloat16 has none)
-        u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)  # (n // 2 + 1, features)
-        k = rearrange(self.kernel(length), "(s f) l -> s f l", s=self.streams).astype(work)
-        k_f = jnp.moveaxis(jnp.fft.rfft(k, n=n, axis=-1), -1, 0)  # (n // 2 + 1, s, f)
-        y = jnp.fft.irfft(u_f[:, None, :] * k_f, n=n, axis=0)[:length].astype(u.dtype)
+        # Causal FFT convolution (exact); the streams share u, so its transform is
+        # computed once (broadcast), not `streams` times.
+        k = rearrange(self.kernel(length), "(s f) l -> s f l", s=self.streams)
+        y = rearrange(rfft_conv(u[None], k), "s l f -> l s f")
         skip = rearrange(self._skip(), "(s f) -> s f", s=self.streams)
         return y + skip * u[:, None, :]
 

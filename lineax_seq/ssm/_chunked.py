@@ -6,7 +6,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Complex, Float
 
 from .._checks import IntLike, as_array, check_float_dtype, check_int
-from ._fft_conv import _work_dtype
+from .._numerics import work_dtype
 from ._scan import linear_scan
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -177,7 +177,7 @@ def _log_abar(abar: Complex[Array, "*shape"]) -> Complex[Array, "*shape"]:
 
 
 def _complex_dtype(dtype) -> type:
-    return jnp.complex128 if _work_dtype(dtype) == jnp.float64 else jnp.complex64
+    return jnp.complex128 if work_dtype(dtype) == jnp.float64 else jnp.complex64
 
 
 def _chunked_conv(
@@ -197,7 +197,7 @@ def _chunked_conv(
     c = _default_chunk(length, kc, modes) if chunk is None else min(chunk, length)
     q = -(-length // c)
     dtype = u.dtype
-    work = _work_dtype(dtype)
+    work = work_dtype(dtype)
     cdtype = _complex_dtype(dtype)
     log_abar = log_abar.astype(cdtype)[:, :, None]
     cb = cb.astype(cdtype)

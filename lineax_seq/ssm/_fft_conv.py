@@ -5,28 +5,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import as_array, check_bool
-
-
-def _work_dtype(dtype) -> type:
-    """The real dtype FFTs and complex arithmetic run in: float64 stays float64, anything
-    else (float32, bfloat16, float16) is computed in float32."""
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
-
-
-def _fft_size(minimum: int) -> int:
-    """Smallest `2^a 3^b 5^c >= minimum` (sizes the FFT libraries handle fastest)."""
-    best = 1 << max(minimum - 1, 0).bit_length()
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            size = p35
-            while size < minimum:
-                size *= 2
-            best = min(best, size)
-            p35 *= 3
-        p5 *= 5
-    return best
+from .._numerics import fft_size, rfft_conv, work_dtype
 
 
 def fft_conv(
@@ -99,21 +78,16 @@ def fft_conv(
             f"k must have shape (kc, length={length}) with kc = 1 or channels={channels}, "
             f"got k.shape={k.shape}"
         )
-    n = _fft_size(2 * length)
-    work = _work_dtype(u.dtype)
     if k_backward is None:
-        k_full = k.astype(work)
-    else:
-        if k_backward.shape != k.shape:
-            raise ValueError(
-                f"k_backward must have the shape of k={k.shape}, "
-                f"got k_backward.shape={k_backward.shape}"
-            )
-        # Circular index n - 1 - j is lag -(j + 1).
-        # (Kernels of two float dtypes are joined in the work dtype, neither rounded.)
-        pad = jnp.zeros((k.shape[0], n - 2 * length), work)
-        k_full = jnp.concatenate([k.astype(work), pad, k_backward[:, ::-1].astype(work)], -1)
-    u_f = jnp.fft.rfft(u.astype(work), n=n, axis=0)
-    k_f = jnp.fft.rfft(k_full, n=n, axis=-1).T
-    y = jnp.fft.irfft(u_f * k_f, n=n, axis=0)[:length]
-    return y.astype(u.dtype)
+        return rfft_conv(u, k)
+    if k_backward.shape != k.shape:
+        raise ValueError(
+            f"k_backward must have the shape of k={k.shape}, "
+            f"got k_backward.shape={k_backward.shape}"
+        )
+    # Circular tap n - 1 - j is lag -(j + 1).
+    # (Kernels of two float dtypes are joined in the work dtype, neither rounded.)
+    work = work_dtype(u.dtype)
+    pad = jnp.zeros((k.shape[0], fft_size(2 * length) - 2 * length), work)
+    k_full = jnp.concatenate([k.astype(work), pad, k_backward[:, ::-1].astype(work)], -1)
+    return rfft_conv(u, k_full)

@@ -9,7 +9,7 @@ import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import IntLike, RealScalar, check_int, check_key, check_real
-from ._fft_conv import _work_dtype
+from .._numerics import work_dtype
 
 
 class HyenaFilter(eqx.Module):
@@ -152,7 +152,7 @@ class HyenaFilter(eqx.Module):
     def _tau(self, length: int) -> Float[Array, " length"]:
         # Positions in the parameters' precision, float32 at least (bfloat16 cannot
         # tell position 257 from 256).
-        work = _work_dtype(self.output.weight.dtype)
+        work = work_dtype(self.output.weight.dtype)
         return jnp.arange(length, dtype=work) / jnp.asarray(self.max_length, work)
 
     def __call__(self, length: IntLike) -> Float[Array, "channels length"]:

@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
 from .._checks import IntLike, RealScalar, check_int, check_key, check_real
-from ._fft_conv import _work_dtype
+from .._numerics import work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
 _DISCRETIZATIONS = ("zoh", "bilinear")
@@ -105,7 +105,7 @@ def complex_(
 ) -> Complex[Array, "*shape"]:
     """`real + i imag` in complex64, or complex128 if both parts are float64 (half-precision
     parameters, e.g. of a model cast to bfloat16, are computed in float32)."""
-    work = _work_dtype(jnp.result_type(real, imag))
+    work = work_dtype(jnp.result_type(real, imag))
     return jax.lax.complex(real.astype(work), imag.astype(work))
 
 

@@ -20,8 +20,9 @@ from .._checks import (
     check_int,
     check_key,
 )
+from .._numerics import work_dtype
 from ._chunked import _chunked_conv
-from ._fft_conv import _work_dtype, fft_conv
+from ._fft_conv import fft_conv
 from ._kernel import S4DKernel, complex_
 
 _CONVS = ("auto", "fft", "chunked")
@@ -167,7 +168,7 @@ class S4D(eqx.Module):
         self._check_input("x", x, sequence=True)
         dtype = x.dtype
         # Half precision is computed in float32 and rounded once, the skip included.
-        x = x.astype(_work_dtype(dtype))
+        x = x.astype(work_dtype(dtype))
         shared = self.kernel.channels != self.dim
         method = self.conv if self.conv != "auto" else ("chunked" if shared else "fft")
         # Per-channel kernels take the skip at lag 0: one convolution gives K * x + D x.
