@@ -20,7 +20,7 @@ def check_split(split: str, valid_fraction: RealLike, test_fraction: RealLike) -
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     valid_fraction = check_real("valid_fraction", valid_fraction, "nonnegative")
     test_fraction = check_real("test_fraction", test_fraction, "nonnegative")
-    if not (0 <= valid_fraction and 0 <= test_fraction and valid_fraction + test_fraction < 1):
+    if valid_fraction + test_fraction >= 1:
         raise ValueError(
             "valid_fraction and test_fraction must be >= 0 with sum < 1, got "
             f"valid_fraction={valid_fraction}, test_fraction={test_fraction}"
