@@ -502,6 +502,7 @@ def test_train_finds_bad_eval_and_data_before_training(data, tmp_path, no_jaxtyp
     with pytest.raises(ValueError, match="eval_data yielded no batches"):
         ls.train(*args, data, eval_data=[], **run)
     assert ls.list_checkpoints(tmp_path) == []  # nothing trained
+    assert not (tmp_path / "metrics.jsonl").exists()  # nor a run's metrics begun
     with pytest.raises(TypeError, match=r"got a single batch \(a dict with keys \['x'\]\)"):
         ls.train(*args, {"x": np.zeros((8, 4))}, steps=1, key=jr.key(0))
     with pytest.raises(TypeError, match="data must be an iterable of batches .* got data=None"):

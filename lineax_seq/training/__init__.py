@@ -17,6 +17,7 @@ make_optimizer(learning_rate=1e-3, *, schedule=None, warmup_steps=0,
                total_steps=None, end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999,
                eps=1e-8, clip_norm=1.0, accumulate_steps=1,
                groups: dict[str, ParamGroup] | None = None) -> optax.GradientTransformation
+# it carries .learning_rate_schedule ("default" group's) and .accumulate_steps: train logs "lr"
 opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
 ```
 

@@ -400,9 +400,12 @@ def make_optimizer(
 
     **Returns:**
 
-    An `optax.GradientTransformation` (with attributes `learning_rate_schedule`, the
-    default group's schedule, and `accumulate_steps`, which [`lineax_seq.train`][]
-    uses to log the learning rate).
+    An `optax.GradientTransformation` with two more attributes, from which
+    [`lineax_seq.train`][] logs the learning rate:
+
+    - `learning_rate_schedule`: the `"default"` group's schedule, a function of the
+        optimiser update count.
+    - `accumulate_steps`: the number of micro-batches per update.
     """
     groups = {} if groups is None else groups
     _check_groups(groups)
@@ -431,20 +434,23 @@ def make_optimizer(
             "0, or use a decaying schedule (with total_steps)"
         )
 
-    def _adamw(lr, wd) -> optax.GradientTransformation:
-        sched = make_schedule(
-            lr,
+    def _schedule(peak_lr: RealScalar) -> optax.Schedule:
+        return make_schedule(
+            peak_lr,
             schedule=schedule,
             warmup_steps=warmup_steps,
             total_steps=total_steps,
-            end_lr=lr * end_lr_ratio,
+            end_lr=peak_lr * end_lr_ratio,
         )
+
+    def _adamw(sched: optax.Schedule, wd: RealScalar) -> optax.GradientTransformation:
         return optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=wd)
 
-    transforms = {DEFAULT_GROUP: _adamw(learning_rate, weight_decay)}
+    default_schedule = _schedule(learning_rate)
+    transforms = {DEFAULT_GROUP: _adamw(default_schedule, weight_decay)}
     for name, g in groups.items():
         transforms[name] = _adamw(
-            learning_rate if g.learning_rate is None else g.learning_rate,
+            _schedule(learning_rate if g.learning_rate is None else g.learning_rate),
             weight_decay if g.weight_decay is None else g.weight_decay,
         )
     if groups:
@@ -458,21 +464,21 @@ def make_optimizer(
     if accumulate_steps > 1:
         opt = optax.MultiSteps(opt, every_k_schedule=accumulate_steps).gradient_transformation()
     opt = _standard_promotion(opt)
-    # For logging: the train loop reports the default group's learning rate.
-    opt.learning_rate_schedule = make_schedule(
-        learning_rate,
-        schedule=schedule,
-        warmup_steps=warmup_steps,
-        total_steps=total_steps,
-        end_lr=learning_rate * end_lr_ratio,
-    )
+    opt.learning_rate_schedule = default_schedule
     opt.accumulate_steps = accumulate_steps
     return opt
 
 
 class _Optimizer(optax.GradientTransformation):
-    """An optax `GradientTransformation` that also carries its (default group's)
-    `learning_rate_schedule` and `accumulate_steps`, for logging."""
+    """`make_optimizer`'s optimiser: an optax `GradientTransformation` that also carries
+    what [`lineax_seq.train`][] logs the learning rate from (see `make_optimizer`).
+
+    These are plain attributes, not tuple fields: optax and JAX see `(init, update)`
+    only, and a copy rebuilt from those (e.g. by JAX inside `jit`) has the defaults.
+    """
+
+    learning_rate_schedule: optax.Schedule | None = None
+    accumulate_steps: int = 1
 
 
 def _standard_promotion(tx: optax.GradientTransformation) -> _Optimizer:

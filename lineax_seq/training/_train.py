@@ -546,6 +546,215 @@ def _check_train_args(
             raise ValueError("eval_fn needs eval_data: without it nothing is evaluated.")
 
 
+def _loss_first(names: Iterable[str]) -> list[str]:
+    """Metric names in the records' order: `"loss"` first, then the others sorted."""
+    return sorted(names, key=lambda k: (k != "loss", k))
+
+
+def _copy_arrays(tree: PyTree) -> PyTree:
+    """`tree` with copies of its arrays, which donation to the train step leaves alone."""
+    dynamic, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.device_put(dynamic, may_alias=False), static)
+
+
+def _prepare_state(
+    model: PyTree,
+    opt_state: PyTree,
+    optimizer: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh | None,
+    min_shard_size: int,
+) -> tuple[PyTree, PyTree]:
+    """The run's own `model` and `opt_state` (copies, or `optimizer.init` on the model's
+    inexact arrays), placed on `mesh` if given."""
+    model = _copy_arrays(model)
+    if opt_state is None:
+        opt_state = _init(optimizer, eqx.filter(model, eqx.is_inexact_array))
+    else:
+        opt_state = _copy_arrays(opt_state)
+    if mesh is not None:  # before a checkpoint is read: its arrays are loaded sharded
+        model = shard_params(model, mesh, min_shard_size=min_shard_size)
+        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
+    return model, opt_state
+
+
+def _last_eval(history: list[dict], start: int, resumed_from: int | None) -> int:
+    """The step of an evaluation this run need not repeat, or -1.
+
+    A fresh run evaluates at its end even without a step to take (steps=0: evaluate
+    only). A resumed run has evaluated at its checkpoint's step when the metrics say
+    so: a final checkpoint follows the final evaluation (see `train`), but a periodic
+    one at the step where the data ran out precedes it.
+    """
+    evaluated = any(r.get("split") == "eval" and r.get("step") == start for r in history)
+    if jax.process_count() > 1:  # every process takes process 0's reading
+        evaluated = bool(multihost_utils.broadcast_one_to_all(np.int32(evaluated)))
+    return start if resumed_from is not None and evaluated else -1
+
+
+def _check_finite(step: int, metrics: dict[str, float], steps: int) -> None:
+    """A `NonFiniteError` for the first non-finite metric of train step `step`, the loss
+    first."""
+    for k in _loss_first(metrics):
+        v = metrics[k]
+        if not math.isfinite(v):
+            raise NonFiniteError(
+                f"Non-finite {'loss' if k == 'loss' else repr(k)} = {v} at train "
+                f"step {step} of {steps} (the batch at 0-based position {step - 1}, "
+                f"key jr.fold_in(train_key, {step - 1})); stopping. The last "
+                "checkpoint (if any) precedes this step."
+            )
+
+
+def _evaluate(
+    eval_step: Callable[[PyTree, Any, PRNGKeyArray], dict[str, Array]],
+    eval_data: Iterable,
+    eval_key: PRNGKeyArray,
+    model: PyTree,
+    step: int,
+    *,
+    eval_batches: int | None,
+    mesh: jax.sharding.Mesh | None,
+) -> dict:
+    """The evaluation record after train step `step`: the metrics of (the first
+    `eval_batches`) batches of `eval_data`, averaged with weights proportional to their
+    sizes; batch `i` gets the key `jr.fold_in(jr.fold_in(eval_key, step), i)`."""
+    sums: dict[str, float] = {}
+    n = 0
+    key = jr.fold_in(eval_key, step)
+    for i, batch in enumerate(iter(eval_data)):
+        if eval_batches is not None and i >= eval_batches:
+            break
+        if mesh is not None:
+            batch = _place_eval_batch(batch, mesh)
+        metrics = eval_step(model, batch, jr.fold_in(key, i))
+        size = _count(batch, "samples")
+        for name, v in metrics.items():
+            sums[name] = sums.get(name, 0.0) + size * _host(v)
+        n += size
+    if n == 0:
+        raise ValueError("eval_data yielded no batches (or only empty ones).")
+    record = {"step": step, "split": "eval"}
+    record.update({name: sums[name] / n for name in _loss_first(sums)})
+    for name, v in record.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise NonFiniteError(f"Non-finite eval {name!r} = {v} at step {step}.")
+    return record
+
+
+class _Recorder:
+    """The run's records: kept in `history`, appended to the metrics file, shown on the
+    progress bar and, for train records, passed to the callback.
+
+    Train metrics stay on the device until `flush`, which checks them and writes their
+    average with the learning rate and the throughput of the window since the last
+    train record (the compilation of the first step, evaluations and checkpoints
+    excluded).
+    """
+
+    def __init__(
+        self,
+        history: list[dict],
+        *,
+        metrics_path: pathlib.Path | None,
+        progress: bool,
+        start: int,
+        steps: int,
+        unit: str,
+        optimizer: optax.GradientTransformation,
+        callback: Callable[[int, PyTree, dict[str, float]], None] | None,
+    ):
+        self.history = history
+        self.log_file = None if metrics_path is None else open(metrics_path, "a")  # noqa: SIM115
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
+        self.start = start
+        self.steps = steps
+        self.unit = unit
+        # `make_optimizer`'s attributes (see `train`): other optimisers log no "lr".
+        self.lr_schedule = getattr(optimizer, "learning_rate_schedule", None)
+        self.accumulate_steps = getattr(optimizer, "accumulate_steps", 1)
+        self.callback = callback
+        self.pending: list[tuple[int, dict[str, Array]]] = []
+        # The throughput window: items fed since the last train record, and since when.
+        self.window_items = 0
+        self.window_start = time.perf_counter()
+
+    def restart_window(self) -> None:
+        """Start the throughput window now: what came before is not train steps' time."""
+        self.window_start = time.perf_counter()
+
+    def add(self, step: int, metrics: dict[str, Array], items: int) -> None:
+        """Hold the metrics of train step `step`, which fed `items` samples or tokens."""
+        self.window_items += items
+        self.pending.append((step, metrics))
+        if step == self.start + 1:  # throughput excludes the compilation of the first step
+            jax.block_until_ready(metrics)
+            self.window_items = 0
+            self.restart_window()
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def write(self, record: dict) -> None:
+        self.history.append(record)
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+
+    def flush(self, model: PyTree, opt_state: PyTree) -> None:
+        """Fetch pending metrics, check them, write one averaged train record."""
+        if not self.pending:
+            return
+        fetched = [(s, {k: _host(v) for k, v in m.items()}) for s, m in self.pending]
+        self.pending.clear()
+        for s, m in fetched:
+            _check_finite(s, m, self.steps)
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        last = fetched[-1][0]
+        record = {"step": last, "split": "train"}
+        for k in _loss_first(fetched[-1][1]):
+            record[k] = float(np.mean([m[k] for _, m in fetched]))
+        if self.lr_schedule is not None:  # learning rate of the next update
+            count = _schedule_count(opt_state)
+            updates = last // self.accumulate_steps if count is None else int(_host(count))
+            record["lr"] = float(self.lr_schedule(updates))
+        if self.window_items:  # (none yet right after the first, compiling, step)
+            record[f"{self.unit}_per_s"] = self.window_items / elapsed
+        self.window_items = 0
+        self.write(record)
+        if self.bar is not None:
+            self.bar.set_postfix(self._postfix(record))
+        if self.callback is not None:
+            self.callback(last, model, record)
+        # The next window starts now: the schedule, the record and the callback (which
+        # may compile, or take long) are not the train steps' time.
+        self.restart_window()
+
+    def _postfix(self, record: dict) -> dict[str, str]:
+        """The progress bar's summary of a train record."""
+        postfix = {"loss": f"{record['loss']:.4g}"}
+        if "lr" in record:
+            postfix["lr"] = f"{record['lr']:.2e}"
+        if f"{self.unit}_per_s" in record:
+            postfix[f"{self.unit}/s"] = f"{record[f'{self.unit}_per_s']:.3g}"
+        return postfix
+
+    def write_eval(self, record: dict) -> None:
+        """Write an evaluation record, and print it above the progress bar."""
+        self.write(record)
+        if self.bar is not None:
+            shown = (f"{k}={v:.4g}" for k, v in record.items() if k not in ("step", "split"))
+            self.bar.write(f"step {record['step']}: eval " + ", ".join(shown))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.log_file is not None:
+            self.log_file.close()
+
+
 def train(
     model: PyTree,
     optimizer: optax.GradientTransformation,
@@ -587,11 +796,20 @@ def train(
     `out_dir` holding metrics but no checkpoint starts again from step 0, moving the old
     metrics to `metrics.jsonl.prev`, or `.prev.1`, `.prev.2`... if that exists).
 
+    The train and evaluation steps are compiled once per `loss_fn`, `eval_fn` and
+    `optimizer`, compared by identity (and per shape of the model and batches): a later
+    call, e.g. a resume in the same process, reuses the compilation only when passed the
+    same function and optimiser objects (a new `make_optimizer(...)` compiles again).
+
     **Arguments:**
 
     - `model`: the model (any PyTree; it is copied, so the caller's arrays stay valid).
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][] (see
-        [`lineax_seq.make_train_step`][] for those taking the loss).
+        [`lineax_seq.make_train_step`][] for those taking the loss). The train records
+        hold the learning rate `"lr"` of the next update for an optimiser with the
+        attributes of `make_optimizer`'s: `learning_rate_schedule` evaluated at the
+        count of the first `optax.ScaleByScheduleState` in the optimiser state, or at
+        `step // accumulate_steps` (default 1) without one; others log no `"lr"`.
     - `loss_fn`: `loss_fn(model, batch, key) -> (loss, aux)`, see
         [`lineax_seq.make_train_step`][].
     - `data`: an iterable of batches (a grain dataset or iterator from
@@ -683,21 +901,10 @@ def train(
     out = None if out_dir is None else pathlib.Path(out_dir)
     if out is not None and is_main:
         out.mkdir(parents=True, exist_ok=True)
-    metrics_path = None if out is None else out / METRICS_FILE
+    metrics_path = None if out is None or not is_main else out / METRICS_FILE
     ckpt_dir = None if out is None else out / CHECKPOINT_DIR
 
-    # Copy so that donation never invalidates the caller's arrays.
-    dynamic, static = eqx.partition(model, eqx.is_array)
-    model = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
-    if opt_state is None:
-        params = eqx.filter(model, eqx.is_inexact_array)
-        opt_state = _init(optimizer, params)
-    else:
-        dynamic, static = eqx.partition(opt_state, eqx.is_array)
-        opt_state = eqx.combine(jax.device_put(dynamic, may_alias=False), static)
-    if mesh is not None:  # before a checkpoint is read: its arrays are loaded sharded
-        model = shard_params(model, mesh, min_shard_size=min_shard_size)
-        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
+    model, opt_state = _prepare_state(model, opt_state, optimizer, mesh, min_shard_size)
     it = _DataIterator(data)
     start, resumed_from, history = 0, None, []
     if out is not None:
@@ -712,119 +919,25 @@ def train(
     train_key, eval_key = jr.split(key)
     step_fn = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate=True)
     eval_step = make_eval_step(loss_fn if eval_fn is None else eval_fn)
-
-    log_file = open(metrics_path, "a") if metrics_path is not None and is_main else None  # noqa: SIM115
-    bar = None
-    if progress and is_main:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
-
-    def write(record: dict) -> None:
-        history.append(record)
-        if log_file is not None:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-
-    lr_schedule = getattr(optimizer, "learning_rate_schedule", None)  # make_optimizer's
-    accumulate_steps = getattr(optimizer, "accumulate_steps", 1)
-    pending: list[tuple[int, dict[str, Array]]] = []
-    # The throughput window: items fed since the last train record, and since when.
-    window_items, window_start = 0, time.perf_counter()
-
-    def flush() -> None:
-        """Fetch pending metrics, check them, write one averaged train record."""
-        nonlocal window_items, window_start
-        if not pending:
-            return
-        fetched = [(s, {k: _host(v) for k, v in m.items()}) for s, m in pending]
-        pending.clear()
-        for s, m in fetched:
-            for k in sorted(m, key=lambda k: (k != "loss", k)):  # the loss first
-                v = m[k]
-                if not math.isfinite(v):
-                    raise NonFiniteError(
-                        f"Non-finite {'loss' if k == 'loss' else repr(k)} = {v} at train "
-                        f"step {s} of {steps} (the batch at 0-based position {s - 1}, "
-                        f"key jr.fold_in(train_key, {s - 1})); stopping. The last "
-                        "checkpoint (if any) precedes this step."
-                    )
-        now = time.perf_counter()
-        elapsed = max(now - window_start, 1e-9)
-        last = fetched[-1][0]
-        record = {"step": last, "split": "train"}
-        for k in sorted(fetched[-1][1], key=lambda k: (k != "loss", k)):
-            record[k] = float(np.mean([m[k] for _, m in fetched]))
-        if lr_schedule is not None:  # learning rate of the next update
-            count = _schedule_count(opt_state)
-            updates = last // accumulate_steps if count is None else int(_host(count))
-            record["lr"] = float(lr_schedule(updates))
-        if window_items:  # (none yet right after the first, compiling, step)
-            record[f"{unit}_per_s"] = window_items / elapsed
-        window_items = 0
-        write(record)
-        if bar is not None:
-            postfix = {"loss": f"{record['loss']:.4g}"}
-            if "lr" in record:
-                postfix["lr"] = f"{record['lr']:.2e}"
-            if f"{unit}_per_s" in record:
-                postfix[f"{unit}/s"] = f"{record[f'{unit}_per_s']:.3g}"
-            bar.set_postfix(postfix)
-        if callback is not None:
-            callback(last, model, record)
-        # The next window starts now: the schedule, the record and the callback (which
-        # may compile, or take long) are not the train steps' time.
-        window_start = time.perf_counter()
-
-    def evaluate(s: int) -> None:
-        sums: dict[str, float] = {}
-        n = 0
-        k = jr.fold_in(eval_key, s)
-        for i, batch in enumerate(iter(eval_data)):
-            if eval_batches is not None and i >= eval_batches:
-                break
-            if mesh is not None:
-                batch = _place_eval_batch(batch, mesh)
-            m = eval_step(model, batch, jr.fold_in(k, i))
-            size = _count(batch, "samples")
-            for name, v in m.items():
-                sums[name] = sums.get(name, 0.0) + size * _host(v)
-            n += size
-        if n == 0:
-            raise ValueError("eval_data yielded no batches (or only empty ones).")
-        record = {"step": s, "split": "eval"}
-        record.update({k_: sums[k_] / n for k_ in sorted(sums, key=lambda k_: (k_ != "loss", k_))})
-        for name, v in record.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                raise NonFiniteError(f"Non-finite eval {name!r} = {v} at step {s}.")
-        write(record)
-        if bar is not None:
-            shown = (f"{k_}={v:.4g}" for k_, v in record.items() if k_ not in ("step", "split"))
-            bar.write(f"step {s}: eval " + ", ".join(shown))
-
-    def checkpoint(s: int) -> None:
-        save_checkpoint(
-            ckpt_dir,
-            s,
-            model=model,
-            opt_state=opt_state,
-            key=key,
-            data_state=it.get_state(),
-            keep=keep_checkpoints,
-        )
-
-    if eval_data is not None:
+    evaluate = ft.partial(
+        _evaluate, eval_step, eval_data, eval_key, eval_batches=eval_batches, mesh=mesh
+    )
+    checkpoint = ft.partial(save_checkpoint, ckpt_dir, key=key, keep=keep_checkpoints)
+    if eval_data is not None:  # before the metrics file is opened (or created)
         _check_eval(eval_data, eval_step, model, eval_key, mesh)
+    recorder = _Recorder(
+        history,
+        metrics_path=metrics_path,
+        progress=progress and is_main,
+        start=start,
+        steps=steps,
+        unit=unit,
+        optimizer=optimizer,
+        callback=callback,
+    )
 
     step = start
-    # A fresh run evaluates at its end even without a step to take (steps=0: evaluate
-    # only). A resumed run has evaluated at its checkpoint's step when the metrics say
-    # so: a final checkpoint follows the final evaluation (see the end below), but a
-    # periodic one at the step where the data ran out precedes it.
-    evaluated = any(r.get("split") == "eval" and r.get("step") == start for r in history)
-    if jax.process_count() > 1:  # every process takes process 0's reading
-        evaluated = bool(multihost_utils.broadcast_one_to_all(np.int32(evaluated)))
-    last_eval = start if resumed_from is not None and evaluated else -1
+    last_eval = _last_eval(history, start, resumed_from)
     last_ckpt = start
     try:
         while step < steps:
@@ -837,42 +950,34 @@ def train(
                 )
                 break
             # Each process feeds its own slice of the global batch.
-            window_items += _count(batch, unit) * (1 if mesh is None else jax.process_count())
+            items = _count(batch, unit) * (1 if mesh is None else jax.process_count())
             if mesh is not None:
                 batch = shard_batch(batch, mesh)
             # The key of step s is jr.fold_in(train_key, s), computed inside the step.
             model, opt_state, metrics = step_fn(model, opt_state, batch, train_key, np.int32(step))
             step += 1
-            pending.append((step, metrics))
-            if step == start + 1:  # throughput excludes the compilation of the first step
-                jax.block_until_ready(metrics)
-                window_items, window_start = 0, time.perf_counter()
-            if bar is not None:
-                bar.update(1)
+            recorder.add(step, metrics, items)
             if step % log_every == 0:
-                flush()
+                recorder.flush(model, opt_state)
             if eval_every and step % eval_every == 0:
-                flush()
-                evaluate(step)
+                recorder.flush(model, opt_state)
+                recorder.write_eval(evaluate(model, step))
                 last_eval = step
-                window_start = time.perf_counter()  # throughput excludes evaluation
+                recorder.restart_window()  # throughput excludes evaluation
             if checkpoint_every and step % checkpoint_every == 0 and step < steps:
-                flush()  # never checkpoint a non-finite state
-                checkpoint(step)
+                recorder.flush(model, opt_state)  # never checkpoint a non-finite state
+                checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
                 last_ckpt = step
-                window_start = time.perf_counter()
-        flush()
+                recorder.restart_window()
+        recorder.flush(model, opt_state)
         # The final evaluation comes before the final checkpoint, so that a run killed
         # between the two evaluates again when resumed.
         if eval_data is not None and last_eval != step:
-            evaluate(step)
+            recorder.write_eval(evaluate(model, step))
         if checkpoint_every and last_ckpt != step:
-            checkpoint(step)
+            checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
     finally:
-        if bar is not None:
-            bar.close()
-        if log_file is not None:
-            log_file.close()
+        recorder.close()
     if plot and is_main:
         plot_metrics(history, out / PLOT_FILE)
     return TrainResult(model, opt_state, step, key, history, resumed_from)
@@ -928,7 +1033,7 @@ def plot_metrics(
         keys = (keys,)
     if keys is None:
         found = [k for k in available if k != "lr" and not k.endswith("_per_s")]
-        keys = tuple(sorted(found, key=lambda k: (k != "loss", k)))
+        keys = tuple(_loss_first(found))
     for k in keys:
         if k not in available:
             raise ValueError(f"keys: no record has the metric {k!r}; the history has {available}.")
