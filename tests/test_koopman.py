@@ -77,6 +77,29 @@ def test_unroll_matches_step_by_step(model, controlled, mlp_dynamics, k):
     np.testing.assert_allclose(zs, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_reencode_is_decode_then_encode(model, mlp_dynamics):
+    """`reencode` is `phi(psi(z))`, and an unroll with `reencode_every=k` is the plain
+    step loop that calls it every `k` steps (before which the latent is recorded)."""
+    z = jr.normal(jr.key(40), (model.latent_dim,))
+    for m in (model, mlp_dynamics):  # linear / MLP decoder and dynamics
+        got = m.reencode(z)
+        assert got.shape == (m.latent_dim,)
+        np.testing.assert_allclose(got, m.encode(m.decode(z)), rtol=1e-6, atol=1e-7)
+    x0, k = jnp.array([0.4, -0.6]), 5
+    step = eqx.filter_jit(lambda m, z: m.step(z))
+    reencode = eqx.filter_jit(lambda m, z: m.reencode(z))
+    for m in (model, mlp_dynamics):
+        z, expected = m.encode(x0), []
+        for t in range(STEPS):
+            z = step(m, z)
+            expected.append(z)
+            if (t + 1) % k == 0:
+                z = reencode(m, z)
+        for method in ("parallel", "sequential"):
+            zs = ls.unroll_latents(m, x0, steps=STEPS, reencode_every=k, method=method)
+            np.testing.assert_allclose(zs, jnp.stack(expected), rtol=1e-4, atol=1e-5)
+
+
 def test_long_unroll_without_reencoding_chains_chunks(model):
     # 300 steps > the internal chunk of 128: chunks must chain exactly.
     x0 = jnp.array([0.2, 0.1])
@@ -262,7 +285,11 @@ def test_losses_match_hand_computation(model):
     xb = ls.unroll(base, xs[0], steps=4)
     np.testing.assert_allclose(base(base(xs[0])), xb[1], rtol=1e-6)
     expected = sum(jnp.linalg.norm(xs[i + 1] - xb[i]) for i in range(4))
-    np.testing.assert_allclose(ls.mlp_baseline_loss(base, xs), expected, rtol=1e-5)
+    loss, terms = ls.mlp_baseline_loss(base, xs)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    # The same `(loss, terms)` as koopman_loss, its one term under koopman_loss's key.
+    assert loss.shape == () and set(terms) == {"prediction"}
+    np.testing.assert_allclose(terms["prediction"], expected, rtol=1e-5)
 
 
 def test_linear_decoder_columns_have_unit_norm(model):
@@ -1063,7 +1090,7 @@ def test_numpy_inputs(model, controlled):
     )
     base = ls.MLPBaseline(2, width=4, key=jr.key(0))
     np.testing.assert_allclose(
-        ls.mlp_baseline_loss(base, xs), ls.mlp_baseline_loss(base, jnp.asarray(xs))
+        ls.mlp_baseline_loss(base, xs)[0], ls.mlp_baseline_loss(base, jnp.asarray(xs))[0]
     )
     # Weights: Python ints and NumPy numbers are weights too; a bool is not.
     loss = lambda **w: ls.koopman_loss(controlled, xs, us, **w)[0]

@@ -138,7 +138,8 @@ print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} after {train_steps} steps")
 #
 # - `reencode_every=None`: encode once, advance the latent, decode every step;
 # - `reencode_every=1`: decode and re-encode after every step;
-# - `reencode_every=k`: decode and re-encode every `k` steps.
+# - `reencode_every=k`: decode and re-encode every `k` steps (`model.reencode(z)`,
+#   `phi(psi(z))`).
 #
 # Between reencodings the `k` linear steps are computed in parallel from a table of
 # powers of `Kbar` (the decoder is folded into it), not one step at a time.

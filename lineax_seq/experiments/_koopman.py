@@ -208,20 +208,16 @@ def train_model(
         groups=groups,
     )
 
-    if baseline:
+    def window_loss(m, w):
+        if baseline:
+            return ls.mlp_baseline_loss(m, w)
+        return ls.koopman_loss(
+            m, w, prediction=prediction, reencode_every=reencode_every, method="sequential"
+        )
 
-        def loss_fn(m, batch, key):
-            return jnp.mean(jax.vmap(lambda w: ls.mlp_baseline_loss(m, w))(batch)), None
-
-    else:
-
-        def loss_fn(m, batch, key):
-            loss, terms = jax.vmap(
-                lambda w: ls.koopman_loss(
-                    m, w, prediction=prediction, reencode_every=reencode_every, method="sequential"
-                )
-            )(batch)
-            return jnp.mean(loss), {k: jnp.mean(v) for k, v in terms.items()}
+    def loss_fn(m, batch, key):
+        loss, terms = jax.vmap(lambda w: window_loss(m, w))(batch)
+        return jnp.mean(loss), {k: jnp.mean(v) for k, v in terms.items()}
 
     windows = jnp.asarray(_windows(train_xs, window))
     step = ls.make_train_step(loss_fn, optimizer, donate=False)

@@ -1,5 +1,7 @@
 """Koopman autoencoder (encoder, dynamics, decoder, action encoder / head), MLP baseline."""
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -65,6 +67,142 @@ class UnitNormLinear(eqx.Module):
         if z.shape != self.weight.shape[1:]:
             raise ValueError(f"z must have shape ({self.weight.shape[1]},), got z.shape={z.shape}")
         return matmul(self.normalized_weight(), z) + self.bias
+
+
+class _Options(NamedTuple):
+    """`KoopmanAutoencoder`'s sizes, checked and with their defaults filled in."""
+
+    state_dim: int
+    latent_dim: int
+    action_dim: int  # 0: autonomous
+    action_latent_dim: int  # `m`, the size of `omega(u)`; 0 without controls
+    head_action_dim: int  # 0: no action head
+    width: int
+    encoder_layers: int
+    decoder_layers: int
+    dynamics_width: int
+    dt: float
+
+
+def _check_decoder(decoder: str, decoder_layers: IntLike | None) -> int:
+    """The MLP decoder's number of layers (default 4), checked with the decoder kind."""
+    if decoder not in _DECODERS:
+        raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
+    if decoder_layers is None:
+        return 4
+    decoder_layers = check_int("decoder_layers", decoder_layers)
+    if decoder != "mlp":
+        raise ValueError(
+            f"decoder_layers={decoder_layers} is the MLP decoder's depth; "
+            f"decoder={decoder!r} has none: pass decoder='mlp' or leave it None"
+        )
+    return decoder_layers
+
+
+def _check_dynamics(dynamics: str, discretization: str) -> None:
+    """A `ValueError` unless the dynamics kind and discretization are known and go together."""
+    if dynamics not in _DYNAMICS:
+        raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
+    if discretization not in _DISCRETIZATIONS:
+        raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
+    if dynamics == "mlp" and discretization != "bilinear":
+        raise ValueError(
+            f"discretization={discretization!r} applies to linear dynamics only; "
+            "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
+        )
+
+
+def _check_dynamics_width(dynamics: str, dynamics_width: IntLike | None, width: int) -> int:
+    """The MLP dynamics' hidden width (default `width`), checked with the dynamics kind."""
+    if dynamics_width is None:
+        return width
+    dynamics_width = check_int("dynamics_width", dynamics_width)
+    if dynamics != "mlp":
+        raise ValueError(
+            f"dynamics_width={dynamics_width} is the MLP dynamics' width; "
+            f"dynamics={dynamics!r} has none: pass dynamics='mlp' or leave it None"
+        )
+    return dynamics_width
+
+
+def _head_action_dim(action_dim: int, action_head: bool, head_action_dim: IntLike | None) -> int:
+    """The size of the actions the head predicts (0: no head), checked."""
+    if head_action_dim is not None:
+        head_action_dim = check_int("head_action_dim", head_action_dim)
+        if not action_head:
+            raise ValueError(
+                f"head_action_dim={head_action_dim} is the action head's output size, "
+                "but action_head=False: pass action_head=True or leave it None"
+            )
+        if action_dim and head_action_dim != action_dim:
+            raise ValueError(
+                f"head_action_dim={head_action_dim}: with controls (action_dim="
+                f"{action_dim}) the head predicts them; leave head_action_dim None"
+            )
+        return head_action_dim
+    if not action_head:
+        return 0
+    if action_dim == 0:
+        raise ValueError(
+            "action_head=True needs the size of the actions it predicts: "
+            "action_dim > 0 (controlled dynamics) or head_action_dim > 0 "
+            "(autonomous dynamics, as in semi-open-loop control)"
+        )
+    return action_dim
+
+
+def _resolve_options(
+    state_dim: IntLike,
+    latent_dim: IntLike,
+    action_dim: IntLike,
+    *,
+    action_latent_dim: IntLike | None,
+    decoder: str,
+    dynamics: str,
+    width: IntLike,
+    encoder_layers: IntLike,
+    decoder_layers: IntLike | None,
+    dynamics_width: IntLike | None,
+    action_head: bool,
+    head_action_dim: IntLike | None,
+    dt: RealScalar,
+    discretization: str,
+) -> _Options:
+    """`KoopmanAutoencoder`'s arguments (but the key), checked against each other (a
+    `ValueError` or `TypeError` naming the first one at fault), as sizes."""
+    state_dim = check_int("state_dim", state_dim)
+    latent_dim = check_int("latent_dim", latent_dim)
+    width = check_int("width", width)
+    encoder_layers = check_int("encoder_layers", encoder_layers)
+    action_dim = check_int("action_dim", action_dim, minimum=0)
+    dt = check_real("dt", dt)
+    decoder_layers = _check_decoder(decoder, decoder_layers)
+    _check_dynamics(dynamics, discretization)
+    action_head = check_bool("action_head", action_head)
+    dynamics_width = _check_dynamics_width(dynamics, dynamics_width, width)
+    if action_dim == 0 and action_latent_dim is not None:
+        raise ValueError(
+            f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
+        )
+    head_action_dim = _head_action_dim(action_dim, action_head, head_action_dim)
+    if action_dim == 0:
+        m = 0
+    elif action_latent_dim is None:
+        m = latent_dim
+    else:
+        m = check_int("action_latent_dim", action_latent_dim)
+    return _Options(
+        state_dim=state_dim,
+        latent_dim=latent_dim,
+        action_dim=action_dim,
+        action_latent_dim=m,
+        head_action_dim=head_action_dim,
+        width=width,
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        dynamics_width=dynamics_width,
+        dt=dt,
+    )
 
 
 class KoopmanAutoencoder(eqx.Module):
@@ -140,99 +278,45 @@ class KoopmanAutoencoder(eqx.Module):
         - `key`: PRNG key.
         """
         check_key("key", key)
-        state_dim = check_int("state_dim", state_dim)
-        latent_dim = check_int("latent_dim", latent_dim)
-        width = check_int("width", width)
-        encoder_layers = check_int("encoder_layers", encoder_layers)
-        action_dim = check_int("action_dim", action_dim, minimum=0)
-        dt = check_real("dt", dt)
-        if decoder not in _DECODERS:
-            raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
-        if decoder_layers is None:
-            decoder_layers = 4
-        else:
-            decoder_layers = check_int("decoder_layers", decoder_layers)
-            if decoder != "mlp":
-                raise ValueError(
-                    f"decoder_layers={decoder_layers} is the MLP decoder's depth; "
-                    f"decoder={decoder!r} has none: pass decoder='mlp' or leave it None"
-                )
-        if dynamics not in _DYNAMICS:
-            raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
-        if discretization not in _DISCRETIZATIONS:
-            raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
-        if dynamics == "mlp" and discretization != "bilinear":
-            raise ValueError(
-                f"discretization={discretization!r} applies to linear dynamics only; "
-                "dynamics='mlp' steps by explicit Euler: leave discretization='bilinear'"
-            )
-        action_head = check_bool("action_head", action_head)
-        if dynamics_width is not None:
-            dynamics_width = check_int("dynamics_width", dynamics_width)
-            if dynamics != "mlp":
-                raise ValueError(
-                    f"dynamics_width={dynamics_width} is the MLP dynamics' width; "
-                    f"dynamics={dynamics!r} has none: pass dynamics='mlp' or leave it None"
-                )
-        if action_dim == 0 and action_latent_dim is not None:
-            raise ValueError(
-                f"action_latent_dim={action_latent_dim} needs action_dim > 0 (got action_dim=0)"
-            )
-        if head_action_dim is not None:
-            head_action_dim = check_int("head_action_dim", head_action_dim)
-            if not action_head:
-                raise ValueError(
-                    f"head_action_dim={head_action_dim} is the action head's output size, "
-                    "but action_head=False: pass action_head=True or leave it None"
-                )
-            if action_dim and head_action_dim != action_dim:
-                raise ValueError(
-                    f"head_action_dim={head_action_dim}: with controls (action_dim="
-                    f"{action_dim}) the head predicts them; leave head_action_dim None"
-                )
-        elif action_head:
-            if action_dim == 0:
-                raise ValueError(
-                    "action_head=True needs the size of the actions it predicts: "
-                    "action_dim > 0 (controlled dynamics) or head_action_dim > 0 "
-                    "(autonomous dynamics, as in semi-open-loop control)"
-                )
-            head_action_dim = action_dim
-        else:
-            head_action_dim = 0
-        m = (
-            0
-            if action_dim == 0
-            else (latent_dim if action_latent_dim is None else action_latent_dim)
+        opts = _resolve_options(
+            state_dim,
+            latent_dim,
+            action_dim,
+            action_latent_dim=action_latent_dim,
+            decoder=decoder,
+            dynamics=dynamics,
+            width=width,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            dynamics_width=dynamics_width,
+            action_head=action_head,
+            head_action_dim=head_action_dim,
+            dt=dt,
+            discretization=discretization,
         )
-        if action_dim > 0:
-            m = check_int("action_latent_dim", m)
+        n, m, width = opts.latent_dim, opts.action_latent_dim, opts.width
         ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
-        self.encoder = _mlp(state_dim, latent_dim, width, encoder_layers, key=ekey)
+        self.encoder = _mlp(opts.state_dim, n, width, opts.encoder_layers, key=ekey)
         if decoder == "linear":
-            self.decoder = UnitNormLinear(latent_dim, state_dim, key=dkey)
+            self.decoder = UnitNormLinear(n, opts.state_dim, key=dkey)
         else:
-            self.decoder = _mlp(latent_dim, state_dim, width, decoder_layers, key=dkey)
+            self.decoder = _mlp(n, opts.state_dim, width, opts.decoder_layers, key=dkey)
         if dynamics == "koopman":
             self.dynamics = LinearKoopmanDynamics(
-                latent_dim, m, dt=dt, discretization=discretization, key=ykey
+                n, m, dt=opts.dt, discretization=discretization, key=ykey
             )
         else:
-            self.dynamics = MLPDynamics(
-                latent_dim,
-                m,
-                width=width if dynamics_width is None else dynamics_width,
-                dt=dt,
-                key=ykey,
-            )
-        self.action_encoder = _mlp(action_dim, m, width, 2, key=akey) if action_dim else None
-        self.action_head = (
-            _mlp(latent_dim, head_action_dim, width, 3, key=hkey) if action_head else None
+            self.dynamics = MLPDynamics(n, m, width=opts.dynamics_width, dt=opts.dt, key=ykey)
+        self.action_encoder = (
+            _mlp(opts.action_dim, m, width, 2, key=akey) if opts.action_dim else None
         )
-        self.state_dim = state_dim
-        self.latent_dim = latent_dim
-        self.action_dim = action_dim
-        self.head_action_dim = head_action_dim
+        self.action_head = (
+            _mlp(n, opts.head_action_dim, width, 3, key=hkey) if opts.head_action_dim else None
+        )
+        self.state_dim = opts.state_dim
+        self.latent_dim = n
+        self.action_dim = opts.action_dim
+        self.head_action_dim = opts.head_action_dim
 
     @property
     def is_linear(self) -> bool:
@@ -252,6 +336,11 @@ class KoopmanAutoencoder(eqx.Module):
         if z.shape != (self.latent_dim,):
             raise ValueError(f"z must have shape ({self.latent_dim},), got z.shape={z.shape}")
         return self.decoder(z)
+
+    def reencode(self, z: Float[Array | np.ndarray, " latent_dim"]) -> Float[Array, " latent_dim"]:
+        """Periodic reencoding's step `phi(psi(z))`: decode the latent `(latent_dim,)`
+        to a state, then encode that back to a latent `(latent_dim,)` (section 1.3.2)."""
+        return self.encode(self.decode(z))
 
     def encode_action(
         self, u: Float[Array | np.ndarray, " action_dim"]

@@ -151,8 +151,11 @@ def mlp_baseline_loss(
     model: MLPBaseline,
     xs: Float[Array | np.ndarray, "window state_dim"],
     actions: Float[Array | np.ndarray, "horizon action_dim"] | None = None,
-) -> Float[Array, ""]:
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """Multi-step prediction loss `sum_{i=1..T} ||x_{t+i} - xhat_{t+i}||_2` of the baseline.
+
+    Returns `(loss, terms)` as [`koopman_loss`][lineax_seq.koopman_loss] does, so one
+    training loop serves both. Batch with `jax.vmap` and average.
 
     **Arguments:**
 
@@ -162,9 +165,11 @@ def mlp_baseline_loss(
 
     **Returns:**
 
-    The scalar loss.
+    `(loss, terms)`: the scalar loss and a dict of its one term, `{"prediction": loss}`
+    (the key of the same term in `koopman_loss`).
     """
     check_model(model, MLPBaseline)
     xs, actions, steps = _check_window(model, xs, actions)
     pred = unroll(model, xs[0], actions, steps=steps)
-    return jnp.sum(_norms(xs[1:] - pred))
+    loss = jnp.sum(_norms(xs[1:] - pred))
+    return loss, {"prediction": loss}

@@ -17,13 +17,13 @@ from .._checks import (
     IntLike,
     RealScalar,
     check_bool,
-    check_finite,
     check_int,
     check_option,
     check_optional_int,
     check_real,
     fail_if,
 )
+from ..systems import _diffeq
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
 
@@ -59,15 +59,6 @@ def check_model(model: object, *classes: type) -> None:
         )
 
 
-def _check_x0(model, x0: Array) -> Array:
-    if x0.shape != (model.state_dim,):
-        raise ValueError(
-            f"x0 has shape {x0.shape}, but the model's state_dim is {model.state_dim}: "
-            f"expected shape ({model.state_dim},)"
-        )
-    return check_finite("x0", x0)
-
-
 def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
     if model.action_dim == 0:
         if actions is not None:
@@ -78,12 +69,7 @@ def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
         return None
     if actions is None:
         raise ValueError(f"the model has action_dim={model.action_dim}: actions are required")
-    if actions.shape != (steps, model.action_dim):
-        raise ValueError(
-            f"actions has shape {actions.shape}, expected (steps, action_dim) = "
-            f"{(steps, model.action_dim)}"
-        )
-    return check_finite("actions", actions)
+    return _diffeq.check_actions(actions, steps, model.action_dim)
 
 
 def _powers(Kbar: Array, length: int) -> Array:
@@ -208,7 +194,7 @@ def _latent_rollout(
             _, zs = jax.lax.scan(run_chunk, z, v_block, length=parts)
             zs = zs.reshape(parts * chunk, -1)[:block]
         z_end = zs[-1]
-        z_next = model.encode(model.decode(z_end)) if reencode else z_end
+        z_next = model.reencode(z_end) if reencode else z_end
         return z_next, zs
 
     _, zs = jax.lax.scan(body, z0, vs, length=num_blocks)
@@ -225,7 +211,9 @@ def _check_unroll(
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not one of {_METHODS}")
     actions = _check_actions(model, None if actions is None else jnp.asarray(actions), steps)
-    x0, actions = promote(model, _check_x0(model, jnp.asarray(x0)), actions)
+    x0, actions = promote(
+        model, _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"), actions
+    )
     return x0, actions, steps, reencode_every
 
 
@@ -687,9 +675,7 @@ def unroll_continuous(
     throw = check_bool("throw", throw)
     dt0 = _check_dt0(dt0)
     max_steps = check_optional_int("max_steps", max_steps)
-    check_option("solver", solver, diffrax.AbstractSolver)
-    check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
-    check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
+    _diffeq.check_solve_options(solver, stepsize_controller, adjoint)
     check_option("progress_meter", progress_meter, diffrax.AbstractProgressMeter)
     if solver is not None:
         _check_solver(solver)
@@ -709,17 +695,20 @@ def unroll_continuous(
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
     given_dtype = _given_dtype(ts)
-    x0, ts = promote(model, _check_x0(model, jnp.asarray(x0)), jnp.asarray(ts))
+    x0, ts = promote(
+        model, _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"), jnp.asarray(ts)
+    )
     out_dtype = ts.dtype
     # Times are known to the dtype they were given in, or are promoted to if coarser
     # (a half-precision model's), whatever they are then computed in.
     rounding_dtype = max((d for d in (given_dtype, ts.dtype) if d is not None), key=_eps)
-    if jnp.finfo(ts.dtype).bits < 32:
-        # Half precision resolves neither the times nor an ODE tolerance: the model
-        # (float16 / bfloat16 throughout) is integrated in float32, decoded states cast back.
-        single = lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a
+    work_dtype = _diffeq.integration_dtype(ts.dtype)
+    if work_dtype != ts.dtype:
+        # A half-precision model (float16 / bfloat16 throughout) is integrated in float32,
+        # its decoded states cast back.
+        single = lambda a: a.astype(work_dtype) if eqx.is_inexact_array(a) else a
         if ts_host is not None:  # kept on the host: concrete below, under jit too
-            ts_host = ts_host.astype(ts.dtype).astype(np.float32)
+            ts_host = ts_host.astype(ts.dtype).astype(work_dtype)
         model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
     grid = _continuous_grid(ts, ts_host, rounding_dtype, reencode_dt, reencode_eps, num_segments)
     reencode = reencode_dt is not None
@@ -806,9 +795,9 @@ def _solve_options(
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
         # Without an error estimate (e.g. Euler): fixed steps.
-        adaptive = isinstance(solver, diffrax.AbstractAdaptiveSolver)
-        pid = diffrax.PIDController(rtol=1e-6, atol=1e-8)
-        stepsize_controller = pid if adaptive else diffrax.ConstantStepSize()
+        stepsize_controller = _diffeq.default_controller(
+            solver, 1e-6, 1e-8, diffrax.ConstantStepSize()
+        )
     if isinstance(stepsize_controller, diffrax.ConstantStepSize) and dt0 is None:
         # The data's sampling interval: Euler steps of MLP dynamics are then the steps
         # of the discrete unroll.
@@ -845,7 +834,7 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
 
     def advance(z, jump):
         z_end = matmul(jump, z)
-        z_next = model.encode(model.decode(z_end)) if reencode else z_end
+        z_next = model.reencode(z_end) if reencode else z_end
         return z_next, z
 
     # One batch of exponentials for the jumps and the offsets: two large ones in one
@@ -894,9 +883,8 @@ def _solve(
     # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
     # sees them as inputs to differentiate.
     term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
-    extra = {} if adjoint is None else {"adjoint": adjoint}
-    if progress_meter is not None:
-        extra["progress_meter"] = progress_meter
+    if progress_meter is None:  # diffeqsolve's default
+        progress_meter = diffrax.NoProgressMeter()
     # The field does not depend on time, so each segment is solved on `[0, t1 - t0]`:
     # float32 times far from 0 (1e6 + ...) leave no room for the solver's steps. Not
     # where the controller holds absolute times of its own (StepTo's, step_ts, jump_ts).
@@ -935,11 +923,12 @@ def _solve(
             # The forward solve is checked below, mesh-safe (diffrax's check is an
             # `eqx.error_if`); a backsolve's backward solve only diffrax can check.
             throw=throw and isinstance(adjoint, diffrax.BacksolveAdjoint),
-            **extra,
+            adjoint=_diffeq.solve_adjoint(adjoint),
+            progress_meter=progress_meter,
         )
         zs = sol.ys
         z_end = zs[-1]
-        z_next = model.encode(model.decode(z_end)) if reencode else z_end
+        z_next = model.reencode(z_end) if reencode else z_end
         if throw:
             maxed = sol.result == diffrax.RESULTS.max_steps_reached
             fail_if(maxed, f"the ODE solve reached max_steps={max_steps} in a segment; {_OR}")

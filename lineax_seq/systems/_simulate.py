@@ -9,15 +9,14 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import (
-    IntLike,
-    RealScalar,
-    check_finite,
-    check_int,
-    check_key,
-    check_option,
-    check_real,
-    short_repr,
+from .._checks import IntLike, RealScalar, check_int, check_key, check_real, short_repr
+from ._diffeq import (
+    check_actions,
+    check_solve_options,
+    check_x0,
+    default_controller,
+    integration_dtype,
+    solve_adjoint,
 )
 from ._systems import DynamicalSystem
 
@@ -28,15 +27,6 @@ def _check_system(system: object) -> None:
             "system must be a lineax_seq.DynamicalSystem, e.g. lineax_seq.get_system("
             f"'duffing'), got system={short_repr(system)}"
         )
-
-
-def _check_state(system: DynamicalSystem, x0: Array) -> Array:
-    if x0.shape != (system.state_dim,):
-        raise ValueError(
-            f"x0 has shape {x0.shape}, but {type(system).__name__} needs shape "
-            f"({system.state_dim},)"
-        )
-    return check_finite("x0", x0)
 
 
 def _check_steps(steps: object, dt: object) -> tuple[int, float | None]:
@@ -124,10 +114,8 @@ def simulate(
     states (bfloat16, float16) are integrated in float32, whose result is cast back.
     """
     _check_system(system)
-    check_option("solver", solver, diffrax.AbstractSolver)
-    check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
-    check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
-    x0 = _check_state(system, jnp.asarray(x0))
+    check_solve_options(solver, stepsize_controller, adjoint)
+    x0 = check_x0(jnp.asarray(x0), system.state_dim, type(system).__name__)
     steps, dt = _check_steps(steps, dt)
     max_steps = check_int("max_steps", max_steps)
     dt0 = None if dt0 is None else check_real("dt0", dt0)
@@ -153,13 +141,8 @@ def simulate(
             f"{type(system).__name__}.action_dim={system.action_dim}, actions is "
             f"{'None' if actions is None else 'given'}"
         )
-    if actions is not None and actions.shape != (steps, system.action_dim):
-        raise ValueError(
-            f"actions has shape {actions.shape}, expected (steps, action_dim) = "
-            f"{(steps, system.action_dim)}"
-        )
     if actions is not None:
-        actions = check_finite("actions", jnp.asarray(actions))
+        actions = check_actions(actions, steps, system.action_dim)
         # One dtype for the state and the controls (NumPy's float64 actions with a
         # float32 state compute in float64), so the scan's carry keeps its dtype.
         dtype = jnp.result_type(x0, actions)
@@ -169,9 +152,8 @@ def simulate(
     u0 = None if actions is None else actions[0]
     field = jax.eval_shape(system.vector_field, jnp.zeros((), x0.dtype), x0, u0)
     out_dtype = jnp.result_type(x0, field.dtype)
-    # Half precision (bfloat16, float16) cannot meet the tolerances (the default PID
-    # controller then stalls until max_steps): integrate in float32, return the dtype.
-    dtype = jnp.float32 if jnp.finfo(out_dtype).bits < 32 else out_dtype
+    # Half precision is integrated in float32; the states are returned in out_dtype.
+    dtype = integration_dtype(out_dtype)
     x0, actions = x0.astype(dtype), None if actions is None else actions.astype(dtype)
     # Times in the state's dtype, also for a NumPy float64 `system.dt` under x64 (float64
     # times made diffrax return float64 states, which the scan over intervals refused).
@@ -181,9 +163,8 @@ def simulate(
 
     def solve(x, times, args, saveat):
         controller = stepsize_controller
-        if controller is None:  # without an error estimate: step onto the sampling times
-            pid = diffrax.PIDController(rtol=rtol, atol=atol)
-            controller = pid if adaptive else diffrax.StepTo(times)
+        if controller is None:  # PID; without an error estimate, onto the sampling times
+            controller = default_controller(solver, rtol, atol, diffrax.StepTo(times))
         return diffrax.diffeqsolve(
             term,
             solver,
@@ -195,7 +176,7 @@ def simulate(
             saveat=saveat,
             stepsize_controller=controller,
             max_steps=max_steps,
-            **({} if adjoint is None else {"adjoint": adjoint}),
+            adjoint=solve_adjoint(adjoint),
         ).ys
 
     if actions is None:
