@@ -24,7 +24,7 @@ from .._nn import apply_linear
 from .._numerics import rfft_conv
 from ..ssm import HyenaFilter, S4DKernel, linear_scan
 from ..ssm._chunked import _chunked_conv, _isolated_einsum
-from ..ssm._kernel import check_kernel_options, complex_
+from ..ssm._kernel import check_kernel_options, recurrence_step, zero_state
 
 SSMS = ("s4", "unstruct")
 Position = Int[Array | np.ndarray, ""] | IntLike
@@ -311,9 +311,7 @@ class ContextSSM(eqx.Module):
         max_length = check_int("max_length", max_length)
         channels = self.streams * self.features
         if self.ssm == "s4":
-            modes = self.kernel.state_size // 2
-            dtype = complex_(self.kernel.c_real, self.kernel.c_imag).dtype
-            return {"s4": jnp.zeros((channels, modes), dtype)}
+            return {"s4": zero_state(self.kernel, channels)}
         return {
             "inputs": jnp.zeros((max_length, self.features), self.down.weight.dtype),
             "filter": self.kernel(max_length),
@@ -349,10 +347,8 @@ class ContextSSM(eqx.Module):
         u = self.down(x_t)
         u_all = repeat(u, "f -> (s f)", s=self.streams)
         if self.ssm == "s4":
-            abar, cb = self.kernel.discretize()
-            s = abar * state["s4"] + u_all.astype(abar.dtype)[:, None]
-            y = 2 * jnp.sum((cb * s).real, axis=-1)
-            state = {"s4": s.astype(state["s4"].dtype)}
+            s4, y = recurrence_step(self.kernel, state["s4"], u_all)
+            state = {"s4": s4}
         else:
             filt = state["filter"]
             if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)

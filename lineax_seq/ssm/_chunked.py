@@ -7,6 +7,7 @@ from jaxtyping import Array, Bool, Complex, Float
 
 from .._checks import IntLike, as_array, check_float_dtype, check_int
 from .._numerics import work_dtype
+from ._kernel import LOG_ZERO
 from ._scan import linear_scan
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -169,11 +170,11 @@ def _log_abar(abar: Complex[Array, "*shape"]) -> Complex[Array, "*shape"]:
     """`log Abar`, finite where `Abar = 0`.
 
     `Abar = 0` (`exp(dt A)` underflowed, or the bilinear map of `dt A = -2`) is a valid
-    system, but `log 0 = -inf` gives `Abar^0 = exp(-inf * 0) = nan`; the stand-in `-1e4`
+    system, but `log 0 = -inf` gives `Abar^0 = exp(-inf * 0) = nan`; the stand-in `LOG_ZERO`
     keeps `Abar^0 = 1` and `Abar^l = 0` for `l >= 1`.
     """
     zero = abar == 0
-    return jnp.where(zero, -1e4, jnp.log(jnp.where(zero, 1, abar)))
+    return jnp.where(zero, LOG_ZERO, jnp.log(jnp.where(zero, 1, abar)))
 
 
 def _complex_dtype(dtype) -> type:

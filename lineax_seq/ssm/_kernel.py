@@ -18,6 +18,11 @@ _INITS = ("lin", "inv", "real", "legs")
 _DISCRETIZATIONS = ("zoh", "bilinear")
 
 
+LOG_ZERO = -1e4
+"""The stand-in for `log Abar` where `Abar = 0`: `exp(LOG_ZERO * l)` is 1 at `l = 0` and
+0 for `l >= 1`, where `log 0 = -inf` would give `exp(-inf * 0) = nan`."""
+
+
 def _legs_imag(state_size: int) -> np.ndarray:
     """Positive imaginary parts of the eigenvalues of the normal HiPPO-LegS matrix.
 
@@ -219,10 +224,10 @@ class S4DKernel(eqx.Module):
         else:
             half = dta / 2
             # log((1 + h) / (1 - h)) without rounding the quotient (1 + O(dt)) first;
-            # dt A = -2 maps to Abar = 0 (see `_log_abar`).
+            # dt A = -2 maps to Abar = 0 (`LOG_ZERO`).
             zero = half == -1
             safe = jnp.where(zero, 0, half)
-            log_abar = jnp.where(zero, -1e4, jnp.log1p(safe) - jnp.log1p(-safe))
+            log_abar = jnp.where(zero, LOG_ZERO, jnp.log1p(safe) - jnp.log1p(-safe))
             bbar = dt * b / (1 - half)
         return log_abar, c * bbar
 
@@ -273,3 +278,22 @@ class S4DKernel(eqx.Module):
         rhs = jnp.concatenate([inner.real, inner.imag], axis=1)
         k = 2 * jnp.einsum("cmn,cnj->cmj", lhs, rhs, precision=jax.lax.Precision.HIGHEST)
         return k.reshape(self.channels, num_blocks * block)[:, :length]
+
+
+def zero_state(kernel: S4DKernel, channels: int) -> Complex[Array, "channels modes"]:
+    """The zero state of `channels` recurrences driven by `kernel`'s modes."""
+    dtype = complex_(kernel.c_real, kernel.c_imag).dtype
+    return jnp.zeros((channels, kernel.state_size // 2), dtype)
+
+
+def recurrence_step(
+    kernel: S4DKernel,
+    state: Complex[Array, "channels modes"],
+    u: Float[Array, " channels"],
+) -> tuple[Complex[Array, "channels modes"], Float[Array, " channels"]]:
+    """One step of the recurrence whose impulse response is `kernel`'s (no skip):
+    `state' = Abar state + u`, `y = 2 Re(sum_n CB state')`. Returns `(state', y)`, the
+    state in `state`'s dtype."""
+    abar, cb = kernel.discretize()
+    state = (abar * state + u.astype(abar.dtype)[:, None]).astype(state.dtype)
+    return state, 2 * jnp.sum((cb * state).real, axis=-1)

@@ -23,7 +23,7 @@ from .._checks import (
 from .._numerics import work_dtype
 from ._chunked import _chunked_conv
 from ._fft_conv import fft_conv
-from ._kernel import S4DKernel, complex_
+from ._kernel import S4DKernel, recurrence_step, zero_state
 
 _CONVS = ("auto", "fft", "chunked")
 
@@ -201,9 +201,7 @@ class S4D(eqx.Module):
                 "bidirectional=True S4D layers have no recurrent mode (the backward kernel "
                 "needs the future inputs)"
             )
-        modes = self.kernel.state_size // 2
-        dtype = complex_(self.kernel.c_real, self.kernel.c_imag).dtype
-        return jnp.zeros((self.dim, modes), dtype)
+        return zero_state(self.kernel, self.dim)
 
     @jaxtyped(typechecker=beartype)
     def step(
@@ -243,8 +241,6 @@ class S4D(eqx.Module):
                 f"state must have shape (dim, state_size // 2)={expected} as from "
                 f"init_state(), got state.shape={state.shape}"
             )
-        abar, cb = self.kernel.discretize()
-        state = abar * state + x_t.astype(state.dtype)[:, None]
-        y = 2 * jnp.sum((cb * state).real, axis=-1)
+        state, y = recurrence_step(self.kernel, state, x_t)
         y = y + self.skip.astype(y.dtype) * x_t.astype(y.dtype)
         return state, self._output(y).astype(x_t.dtype)
