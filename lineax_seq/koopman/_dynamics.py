@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import IntLike, RealScalar, check_int, check_key, check_real, check_state_control
+from .._numerics import work_dtype
 
 _DISCRETIZATIONS = ("bilinear", "exact")
 
@@ -204,7 +205,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         `None`, in `K`'s dtype (computed in float32 at least: half precision has no
         linear solve or matrix exponential)."""
         dtype = self.K.dtype
-        work = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+        work = work_dtype(dtype)
         K, delta = self.K.astype(work), self.delta.astype(work)
         L = None if self.L is None else self.L.astype(work)
         n = self.latent_dim
