@@ -1,5 +1,6 @@
 """The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
 
+import abc
 import itertools
 import math
 from typing import ClassVar, Literal
@@ -236,7 +237,7 @@ class _SSMSettings(eqx.Module):
         )
 
 
-class _Layer(eqx.Module):
+class _AbstractLayer(eqx.Module):
     """What [`lineax_seq.GatedLayer`][] and [`lineax_seq.StackLayer`][] share: the
     constructor's arguments and checks, `kernels` and `__call__`. A subclass sets its
     blocks in `_build` and computes its residual update in `_apply`."""
@@ -245,8 +246,8 @@ class _Layer(eqx.Module):
     dim: int = eqx.field(static=True)
     inner_dim: int = eqx.field(static=True)
     routing: str = eqx.field(static=True)
-    _inner_factor: ClassVar[int]
-    _default_routing: ClassVar[str]
+    _inner_factor: eqx.AbstractClassVar[int]
+    _default_routing: eqx.AbstractClassVar[str]
 
     def __init__(
         self,
@@ -301,6 +302,7 @@ class _Layer(eqx.Module):
         self.inner_dim = inner_dim
         self.routing = routing
 
+    @abc.abstractmethod
     def _build(
         self,
         dim: IntLike,
@@ -311,11 +313,13 @@ class _Layer(eqx.Module):
         std: float,
         key: PRNGKeyArray,
     ) -> None:
-        raise NotImplementedError
+        """Set the subclass's blocks."""
 
+    @abc.abstractmethod
     def _ssms(self) -> tuple[DirectionalSSM, DirectionalSSM]:
-        raise NotImplementedError
+        """The forward and backward SSMs (`routing="ssm"`)."""
 
+    @abc.abstractmethod
     def _apply(
         self,
         x: Float[Array, "length dim"],
@@ -323,7 +327,8 @@ class _Layer(eqx.Module):
         key: PRNGKeyArray | None,
         inference: bool | None,
     ) -> Float[Array, "length dim"]:
-        raise NotImplementedError
+        """The layer's output, `x` plus the dropped-out residual branch(es), at every
+        position (the caller zeroes the padded ones)."""
 
     def kernels(
         self, length: IntLike
@@ -377,7 +382,7 @@ class _Layer(eqx.Module):
         return out if mask is None else jnp.where(mask[:, None], out, 0)
 
 
-class GatedLayer(_Layer):
+class GatedLayer(_AbstractLayer):
     """The GATED layer; with `routing="ssm"` this is the BiGS layer.
 
     Pre-LayerNorm, with `sigma` = GELU, `Flip` reversing the sequence and `inner` =
@@ -490,7 +495,7 @@ class _AttentionBlock(eqx.Module):
         return self.attention(apply_norm(self.norm, x), mask=_key_mask(mask))
 
 
-class StackLayer(_Layer):
+class StackLayer(_AbstractLayer):
     """The STACK layer: a pre-LN transformer block; `routing="attention"` is BERT.
 
     ```
