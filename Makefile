@@ -30,9 +30,11 @@ test: lint
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-# ssm_torch.py's competitor: PyTorch's CPU build (not a dependency of the library).
+# ssm_torch.py's competitor: PyTorch's CPU build (not a dependency of the library),
+# unless a PyTorch that sees a GPU is installed, which is kept (ssm_torch.py compares on
+# the device JAX runs on, and skips itself, exit 0, when PyTorch cannot run there).
 bench: $(STAMP)
-	$(PY) -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+	$(PY) -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 	$(PY) benchmarks/ssm.py
 	$(PY) benchmarks/ssm_torch.py
 	$(PY) benchmarks/data.py

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jaxlib
@@ -74,32 +74,46 @@ def round_order(names: Sequence[str], r: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
+class Timings(NamedTuple):
+    """Per-call seconds of each competitor, one entry per round it took part in."""
+
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    #: How many back-to-back calls each of a competitor's samples timed.
+    calls_per_sample: dict[str, int]
+
+
 def interleaved_times(
     calls: dict, *, rounds: int, slow_rounds: int = 0, slow: frozenset[str] = frozenset()
-) -> tuple[dict, dict]:
+) -> Timings:
     """Wall and process-CPU seconds per call of each competitor, over interleaved rounds
-    (in `round_order`).
+    (in `round_order`), and the number of calls each sample timed.
 
-    Each call is warmed up (compiled) first; competitors named in `slow` take part in
-    the first `slow_rounds` rounds only. The CPU time of this process (all threads) is
-    what the call would take on an otherwise idle machine if it ran on one core at a
-    time, so it bounds the unloaded wall time from above for CPU-bound work: on a
-    shared, loaded machine it is the fairer figure to compare with outside timings.
+    Each call is warmed up (compiled) first and given its `calls_per_sample`: a round
+    times that many back-to-back calls and blocks on the last, so that a sub-millisecond
+    accelerator call is timed as a stream of dispatches rather than one launch (timed one
+    call at a time, two identical GPU programs read 33% apart). Competitors named in
+    `slow` take part in the first `slow_rounds` rounds only. The CPU time of this
+    process (all threads) is what the call would take on an otherwise idle machine if it
+    ran on one core at a time, so it bounds the unloaded wall time from above for
+    CPU-bound work: on a shared, loaded machine it is the fairer figure to compare with
+    outside timings.
     """
-    for call in calls.values():
-        jax.block_until_ready(call())
+    number = {name: calls_per_sample(call) for name, call in calls.items()}
     wall: dict[str, list[float]] = {name: [] for name in calls}
     cpu: dict[str, list[float]] = {name: [] for name in calls}
     for r in range(rounds):
         for name in round_order(calls, r):
-            call = calls[name]
+            call, n = calls[name], number[name]
             if name in slow and r >= slow_rounds:
                 continue
             start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(n - 1):
+                call()
             jax.block_until_ready(call())
-            wall[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-    return wall, cpu
+            wall[name].append((time.perf_counter() - start) / n)
+            cpu[name].append((time.process_time() - start_cpu) / n)
+    return Timings(wall, cpu, number)
 
 
 def paired_ratio(times: dict, num: str, den: str) -> float:
@@ -201,6 +215,32 @@ def save(
     if changed:
         print(f"options {changed} differ from the defaults: results in {path.name}")
     return path
+
+
+def add_plot_only(parser: argparse.ArgumentParser) -> None:
+    """The `--plot-only JSON` option: redraw a results JSON's plot, time nothing."""
+    parser.add_argument(
+        "--plot-only",
+        type=pathlib.Path,
+        metavar="JSON",
+        help="only (re)draw the PNG beside a results JSON, from the JSON",
+    )
+
+
+def plot_from_json(plot: Callable[[dict, pathlib.Path], None], path: pathlib.Path) -> pathlib.Path:
+    """Draw `plot(record, png)` from the results JSON at `path` into the PNG beside it.
+
+    The scripts draw every plot this way, from what the JSON holds (the machine it names,
+    not the one drawing), so that a committed JSON redraws its PNG anywhere."""
+    png = pathlib.Path(path).with_suffix(".png")
+    plot(json.loads(pathlib.Path(path).read_text()), png)
+    return png
+
+
+def recorded_device(record: dict) -> tuple[str, str]:
+    """`(backend, device kind)` a results JSON was taken on."""
+    env = record.get("environment", {})
+    return env.get("backend", "cpu"), env.get("device", "cpu")
 
 
 def plot_lengths(

@@ -1,7 +1,7 @@
 """BiGS vs BERT: FLOPs of BiGS-Large / BERT-Large (the paper's Table 6) and measured
 forward+backward time at equal parameter count.
 
-**FLOPs** (`benchmarks/results/bigs_flops.json`): XLA's cost analysis of one jitted
+**FLOPs** (`benchmarks/results/bigs_flops.json` + `.png`): XLA's cost analysis of one jitted
 forward+backward pass (gradient of a scalar of the encoder's output with respect to
 every parameter), batch 1, for the `"bigs-large"` and `"bert-large"` configurations at
 L = 128, 512, 1024, 4096. Nothing is executed and no parameter is allocated: the
@@ -27,12 +27,13 @@ also checked within one process on the same machine. Competitors are timed in on
 process in interleaved rounds (each once per round, after a compiling warm-up), so
 load on a shared machine hits all alike: times are medians over rounds, ratios are
 ratios of medians. A sub-20 ms call (an accelerator's) is timed over enough back-to-back
-calls to last 20 ms (`calls_per_sample` in the JSON). Peak memory is XLA's plan for one
-call.
+calls to last 20 ms (`calls_per_sample` in the JSON; `rounds` the rounds at each length).
+Peak memory is XLA's plan for one call.
 
     python benchmarks/bigs.py              # FLOPs + speed, L = 128 ... 4096
     python benchmarks/bigs.py --quick      # smoke run (L = 128, 512; 1 layer)
     python benchmarks/bigs.py --no-flops   # speed only
+    python benchmarks/bigs.py --plot-only benchmarks/results/bigs_flops.json  # redraw
 """
 
 import argparse
@@ -49,11 +50,14 @@ import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _common import (  # noqa: E402
+    add_plot_only,
     calls_per_sample,
     compiled_memory,
+    interleaved_times,
     median_time,
+    plot_from_json,
     positive_int,
-    round_order,
+    recorded_device,
     save,
 )
 
@@ -322,6 +326,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
     seconds: dict = {n: {} for n in modules}
     memory: dict = {n: {} for n in modules}
     number: dict = {n: {} for n in modules}
+    reps: dict = {}
     for length in lengths:
         x = jr.normal(jr.key(1), (BATCH, length, DIM))
         ct = jr.normal(jr.key(2), (BATCH, length, DIM))
@@ -331,14 +336,10 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
             memory[name][length] = compiled_memory(fn, p, x, ct).get("peak_bytes", -1)
             jitted = jax.jit(fn)
             calls[name] = lambda jitted=jitted, p=p, x=x, ct=ct: jitted(p, x, ct)
-            number[name][length] = calls_per_sample(calls[name])  # compiles, warms up
-        reps = rounds if length <= 1024 else max(3, rounds // 2)
-        samples: dict = {n: [] for n in modules}
-        for r in range(reps):
-            for name in round_order(calls, r):
-                n = number[name][length]
-                samples[name].append(median_time(calls[name], repeats=1, warmup=0, number=n))
+        reps[length] = rounds if length <= 1024 else max(3, rounds // 2)
+        samples, _, per_sample = interleaved_times(calls, rounds=reps[length])
         for name in modules:
+            number[name][length] = per_sample[name]
             seconds[name][length] = statistics.median(samples[name])
         ref = REFERENCE_BIGS_LAYER_MS.get(length)
         print(
@@ -399,6 +400,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
             "calls_per_sample back-to-back calls (1 when a call lasts 20 ms)",
         },
         "calls_per_sample": {n: str_keys(d) for n, d in number.items()},
+        "rounds": str_keys(reps),
         "lengths": list(lengths),
         "parameters": params,
         "seconds": {n: str_keys(d) for n, d in seconds.items()},
@@ -427,7 +429,58 @@ def _gemm_gflops() -> float:
     return 2 * a.size * b.shape[1] / seconds / 1e9
 
 
+def plot_flops(record: dict, path: pathlib.Path) -> None:
+    """BiGS-Large and BERT-Large FLOPs against length (XLA's count, forward + backward and
+    forward; the paper's Table 6 beside them where the JSON holds it), and BERT / BiGS."""
+    from matplotlib.figure import Figure
+
+    names = {"bigs-large": ("BiGS-Large", "C0"), "bert-large": ("BERT-Large", "C1")}
+    passes = {"forward_backward": ("fwd+bwd", "o-"), "forward": ("fwd", "s--")}
+    paper = record.get("paper_table6", {})
+    fig = Figure(figsize=(11, 4.2))
+    ax_f, ax_r = fig.subplots(1, 2)
+    for model, (name, color) in names.items():
+        for key, (what, style) in passes.items():
+            points = sorted((int(k), v) for k, v in record[key][model].items())
+            ax_f.plot(*zip(*points, strict=True), style, color=color, label=f"{name}, {what}")
+        if model in paper:
+            points = sorted((int(k), v) for k, v in paper[model].items())
+            ax_f.plot(
+                *zip(*points, strict=True),
+                "x",
+                color=color,
+                markersize=9,
+                markeredgewidth=2,
+                label=f"{name}, paper's Table 6",
+            )
+    series = {f"ours, {what}": record[key] for key, (what, _) in passes.items()}
+    if all(m in paper for m in names):
+        series["paper's Table 6"] = paper
+    for (label, flops), style in zip(series.items(), ("o-", "s--", "x:"), strict=False):
+        bigs, bert = flops["bigs-large"], flops["bert-large"]
+        points = sorted((int(k), bert[k] / bigs[k]) for k in bigs if k in bert)
+        ax_r.plot(*zip(*points, strict=True), style, color="k", label=label)
+    ax_r.axhline(1.0, color="grey", linewidth=0.8)
+    for ax, ylabel in ((ax_f, "FLOPs, batch 1"), (ax_r, "BERT-Large / BiGS-Large FLOPs")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_f.set_yscale("log")
+    ax_f.set_title("XLA cost analysis (CPU compiler), scanned layers counted", fontsize=9)
+    ax_r.set_title("BERT-Large over BiGS-Large", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_any(record: dict, path: pathlib.Path) -> None:
+    """The plot of a `bigs_flops*.json` or of a `bigs*.json` (timings)."""
+    (plot_flops if "forward_backward" in record else plot)(record, path)
+
+
 def plot(result: dict, path: pathlib.Path) -> None:
+    """Time and planned memory against length, from a timings JSON."""
     from matplotlib.figure import Figure
 
     lengths = result["lengths"]
@@ -453,7 +506,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
             "o-",
             label=label,
         )
-    if jax.default_backend() == "cpu":
+    backend, device = recorded_device(result)
+    if backend == "cpu":
         ref = REFERENCE_BIGS_LAYER_MS
         ax_t.plot(
             list(ref), list(ref.values()), "x:", color="grey", label="reference Flax BiGS layer"
@@ -470,7 +524,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
-    ax_t.set_title(f"batch {BATCH}, d {DIM} ({jax.devices()[0].device_kind})")
+    ax_t.set_title(f"batch {result['setting']['batch']}, d {result['setting']['dim']} ({device})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -485,7 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-flops", action="store_true", help="skip the FLOPs table")
     parser.add_argument("--no-speed", action="store_true", help="skip the timings")
+    add_plot_only(parser)
     args = parser.parse_args(argv)
+    if args.plot_only:
+        print(f"wrote {plot_from_json(plot_any, args.plot_only)}")
+        return 0
     if args.no_flops and args.no_speed:
         parser.error("--no-flops and --no-speed together leave nothing to run")
     lengths = tuple(args.lengths or ((128, 512) if args.quick else LENGTHS))
@@ -496,12 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     saving = dict(args=args, parser=parser, named=("quick", "no_flops", "no_speed"))
     if not args.no_flops:
         path = save(f"bigs_flops{suffix}", flops_table(lengths), **saving)
-        print(f"wrote {path}")
+        print(f"wrote {path} and {plot_from_json(plot_flops, path).name}")
     if not args.no_speed:
-        result = speed_table(lengths, num_layers, rounds)
-        path = save(f"bigs{suffix}", result, **saving)
-        plot(result, path.with_suffix(".png"))
-        print(f"wrote {path} and {path.with_suffix('.png').name}")
+        path = save(f"bigs{suffix}", speed_table(lengths, num_layers, rounds), **saving)
+        print(f"wrote {path} and {plot_from_json(plot, path).name}")
     return 0
 
 

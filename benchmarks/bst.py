@@ -12,10 +12,12 @@ by ratio; peak memory is what XLA plans for one call.
     python benchmarks/bst.py --quick            # L = 1k, 4k, fewer repeats
     python benchmarks/bst.py --dtype bfloat16   # weights and activations in bfloat16
     python benchmarks/bst.py --dtype bfloat16 --attention cudnn   # NVIDIA GPUs
+    python benchmarks/bst.py --plot-only benchmarks/results/bst.json  # redraw its PNG
 
 Writes `benchmarks/results/bst.json` (`bst_<backend>.json` off CPU, `bst_quick.json` with
-`--quick`, `bst_bf16*.json` in bfloat16, `*_cudnn*` with `--attention cudnn`) and a PNG
-beside it. In bfloat16 (the meliad reference's dtype) the layers keep their float32
+`--quick`, `bst_bf16*.json` in bfloat16, `*_cudnn*` with `--attention cudnn`, a tag of
+the options, as `_common.save` gives, for any other option, `--no-flops` included) and a
+PNG beside it. In bfloat16 (the meliad reference's dtype) the layers keep their float32
 islands: attention logits and softmax, the S4D kernel and the FFT convolution.
 `--attention cudnn` builds every layer with `attention_implementation="cudnn"` (cuDNN's
 fused flash attention; NVIDIA GPUs, bfloat16).
@@ -38,11 +40,14 @@ import jax.random as jr
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _common import (  # noqa: E402
     RESULTS,
+    add_plot_only,
     calls_per_sample,
     compiled_memory,
+    interleaved_times,
     median_time,
+    plot_from_json,
     positive_int,
-    round_order,
+    recorded_device,
     save,
 )
 
@@ -160,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-flops", action="store_true", help="skip XLA's FLOP counts (CPU compiles)"
     )
+    add_plot_only(parser)
     args = parser.parse_args(argv)
+    if args.plot_only:
+        print(f"wrote {plot_from_json(_plot, args.plot_only)}")
+        return 0
     if args.attention == "cudnn" and args.dtype != "bfloat16":
         parser.error("--attention cudnn needs --dtype bfloat16 (cuDNN's flash attention)")
     if args.attention == "cudnn" and jax.default_backend() != "gpu":
@@ -188,7 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     memory: dict[str, dict[int, int]] = {v: {} for v in args.variants}
     flops: dict[str, dict[int, float]] = {v: {} for v in args.variants}
     number: dict[str, dict[int, int]] = {v: {} for v in args.variants}
+    rounds: dict[int, int] = {}
     done: list[int] = []
+    brect_body = 0.0
+    if "BRECT" in layers and not args.no_flops:
+        # XLA counts a while loop's body once. BRECT's state update is a `lax.scan` over
+        # the L / W blocks; its body's cost B is read off inputs of two and three blocks
+        # (cost(nW) = nT + B, T the token side per block; a one-block scan is simplified
+        # away) and added for the other L / W - 1 blocks.
+        p, fn = forward_fn(layers["BRECT"])
+        two, three = (
+            _xla_flops(fn, p, jr.normal(keys[0], (n * WINDOW, DIM), dtype)) for n in (2, 3)
+        )
+        brect_body = 3 * two - 2 * three
     for length in lengths:
         x = jr.normal(keys[0], (length, DIM), dtype)
         calls = {}
@@ -201,22 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             flops[variant][length] = _xla_flops(fn, p, x)
             if variant == "BRECT":
-                # XLA counts a while loop's body once. BRECT's state update is a
-                # `lax.scan` over the L / W blocks; its body's cost B is read off two-
-                # and three-block inputs (cost(nW) = nT + B, T the token side per block;
-                # a one-block scan is simplified away) and counted L / W times.
-                two, three = (_xla_flops(fn, p, x[: n * WINDOW]) for n in (2, 3))
-                flops[variant][length] += (length // WINDOW - 1) * (3 * two - 2 * three)
-        # Round robin: every repeat times each variant once, so that load from other
+                flops[variant][length] += (length // WINDOW - 1) * brect_body
+        # Round robin: every round times each variant once, so that load from other
         # processes on a shared machine hits all competitors alike.
-        reps = repeats if length <= 16384 else max(3, repeats // 2)
-        samples: dict[str, list[float]] = {v: [] for v in layers}
-        for variant, call in calls.items():  # compiles and warms up each call
-            number[variant][length] = calls_per_sample(call)
-        for r in range(reps):
-            for variant in round_order(calls, r):
-                n = number[variant][length]
-                samples[variant].append(median_time(calls[variant], repeats=1, warmup=0, number=n))
+        rounds[length] = repeats if length <= 16384 else max(3, repeats // 2)
+        samples, _, per_sample = interleaved_times(calls, rounds=rounds[length])
+        for variant, n in per_sample.items():
+            number[variant][length] = n
         for variant in layers:
             times[variant][length] = statistics.median(samples[variant])
             best[variant][length] = min(samples[variant])
@@ -239,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats,
             gemm,
             done,
+            rounds=rounds,
             dtype=dtype,
             args=args,
             parser=parser,
@@ -259,6 +272,7 @@ def _report(
     gemm,
     done,
     *,
+    rounds,
     dtype,
     args,
     parser,
@@ -273,7 +287,7 @@ def _report(
     for name, by_length in ratios.items():
         cells = []
         for length, r in by_length.items():
-            cell = f"{length // 1024:>3d}k {r:5.2f}x"
+            cell = f"{_length_label(length):>4s} {r:5.2f}x"
             if length in flop_ratios.get(name, {}):
                 cell += f" (FLOPs {flop_ratios[name][length]:4.2f}x)"
             cells.append(cell)
@@ -299,6 +313,7 @@ def _report(
             "timing": "median over rounds; each round times every variant once, over "
             "calls_per_sample back-to-back calls (1 when a call lasts 20 ms)",
         },
+        "rounds": {str(k): n for k, n in rounds.items()},
         "calls_per_sample": {v: {str(k): n for k, n in d.items()} for v, d in number.items()},
         "lengths": done,
         "parameters": params,
@@ -319,17 +334,15 @@ def _report(
     }
     stem = "bst" if dtype == jnp.float32 else "bst_bf16"
     stem += "_cudnn" if attention == "cudnn" else ""
-    saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention", "no_flops"))
+    # --no-flops changes the results (no FLOP counts): a tagged file, never bst.json.
+    saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention"))
     stem += "_quick" if quick else ""  # quick runs keep the full run's files
     path = save(stem if complete else f"{stem}_partial", payload, **saving)
     if complete:  # the partial files of this run, superseded
         partial = path.with_name(path.name.replace(stem, f"{stem}_partial", 1))
         for superseded in (partial, partial.with_suffix(".png")):
             superseded.unlink(missing_ok=True)
-    device, backend = jax.devices()[0].device_kind, jax.default_backend()
-    label = f"{dtype}, {attention} attention"
-    _plot(times, memory, done, path.with_suffix(".png"), label, device=device, backend=backend)
-    print(f"wrote {path} and {path.with_suffix('.png').name}")
+    print(f"wrote {path} and {plot_from_json(_plot, path).name}")
     return path
 
 
@@ -354,6 +367,11 @@ def _gemm_gflops(dtype=jnp.float32) -> float:
     call = lambda: matmul(a, b)
     seconds = median_time(call, repeats=21, warmup=0, number=calls_per_sample(call))
     return 2 * a.shape[0] * DIM * 4 * DIM / seconds / 1e9
+
+
+def _length_label(length: int) -> str:
+    """`1k`, `16k` for multiples of 1,024; the number itself otherwise (`256`)."""
+    return f"{length // 1024}k" if length % 1024 == 0 else str(length)
 
 
 def _ratios(values, lengths) -> dict[str, dict[int, float]]:
@@ -388,25 +406,29 @@ def _targets(times, ratios, lengths) -> dict[str, str]:
                 if length in times.get(variant, {}):
                     ours = times[variant][length]
                     verdict = "met" if ours <= seconds else "missed"
-                    out[f"{variant} <= meliad at {length // 1024}k"] = (
+                    out[f"{variant} <= meliad at {_length_label(length)}"] = (
                         f"{verdict} ({ours * 1e3:.0f} ms vs {seconds * 1e3:.0f} ms)"
                     )
     return out
 
 
-def _plot(
-    times, memory, lengths, path: pathlib.Path, label: str, *, device: str, backend: str
-) -> None:
+def _plot(record: dict, path: pathlib.Path) -> None:
+    """Time and planned memory against length, from a results JSON."""
     from matplotlib.figure import Figure
 
+    times, memory, lengths = record["seconds"], record["peak_bytes"], record["lengths"]
+    setting = record["setting"]
+    label = f"{setting.get('dtype', 'float32')}, {setting.get('attention', 'xla')} attention"
+    backend, device = recorded_device(record)
     fig = Figure(figsize=(11, 4.2))
     ax_t, ax_m = fig.subplots(1, 2)
     for variant in times:
-        xs = [k for k in lengths if k in times[variant]]
-        ax_t.plot(xs, [times[variant][k] * 1e3 for k in xs], "o-", label=variant)
-        ax_m.plot(xs, [memory[variant][k] / 2**20 for k in xs], "o-", label=variant)
-    for ref in MELIAD_CPU.values():
+        xs = [k for k in lengths if str(k) in times[variant]]
+        ax_t.plot(xs, [times[variant][str(k)] * 1e3 for k in xs], "o-", label=variant)
+        ax_m.plot(xs, [memory[variant][str(k)] / 2**20 for k in xs], "o-", label=variant)
+    for ref in record.get("meliad_cpu_seconds", {}).values():
         if backend == "cpu":
+            ref = {int(k): t for k, t in ref.items()}
             ax_t.plot(list(ref), [t * 1e3 for t in ref.values()], "x:", color="grey")
     for ax, ylabel in ((ax_t, "forward time (ms)"), (ax_m, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)

@@ -9,6 +9,7 @@ pipeline / train step says how far the pipeline is from being the bottleneck.
 
     python benchmarks/data.py            # full
     python benchmarks/data.py --quick    # smoke run (small model, few batches; data_quick.json)
+    python benchmarks/data.py --plot-only benchmarks/results/data.json   # redraw its PNG
 """
 
 import argparse
@@ -24,7 +25,14 @@ import jax.numpy as jnp  # noqa: E402
 import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _common import RESULTS, median_time, save  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    add_plot_only,
+    median_time,
+    plot_from_json,
+    recorded_device,
+    save,
+)
 
 import lineax_seq as ls  # noqa: E402
 
@@ -128,7 +136,11 @@ def pipeline_rate(make, num_batches):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fast smoke run")
+    add_plot_only(parser)
     args = parser.parse_args()
+    if args.plot_only:
+        plot_from_json(plot, args.plot_only)
+        return
     quick = args.quick
 
     length, batch_size = (256, 4) if quick else (1024, 8)
@@ -214,10 +226,11 @@ def main():
         "data_quick" if quick else "data", payload, args=args, parser=parser
     )  # quick runs keep the full
     print(f"wrote {path}")
-    plot(payload, path.with_suffix(".png"))
+    plot_from_json(plot, path)
 
 
 def plot(payload, path):
+    """Pipeline rates against the train step's, from a results JSON."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.8))
@@ -235,7 +248,7 @@ def plot(payload, path):
     m = payload["config"]["model"]
     fig.suptitle(
         f"grain pipeline vs S4D LM train step (dim {m['dim']}, {m['layers']} layers, "
-        f"{jax.default_backend()})",
+        f"{recorded_device(payload)[1]})",
         fontsize=10,
     )
     fig.tight_layout()

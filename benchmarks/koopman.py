@@ -1,8 +1,11 @@
 """Koopman unrolls: parallel periodic reencoding vs step-by-step, diffrax vs exact path.
 
 The issue's shape: 100 initial conditions x 1000 steps, latent 128, periodic reencoding
-every k = 25 steps, batched with `jax.vmap`, jitted, timed side by side in one process
-(medians after a compiling warm-up):
+every k = 25 steps, batched with `jax.vmap`, `jax.jit` over the model's arrays (split
+from the rest once), timed side by side in one process in interleaved rounds after a
+compiling warm-up (each round times every competitor over `calls_per_sample`
+back-to-back calls, 1 when a call lasts 20 ms); times are medians over rounds, ratios
+medians of the per-round ratios:
 
 - `parallel`: `lineax_seq.unroll(..., method="parallel")`: between reencodings the
     latent recurrence is one batched product with a table of powers of `Kbar`, and all
@@ -15,10 +18,12 @@ every k = 25 steps, batched with `jax.vmap`, jitted, timed side by side in one p
 
     python benchmarks/koopman.py            # full
     python benchmarks/koopman.py --quick    # smoke run
+    python benchmarks/koopman.py --plot-only benchmarks/results/koopman.json  # redraw
 """
 
 import argparse
 import pathlib
+import statistics
 import sys
 
 import equinox as eqx
@@ -27,7 +32,17 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import RESULTS, compiled_memory, median_time, positive_int, save  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    add_plot_only,
+    compiled_memory,
+    interleaved_times,
+    paired_ratio,
+    plot_from_json,
+    positive_int,
+    recorded_device,
+    save,
+)
 
 import lineax_seq as ls  # noqa: E402
 
@@ -44,20 +59,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 ICs x 200 steps")
     parser.add_argument(
-        "--repeats", type=positive_int, default=5, help="timing repeats (5; 2 with --quick)"
+        "--repeats", type=positive_int, default=None, help="timing rounds (5; 2 with --quick)"
     )
+    add_plot_only(parser)
     args = parser.parse_args()
+    if args.plot_only:
+        print(f"wrote {plot_from_json(plot, args.plot_only)}")
+        return
     num, steps, latent, k = (10, 200, 128, 25) if args.quick else (100, 1000, 128, 25)
-    repeats = 2 if args.quick else args.repeats
+    repeats = args.repeats or (2 if args.quick else 5)
     key = jr.key(0)
     model = make_model(latent, key)
+    params, static = eqx.partition(model, eqx.is_array)
     x0s = ls.Duffing().sample_initial(jr.fold_in(key, 2), num)
     dt = 0.01
     ts = dt * jnp.arange(steps + 1, dtype=jnp.float32)
 
+    # `(params, x0s) -> states`, with the model's non-array parts closed over.
     def discrete(method):
-        @eqx.filter_jit
-        def fn(model, x0s):
+        def fn(params, x0s):
+            model = eqx.combine(params, static)
             return jax.vmap(
                 lambda x: ls.unroll(model, x, steps=steps, reencode_every=k, method=method)
             )(x0s)
@@ -65,8 +86,8 @@ def main() -> None:
         return fn
 
     def continuous(exact):
-        @eqx.filter_jit
-        def fn(model, x0s):
+        def fn(params, x0s):
+            model = eqx.combine(params, static)
             # ts is closed over (concrete), so the exact path computes one exponential
             # per distinct offset (k + 1), not one per output time.
             return jax.vmap(
@@ -78,30 +99,36 @@ def main() -> None:
         return fn
 
     fns = {
-        "parallel": (discrete("parallel"), (model, x0s)),
-        "sequential": (discrete("sequential"), (model, x0s)),
-        "continuous": (continuous(False), (model, x0s)),
-        "exact": (continuous(True), (model, x0s)),
+        "parallel": discrete("parallel"),
+        "sequential": discrete("sequential"),
+        "continuous": continuous(False),
+        "exact": continuous(True),
     }
-    results, outputs = {}, {}
-    for name, (fn, fargs) in fns.items():
-        outputs[name] = fn(*fargs)
-        seconds = median_time(lambda fn=fn, fargs=fargs: fn(*fargs), repeats=repeats)
-        params, static = eqx.partition(fargs[0], eqx.is_array)
-        memory = compiled_memory(
-            lambda p, *a, fn=fn, static=static: fn(eqx.combine(p, static), *a), params, *fargs[1:]
-        )
-        results[name] = {"seconds": seconds, **memory}
-        print(f"{name:>10}: {seconds * 1e3:9.1f} ms", flush=True)
+    jitted = {name: jax.jit(fn) for name, fn in fns.items()}
+    outputs = {name: fn(params, x0s) for name, fn in jitted.items()}
+    calls = {name: lambda fn=fn: fn(params, x0s) for name, fn in jitted.items()}
+    times, cpu_times, number = interleaved_times(calls, rounds=repeats)
+    results = {}
+    for name, fn in fns.items():
+        seconds = statistics.median(times[name])
+        results[name] = {
+            "seconds": seconds,
+            "cpu_seconds": statistics.median(cpu_times[name]),
+            "calls_per_sample": number[name],
+            "rounds": len(times[name]),
+            **compiled_memory(fn, params, x0s),
+        }
+        print(f"{name:>10}: {seconds * 1e3:9.2f} ms ({number[name]} calls per sample)", flush=True)
     seq_err = float(jnp.max(jnp.abs(outputs["parallel"] - outputs["sequential"])))
     cont_err = float(jnp.max(jnp.abs(outputs["continuous"] - outputs["exact"])))
     grid_err = float(jnp.max(jnp.abs(outputs["exact"][:, 1:] - outputs["parallel"])))
     ratios = {
-        "sequential_over_parallel": results["sequential"]["seconds"]
-        / results["parallel"]["seconds"],
-        "continuous_over_exact": results["continuous"]["seconds"] / results["exact"]["seconds"],
-        "continuous_over_parallel": results["continuous"]["seconds"]
-        / results["parallel"]["seconds"],
+        f"{slower}_over_{faster}": paired_ratio(times, slower, faster)
+        for slower, faster in (
+            ("sequential", "parallel"),
+            ("continuous", "exact"),
+            ("continuous", "parallel"),
+        )
     }
     print(f"parallel is {ratios['sequential_over_parallel']:.1f}x faster than step by step")
     print(
@@ -111,6 +138,9 @@ def main() -> None:
     payload = {
         "shape": {"initial_conditions": num, "steps": steps, "latent": latent, "k": k},
         "quick": args.quick,
+        "rounds": repeats,
+        "timing": "median over interleaved rounds; a round times each competitor over "
+        "`calls_per_sample` back-to-back calls; ratios are medians of per-round ratios",
         "results": results,
         "ratios": ratios,
         "max_abs_error": {
@@ -120,23 +150,26 @@ def main() -> None:
         },
     }
     path = save("koopman_quick" if args.quick else "koopman", payload, args=args, parser=parser)
-    plot(results, ratios, path.with_suffix(".png"))
-    print(f"saved {path}")
+    print(f"saved {path} and {plot_from_json(plot, path).name}")
 
 
-def plot(results, ratios, path: pathlib.Path) -> None:
+def plot(record: dict, path: pathlib.Path) -> None:
+    """Median time per call of each unroll, from a results JSON."""
     from matplotlib.figure import Figure
 
+    results, ratios, shape = record["results"], record["ratios"], record["shape"]
+    _, device = recorded_device(record)
     names = list(results)
     ms = [results[n]["seconds"] * 1e3 for n in names]
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     bars = ax.bar(names, ms, color=["C0", "C1", "C2", "C3"])
-    ax.bar_label(bars, fmt="%.0f ms")
+    ax.bar_label(bars, fmt="%.3g ms")
     ax.set_yscale("log")
     ax.set_ylabel("median time per call (ms)")
     ax.set_title(
-        f"100 ICs x 1000 steps, latent 128, k = 25 ({jax.default_backend()})\n"
+        f"{shape['initial_conditions']} ICs x {shape['steps']} steps, latent "
+        f"{shape['latent']}, k = {shape['k']} ({device})\n"
         f"parallel {ratios['sequential_over_parallel']:.1f}x faster than step by step",
         fontsize=9,
     )

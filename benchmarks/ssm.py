@@ -3,7 +3,11 @@
 The issue's shape: dim 256, state size N = 64, batch 8, L = 1k, 4k, 16k, 64k. Timed
 side by side in one process, in interleaved rounds (each competitor once per round,
 after a compiling warm-up), so that load on a shared machine hits all alike; times are
-medians over rounds and ratios medians of the per-round ratios:
+medians over rounds and ratios medians of the per-round ratios. A round times each
+competitor over `calls_per_sample` back-to-back calls (1 when a call lasts 20 ms, as on
+a CPU; more for an accelerator's sub-millisecond calls), both recorded in the JSON with
+the rounds each competitor took part in. `layer` and `layer_fft` are one XLA program for
+these per-channel kernels: their paired ratio is recorded as the run's `noise_floor`.
 
 - `layer`: the `lineax_seq.S4D` layer with its default `conv="auto"` (for these
     per-channel kernels: the FFT path).
@@ -36,6 +40,7 @@ reason is written to the JSON.
 
     python benchmarks/ssm.py            # full (a few minutes on 2 cores)
     python benchmarks/ssm.py --quick    # smoke run
+    python benchmarks/ssm.py --plot-only benchmarks/results/ssm.json   # redraw its PNG
 """
 
 import argparse
@@ -52,11 +57,14 @@ import jax.random as jr
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _common import (  # noqa: E402
+    add_plot_only,
     compiled_memory,
     interleaved_times,
     paired_ratio,
+    plot_from_json,
     plot_lengths,
     positive_float,
+    recorded_device,
     save,
 )
 
@@ -67,6 +75,10 @@ import lineax_seq as ls  # noqa: E402
 PYTORCH_REFERENCE_MS = {1024: 235.0, 4096: 998.0, 16384: 3844.0}
 # Competitors timed in 2 rounds only from L = 16k on (seconds per call).
 SLOW = {"sequential_scan", "linear_scan", "kernel_vandermonde"}
+SLOW_ROUNDS = 2
+LONG_ROUNDS = 3  # every competitor's rounds at 64k
+# One program under two names (per-channel kernels: "auto" is the FFT): an A/A pair.
+SAME_PROGRAM = ("layer", "layer_fft")
 # (name, value key, comparison, threshold) of the issue's targets.
 TARGET_PYTORCH_SPEEDUP = 5.0
 TARGET_SEQUENTIAL_SPEEDUP_16K = 30.0
@@ -109,7 +121,11 @@ def main() -> None:
     parser.add_argument(
         "--max-seconds", type=positive_float, default=60.0, help="skip slower calls (60)"
     )
+    add_plot_only(parser)
     args = parser.parse_args()
+    if args.plot_only:
+        print(f"wrote {plot_from_json(_plot, args.plot_only)}")
+        return
 
     if args.quick:
         dim, state_size, batch, lengths, repeats = 32, 16, 2, [256, 1024], 3
@@ -183,15 +199,21 @@ def main() -> None:
                 continue
             row["peak_bytes"][name] = memory.get("peak_bytes")
             calls[name] = functools.partial(jax.jit(fn), *call_args)
+        # The A/A pair, if it is one program here (compared as lowered, before XLA).
+        same_program = all(c in calls for c in SAME_PROGRAM) and (
+            len({jax.jit(competitors[c]).lower(layers[c][0], x).as_text() for c in SAME_PROGRAM})
+            == 1
+        )
         # Interleaved rounds: every competitor is timed once per round, so a change of
         # load on the shared machine hits all of them alike; the ratios below are
         # medians over rounds of the per-round ratios.
-        times, cpu_times = interleaved_times(
+        times, cpu_times, row["calls_per_sample"] = interleaved_times(
             calls,
-            rounds=3 if length >= 65536 else repeats,
-            slow_rounds=2,
+            rounds=LONG_ROUNDS if length >= 65536 else repeats,
+            slow_rounds=SLOW_ROUNDS,
             slow=SLOW if length >= 16384 else set(),
         )
+        row["rounds"] = {name: len(ts) for name, ts in times.items()}
         for name, ts in times.items():
             seconds = statistics.median(ts)
             previous[name] = seconds
@@ -203,6 +225,13 @@ def main() -> None:
                 flush=True,
             )
         paired = functools.partial(paired_ratio, times)
+        if same_program:
+            row["noise_floor"] = {
+                "pair": " / ".join(SAME_PROGRAM),
+                "ratio": paired(*SAME_PROGRAM),
+                "note": "one XLA program timed under two names: how far from 1 a ratio "
+                "of this run reads with nothing to tell apart",
+            }
         ratios = {}
         for num, den in (("layer_chunked", "layer_fft"), ("layer_shared", "layer_shared_fft")):
             if num in times and den in times:
@@ -245,6 +274,9 @@ def main() -> None:
             "repeats": repeats,
             "quick": args.quick,
             "dtype": "float32",
+            "timing": f"median over interleaved rounds: {repeats} ({LONG_ROUNDS} at 64k), "
+            f"{SLOW_ROUNDS} for {sorted(SLOW)} from 16k (each row's `rounds`); a round "
+            "times each competitor over `calls_per_sample` back-to-back calls",
         },
         "results": results,
         # The machine is shared: the 1-minute load average before and after the run
@@ -256,8 +288,7 @@ def main() -> None:
     }
     name = "ssm_quick" if args.quick else "ssm"
     path = save(name, payload, args=args, parser=parser)
-    _plot(results, path.with_suffix(".png"), quick=args.quick, backend=jax.default_backend())
-    print(f"wrote {path}")
+    print(f"wrote {path} and {plot_from_json(_plot, path).name}")
 
 
 def _targets(results: list[dict]) -> dict:
@@ -291,14 +322,18 @@ def _targets(results: list[dict]) -> dict:
     return targets
 
 
-def _plot(results: list[dict], path: pathlib.Path, *, quick: bool, backend: str) -> None:
+def _plot(record: dict, path: pathlib.Path) -> None:
+    """Time against length from a results JSON (the quoted reference's on a full CPU run)."""
+    results, quick = record["results"], record["config"]["quick"]
+    backend, device = recorded_device(record)
     names = dict.fromkeys(n for r in results for n in r["ms"])
     series = {n: [(r["length"], r["ms"][n]) for r in results if n in r["ms"]] for n in names}
-    reference = "PyTorch S4D reference"
+    reference = "PyTorch S4D reference (quoted)"
     if not quick and backend == "cpu":
         series[reference] = sorted(PYTORCH_REFERENCE_MS.items())
-    shape = "quick" if quick else "batch 8, H 256, N 64"
-    plot_lengths(series, path, f"S4D forward, {backend} ({shape})", dashed=(reference,))
+    c = record["config"]
+    shape = f"batch {c['batch']}, H {c['dim']}, N {c['state_size']}"
+    plot_lengths(series, path, f"S4D forward, {device} ({shape})", dashed=(reference,))
 
 
 if __name__ == "__main__":
