@@ -107,7 +107,7 @@ def train_rate(batch, *, vocab, dim, layers, bidirectional, input_key, target_ke
         return loss
 
     seconds = median_time(run, repeats=repeats, warmup=2)
-    params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
+    params = ls.count_parameters(model)
     tokens = int(np.prod(batch[input_key].shape))
     return {"step_seconds": seconds, "tokens_per_s": tokens / seconds, "parameters": params}
 

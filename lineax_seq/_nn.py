@@ -1,6 +1,9 @@
-"""Equinox layers applied along a sequence without `vmap`."""
+"""Equinox layers applied along a sequence without `vmap`, and parameter counting."""
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 
@@ -9,3 +12,29 @@ def apply_linear(linear: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Ar
     matrix-vector products)."""
     y = x @ linear.weight.T
     return y if linear.bias is None else y + linear.bias
+
+
+def count_parameters(tree) -> int:
+    """Number of parameters (floating-point array elements) in a PyTree.
+
+    Works on concrete models and on abstract ones, e.g.
+    `count_parameters(eqx.filter_eval_shape(lambda: BiGS.from_config("bigs-large", key=k)))`
+    counts BiGS-Large without allocating it.
+
+    **Arguments:**
+
+    - `tree`: any PyTree (an Equinox module), with JAX or NumPy arrays or `jax.ShapeDtypeStruct`s.
+
+    **Returns:**
+
+    The total number of elements of its floating-point (or complex) leaves.
+    """
+    leaves = jax.tree.leaves(tree)
+    return int(
+        sum(
+            leaf.size
+            for leaf in leaves
+            if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct | np.ndarray)
+            and jnp.issubdtype(leaf.dtype, jnp.inexact)
+        )
+    )

@@ -116,7 +116,7 @@ lm = ls.BlockStateTransformerLM(
     dt_min=4 / LENGTH,
     key=jr.key(1),
 )
-num_params = sum(p.size for p in jax.tree.leaves(eqx.filter(lm, eqx.is_inexact_array)))
+num_params = ls.count_parameters(lm)
 print([type(layer).__name__ for layer in lm.layers], f"{num_params / 1e6:.2f}M parameters")
 
 # %% [markdown]

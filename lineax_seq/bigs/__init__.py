@@ -15,10 +15,7 @@ and task heads. Everything takes one example (`jax.vmap` over a batch).
 - [`count_parameters`][lineax_seq.count_parameters] of any PyTree, abstract or concrete.
 """
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
+from .._nn import count_parameters
 from ._encoder import BIGS_CONFIGS, BiGS
 from ._heads import (
     MaskedLMHead,
@@ -29,33 +26,6 @@ from ._heads import (
 )
 from ._layers import GatedLayer, StackLayer
 from ._ssm import DirectionalSSM
-
-
-def count_parameters(tree) -> int:
-    """Number of parameters (floating-point array elements) in a PyTree.
-
-    Works on concrete models and on abstract ones, e.g.
-    `count_parameters(eqx.filter_eval_shape(lambda: BiGS.from_config("bigs-large", key=k)))`
-    counts BiGS-Large without allocating it.
-
-    **Arguments:**
-
-    - `tree`: any PyTree (an Equinox module), with JAX or NumPy arrays or `jax.ShapeDtypeStruct`s.
-
-    **Returns:**
-
-    The total number of elements of its floating-point (or complex) leaves.
-    """
-    leaves = jax.tree.leaves(tree)
-    return int(
-        sum(
-            leaf.size
-            for leaf in leaves
-            if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct | np.ndarray)
-            and jnp.issubdtype(leaf.dtype, jnp.inexact)
-        )
-    )
-
 
 __all__ = [
     "BiGS",
