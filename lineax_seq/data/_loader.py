@@ -27,14 +27,6 @@ def check_split(split: str, valid_fraction: RealLike, test_fraction: RealLike) -
         )
 
 
-def check_batch_size(batch_size: IntLike) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
-        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size}")
-    return int(batch_size)
-
-
 def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
     """The pipeline seed of one shard: `seed` itself when there is a single shard, else
     one drawn from `(seed, shard_index)`, so that processes shuffle and mask independently."""
@@ -105,7 +97,7 @@ def batch_examples(
             "examples must be a grain.MapDataset (e.g. grain.MapDataset.source(records)), got "
             f"{type(examples).__name__}"
         )
-    batch_size = check_batch_size(batch_size)
+    batch_size = check_int("batch_size", batch_size)
     num_epochs = check_optional_int("num_epochs", num_epochs)
     seed = check_int("seed", seed, minimum=0)
     num_workers = check_int("num_workers", num_workers, minimum=0)

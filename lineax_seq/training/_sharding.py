@@ -135,10 +135,9 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     def put(path, leaf):
         x = np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf
         if isinstance(x, np.ndarray) and x.dtype.kind in "OSU":  # objects, bytes, strings
-            shown = repr(leaf) if len(repr(leaf)) <= 40 else repr(leaf)[:37] + "..."
             raise TypeError(
                 f"batch leaf {jax.tree_util.keystr(path)} must be a numeric or bool array, "
-                f"got {shown} (dtype {x.dtype}); drop it from the batch (e.g. a text "
+                f"got {short_repr(leaf)} (dtype {x.dtype}); drop it from the batch (e.g. a text "
                 "field) before sharding"
             )
         if x.ndim == 0:
