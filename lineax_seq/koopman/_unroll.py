@@ -287,7 +287,7 @@ def unroll(
     - `steps`: number of steps to predict, a positive (Python or NumPy) integer.
     - `reencode_every`: reencoding period, a positive integer, or `None`.
     - `method`: `"parallel"` or `"sequential"`. Without controls the parallel path is
-        much faster (27x on 2 CPU cores at latent 128 in `benchmarks/koopman.py`); with
+        much faster (24x on 2 CPU cores at latent 128 in `benchmarks/koopman.py`); with
         controls its associative scan does more work than the plain scan, and on those
         cores `"sequential"` was 1.5-2.3x faster in one uncommitted timing (latent 128,
         batch 64): time both at your sizes.
