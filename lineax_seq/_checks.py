@@ -276,6 +276,12 @@ def check_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_choice(name: str, value: object, allowed: tuple) -> None:
+    """A `ValueError` naming `name` unless `value` is one of the options `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
+
+
 def check_bool(name: str, value: object) -> bool:
     """`value` if it is a Python `bool`, else a `TypeError` naming it (a truthy string or
     an integer is not a flag)."""

@@ -723,9 +723,9 @@ def test_bad_input(sh_lm, key):
         build(ls.BlockStateTransformerLayer, DIM, 3, W)
     with pytest.raises(ValueError, match="unknown `variant`='BST:XX:S4'"):
         build(LM.from_variant, "BST:XX:S4", VOCAB, DIM)
-    with pytest.raises(ValueError, match="`context` must be one of"):
+    with pytest.raises(ValueError, match="context must be one of"):
         build(ls.BlockStateTransformerLayer, DIM, HEADS, W, context="xx")
-    with pytest.raises(ValueError, match="`ssm` must be one of"):
+    with pytest.raises(ValueError, match="ssm must be one of"):
         build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="s5")
     with pytest.raises(ValueError, match="max_length"):
         build(LM, VOCAB, DIM, 1, num_heads=HEADS, window=W, ssm="unstruct")

@@ -459,7 +459,9 @@ def test_mlm_dataset_examples_and_masking_modes():
     for a, b in zip(dynamic, again, strict=True):  # deterministic per seed
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
     assert (other[0]["labels"] != dynamic[0]["labels"]).any()
-    with pytest.raises(ValueError, match="masking must be 'dynamic' or 'fixed', got 'static'"):
+    with pytest.raises(
+        ValueError, match=r"masking must be one of \('dynamic', 'fixed'\), got masking='static'"
+    ):
         ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, masking="static")
     with pytest.raises(ValueError, match="mask_prob must be in"):
         ls.mlm_dataset(DOCS, tok, length=16, batch_size=2, mask_prob=1.5)

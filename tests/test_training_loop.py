@@ -440,7 +440,7 @@ def test_train_bad_input(data, tmp_path):
     args = (common.make_model(), common.optimizer(), common.loss_fn, data)
     with pytest.raises(ValueError, match=r"steps must be an integer >= 0, got steps=-1"):
         ls.train(*args, steps=-1, key=jr.key(0))
-    with pytest.raises(ValueError, match=r"unit='bytes' is not one of"):
+    with pytest.raises(ValueError, match=r"unit must be one of .* got unit='bytes'"):
         ls.train(*args, steps=1, key=jr.key(0), unit="bytes")
     with pytest.raises(ValueError, match=r"checkpoint_every=5 needs out_dir"):
         ls.train(*args, steps=1, key=jr.key(0), checkpoint_every=5)

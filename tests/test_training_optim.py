@@ -77,7 +77,7 @@ def test_schedules_values():
 
 
 def test_schedule_bad_input():
-    with pytest.raises(ValueError, match=r"schedule='cosin' is not one of"):
+    with pytest.raises(ValueError, match=r"schedule must be one of .* got schedule='cosin'"):
         ls.make_schedule(1.0, schedule="cosin", total_steps=10)
     with pytest.raises(ValueError, match=r"total_steps=None"):
         ls.make_schedule(1.0, schedule="linear")

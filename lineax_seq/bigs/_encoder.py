@@ -15,6 +15,7 @@ from .._checks import (
     RealScalar,
     as_arrays,
     check_bool,
+    check_choice,
     check_ids,
     check_int,
     check_key,
@@ -29,7 +30,6 @@ from ._layers import (
     ROUTINGS,
     GatedLayer,
     StackLayer,
-    _check,
     _known_rate,
     apply_dropout,
     apply_norm,
@@ -261,9 +261,9 @@ class BiGS(eqx.Module):
         vocab_size = check_int("vocab_size", vocab_size)
         dim = check_int("dim", dim)
         num_layers = check_int("num_layers", num_layers)
-        _check("architecture", architecture, ARCHITECTURES)
-        _check("routing", routing, ROUTINGS)
-        _check("kernel", kernel, KERNELS)
+        check_choice("architecture", architecture, ARCHITECTURES)
+        check_choice("routing", routing, ROUTINGS)
+        check_choice("kernel", kernel, KERNELS)
         if max_length is not None:
             max_length = check_int("max_length", max_length)
         num_token_types = check_int("num_token_types", num_token_types, minimum=0)
@@ -358,8 +358,7 @@ class BiGS(eqx.Module):
 
         The model.
         """
-        if name not in BIGS_CONFIGS:
-            raise ValueError(f"name must be one of {sorted(BIGS_CONFIGS)}, got name={name!r}")
+        check_choice("name", name, tuple(sorted(BIGS_CONFIGS)))
         return cls(vocab_size, key=key, **{**BIGS_CONFIGS[name], **overrides})
 
     @property

@@ -17,6 +17,7 @@ from .._checks import (
     IntLike,
     RealScalar,
     as_arrays,
+    check_choice,
     check_int,
     check_key,
     check_real,
@@ -183,11 +184,6 @@ def _default_heads(dim: int) -> int:
     return heads
 
 
-def _check(name: str, value: object, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
-
-
 def _key_mask(mask: Bool[Array, " length"] | None) -> Bool[Array, "length length"] | None:
     return None if mask is None else jnp.broadcast_to(mask[None, :], (mask.shape[0],) * 2)
 
@@ -286,8 +282,8 @@ class _AbstractLayer(eqx.Module):
         inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
         inner_dim = check_int("inner_dim", inner_dim)
         routing = self._default_routing if routing is None else routing
-        _check("routing", routing, ROUTINGS)
-        _check("kernel", kernel, KERNELS)
+        check_choice("routing", routing, ROUTINGS)
+        check_choice("kernel", kernel, KERNELS)
         dropout = check_dropout(dropout)
         init_std = check_init_std(init_std)
         heads = _default_heads(dim) if num_heads is None else num_heads

@@ -14,6 +14,7 @@ from .._checks import (
     RealScalar,
     as_arrays,
     check_bool,
+    check_choice,
     check_float_dtype,
     check_int,
     check_key,
@@ -191,8 +192,7 @@ class DirectionalSSM(eqx.Module):
         - `key`: a `jax.random.key`.
         """
         check_key("key", key)
-        if kernel not in ("shared", "per_channel"):
-            raise ValueError(f"kernel must be 'shared' or 'per_channel', got kernel={kernel!r}")
+        check_choice("kernel", kernel, ("shared", "per_channel"))
         check_bool("reverse", reverse)
         dim = check_int("dim", dim)
         channels = 1 if kernel == "shared" else dim

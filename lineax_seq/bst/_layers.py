@@ -29,7 +29,7 @@ from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, RealScalar, check_int, check_key
+from .._checks import IntLike, RealScalar, check_choice, check_int, check_key
 from .._nn import apply_linear
 from .._numerics import work_dtype
 from ..attention import MultiHeadAttention, SlidingWindowAttention
@@ -443,8 +443,7 @@ class BlockStateTransformerLayer(eqx.Module):
         check_implementation(attention_implementation, "attention_implementation")
         dim = check_int("dim", dim)
         num_heads = check_int("num_heads", num_heads)
-        if context not in CONTEXTS:
-            raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
+        check_choice("context", context, CONTEXTS)
         ka, ks, kc, kq, ko, km = jr.split(key, 6)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(

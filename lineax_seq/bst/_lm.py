@@ -16,6 +16,7 @@ from .._checks import (
     IntLike,
     RealScalar,
     check_bool,
+    check_choice,
     check_ids,
     check_int,
     check_key,
@@ -213,10 +214,8 @@ class BlockStateTransformerLM(eqx.Module):
         check_implementation(attention_implementation, "attention_implementation")
         if dim % num_heads:
             raise ValueError(f"`num_heads`={num_heads} must divide `dim`={dim}.")
-        if context not in CONTEXTS:
-            raise ValueError(f"`context` must be one of {CONTEXTS}, got context={context!r}.")
-        if ssm not in SSMS:
-            raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
+        check_choice("context", context, CONTEXTS)
+        check_choice("ssm", ssm, SSMS)
         if ssm == "unstruct" and max_length is None and (bst_layers is None or len(bst_layers)):
             raise ValueError('`max_length` (the training length) is required for ssm="unstruct".')
         check_kernel_options(state_size, "lin", "zoh", dt_min, dt_max)

@@ -14,6 +14,7 @@ from .._checks import (
     IntLike,
     RealScalar,
     as_array,
+    check_choice,
     check_int,
     check_key,
     check_optional_int,
@@ -169,8 +170,7 @@ class ContextSSM(eqx.Module):
         - `key`: PRNG key.
         """
         check_key("key", key)
-        if ssm not in SSMS:
-            raise ValueError(f"`ssm` must be one of {SSMS}, got ssm={ssm!r}.")
+        check_choice("ssm", ssm, SSMS)
         dim = check_int("dim", dim)
         features = check_int("features", features)
         streams = check_int("streams", streams)

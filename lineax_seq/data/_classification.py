@@ -14,7 +14,7 @@ import grain
 import numpy as np
 from beartype import beartype
 
-from .._checks import IntLike, RealLike, check_int
+from .._checks import IntLike, RealLike, check_choice, check_int
 from ._corpus import LONE_SURROGATE
 from ._loader import batch_examples
 from ._tokenizers import (
@@ -476,8 +476,7 @@ def classification_dataset(
     for the first record at once, for the others while iterating.
     """
     length = check_int("length", length)
-    if truncation not in TRUNCATIONS:
-        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got truncation={truncation!r}")
+    check_choice("truncation", truncation, TRUNCATIONS)
     if len(records) == 0:
         raise ValueError("records is empty: there are no examples to batch")
     first = records[0]  # random access: cheap, and no whole pass over the dataset

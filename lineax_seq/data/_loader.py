@@ -7,7 +7,15 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from .._checks import IntLike, RealLike, check_bool, check_int, check_optional_int, check_real
+from .._checks import (
+    IntLike,
+    RealLike,
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_int,
+    check_real,
+)
 
 __all__ = ["batch_examples"]
 
@@ -16,8 +24,7 @@ SPLITS = ("train", "valid", "test", "all")
 
 def check_split(split: str, valid_fraction: RealLike, test_fraction: RealLike) -> None:
     """`ValueError` for an unknown `split` or fractions that do not leave a train split."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_choice("split", split, SPLITS)
     valid_fraction = check_real("valid_fraction", valid_fraction, "nonnegative")
     test_fraction = check_real("test_fraction", test_fraction, "nonnegative")
     if valid_fraction + test_fraction >= 1:

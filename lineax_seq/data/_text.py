@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Int
 
-from .._checks import IntLike, RealLike, check_int, check_real
+from .._checks import IntLike, RealLike, check_choice, check_int, check_real
 from ._loader import batch_examples
 from ._tokenizers import Tokenizer, check_ids, check_texts
 
@@ -395,8 +395,7 @@ def mlm_dataset(
     A `grain.IterDataset` of `{"tokens": int32 (B, L), "labels": int32 (B, L),
     "padding_mask": bool (B, L)}`; `labels` is `-100` except at the masked positions.
     """
-    if masking not in ("dynamic", "fixed"):
-        raise ValueError(f"masking must be 'dynamic' or 'fixed', got {masking!r}")
+    check_choice("masking", masking, ("dynamic", "fixed"))
     _check_rates(mask_prob, mask_token_prob, random_token_prob)
     seed = check_int("seed", seed, minimum=0)
     examples = mlm_examples(texts, tokenizer, length=length)

@@ -38,6 +38,7 @@ from jaxtyping import Array, Float, Int
 
 import lineax_seq as ls
 
+from .._checks import check_choice
 from ._cli import (
     UsageError,
     corpus_errors,
@@ -112,8 +113,7 @@ def build_lm(name: str, vocab_size: int, cfg: Config, *, mlp_dim: int, key: jax.
     `cfg.bst_layers`: plain (SLIDE), block-recurrent (BRECT, at the last of those
     indices) or Block-State (BST, context and SSM from the name).
     """
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    check_choice("model", name, MODELS)
     common = dict(
         num_heads=cfg.num_heads,
         window=cfg.window,

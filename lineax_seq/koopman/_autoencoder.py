@@ -14,6 +14,7 @@ from .._checks import (
     RealScalar,
     as_float_array,
     check_bool,
+    check_choice,
     check_int,
     check_key,
     check_real,
@@ -86,8 +87,7 @@ class _Options(NamedTuple):
 
 def _check_decoder(decoder: str, decoder_layers: IntLike | None) -> int:
     """The MLP decoder's number of layers (default 4), checked with the decoder kind."""
-    if decoder not in _DECODERS:
-        raise ValueError(f"decoder={decoder!r} is not one of {_DECODERS}")
+    check_choice("decoder", decoder, _DECODERS)
     if decoder_layers is None:
         return 4
     decoder_layers = check_int("decoder_layers", decoder_layers)
@@ -101,10 +101,8 @@ def _check_decoder(decoder: str, decoder_layers: IntLike | None) -> int:
 
 def _check_dynamics(dynamics: str, discretization: str) -> None:
     """A `ValueError` unless the dynamics kind and discretization are known and go together."""
-    if dynamics not in _DYNAMICS:
-        raise ValueError(f"dynamics={dynamics!r} is not one of {_DYNAMICS}")
-    if discretization not in _DISCRETIZATIONS:
-        raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
+    check_choice("dynamics", dynamics, _DYNAMICS)
+    check_choice("discretization", discretization, _DISCRETIZATIONS)
     if dynamics == "mlp" and discretization != "bilinear":
         raise ValueError(
             f"discretization={discretization!r} applies to linear dynamics only; "

@@ -11,7 +11,15 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_key, check_real, check_state_control
+from .._checks import (
+    IntLike,
+    RealScalar,
+    check_choice,
+    check_int,
+    check_key,
+    check_real,
+    check_state_control,
+)
 from .._numerics import work_dtype
 
 _DISCRETIZATIONS = ("bilinear", "exact")
@@ -177,8 +185,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         if not isinstance(init_scale, jax.core.Tracer):  # (traced: an ensemble under vmap)
             init_scale = check_real("init_scale", init_scale, "nonnegative")
-        if discretization not in _DISCRETIZATIONS:
-            raise ValueError(f"discretization={discretization!r} is not one of {_DISCRETIZATIONS}")
+        check_choice("discretization", discretization, _DISCRETIZATIONS)
         k_key, l_key = jr.split(key)
         self.K = init_scale * jr.normal(k_key, (latent_dim, latent_dim)) / math.sqrt(latent_dim)
         self.L = (

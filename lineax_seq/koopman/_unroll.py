@@ -17,6 +17,7 @@ from .._checks import (
     IntLike,
     RealScalar,
     check_bool,
+    check_choice,
     check_int,
     check_option,
     check_optional_int,
@@ -208,8 +209,7 @@ def _check_unroll(
     arrays are checked for NaN at run time)."""
     reencode_every = check_optional_int("reencode_every", reencode_every)
     steps = check_int("steps", steps)
-    if method not in _METHODS:
-        raise ValueError(f"method={method!r} is not one of {_METHODS}")
+    check_choice("method", method, _METHODS)
     actions = _check_actions(model, None if actions is None else jnp.asarray(actions), steps)
     x0, actions = promote(
         model, _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"), actions

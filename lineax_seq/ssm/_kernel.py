@@ -11,7 +11,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_key, check_real
+from .._checks import IntLike, RealScalar, check_choice, check_int, check_key, check_real
 from .._numerics import work_dtype
 
 _INITS = ("lin", "inv", "real", "legs")
@@ -88,13 +88,8 @@ def check_kernel_options(
             f"state_size must be a positive even integer (N/2 complex modes are "
             f"stored), got state_size={state_size!r}"
         )
-    if init not in _INITS:
-        raise ValueError(f"{init_name} must be one of {_INITS}, got {init_name}={init!r}")
-    if discretization not in _DISCRETIZATIONS:
-        raise ValueError(
-            f"discretization must be one of {_DISCRETIZATIONS}, "
-            f"got discretization={discretization!r}"
-        )
+    check_choice(init_name, init, _INITS)
+    check_choice("discretization", discretization, _DISCRETIZATIONS)
     dt_min, dt_max = check_real("dt_min", dt_min), check_real("dt_max", dt_max)
     if not dt_min < dt_max:
         raise ValueError(

@@ -16,6 +16,7 @@ from .._checks import (
     RealScalar,
     as_arrays,
     check_bool,
+    check_choice,
     check_float_dtype,
     check_int,
     check_key,
@@ -109,8 +110,7 @@ class S4D(eqx.Module):
         channels = dim if channels is None else channels
         if channels not in (1, dim):
             raise ValueError(f"channels must be 1 or dim={dim}, got channels={channels!r}")
-        if conv not in _CONVS:
-            raise ValueError(f"conv must be one of {_CONVS}, got conv={conv!r}")
+        check_choice("conv", conv, _CONVS)
         k_key, kb_key, d_key, g_key = jr.split(key, 4)
         options = dict(init=init, discretization=discretization, dt_min=dt_min, dt_max=dt_max)
         self.kernel = S4DKernel(state_size, channels, key=k_key, **options)

@@ -17,6 +17,7 @@ from .._checks import (
     RealScalar,
     as_array,
     as_float_array,
+    check_choice,
     check_int,
     check_key,
     check_real,
@@ -348,8 +349,7 @@ def get_system(name: str, **params: RealScalar) -> DynamicalSystem:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, one of {sorted(SYSTEMS)}; got name={name!r}")
-    if name not in SYSTEMS:
-        raise ValueError(f"name={name!r} is not one of {sorted(SYSTEMS)}")
+    check_choice("name", name, tuple(sorted(SYSTEMS)))
     cls = SYSTEMS[name]
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(params) - set(fields))

@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import optax
 from jaxtyping import PyTree
 
-from .._checks import IntLike, RealScalar, check_int, real_scalar
+from .._checks import IntLike, RealScalar, check_choice, check_int, real_scalar
 
 SCHEDULES = ("cosine", "linear", "constant")
 DEFAULT_GROUP = "default"
@@ -57,8 +57,7 @@ def make_schedule(
     """
     if schedule is None:
         schedule = "constant" if total_steps is None else "cosine"
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}.")
+    check_choice("schedule", schedule, SCHEDULES)
     warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
     if total_steps is not None:  # checked even where the schedule ignores it
         total_steps = check_int("total_steps", total_steps)

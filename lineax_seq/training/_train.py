@@ -28,6 +28,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 from .._checks import (
     IntLike,
     check_bool,
+    check_choice,
     check_int,
     check_key,
     check_optional_int,
@@ -532,8 +533,7 @@ def _check_train_args(
             "eval_batches=None asks for all of its batches: pass eval_batches=N, or build "
             "eval_data with num_epochs=1."
         )
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is not one of {UNITS}.")
+    check_choice("unit", unit, UNITS)
     if checkpoint_every and out_dir is None:
         raise ValueError(f"checkpoint_every={checkpoint_every} needs out_dir to be set.")
     if plot and out_dir is None:
