@@ -1,10 +1,11 @@
-"""Equinox layers applied along a sequence without `vmap`, and parameter counting."""
+"""Equinox layers applied along a sequence without `vmap`, parameter counting, and loop
+carries that vary like the data."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree
 
 
 def apply_linear(linear: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Array, "*batch b"]:
@@ -38,3 +39,14 @@ def count_parameters(tree) -> int:
             and jnp.issubdtype(leaf.dtype, jnp.inexact)
         )
     )
+
+
+def varying_like(tree: PyTree, x: Array) -> PyTree:
+    """`tree`'s arrays (the same values) as results of a computation on `x`.
+
+    Under `jax.shard_map` a value computed from the per-device data varies over the
+    mesh axes, one built from parameters or constants does not; a loop carry must keep
+    its type, so one started from parameters and updated with data is refused. Started
+    from `varying_like(init, x)` it varies as `x` does (outside `shard_map`, a no-op).
+    """
+    return jax.tree.map(lambda a: a + jnp.zeros_like(x, shape=a.shape, dtype=a.dtype), tree)

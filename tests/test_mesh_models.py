@@ -19,6 +19,7 @@ import pytest
 from _devices import needs_8_devices
 from _scripts import run_script
 from jax.flatten_util import ravel_pytree
+from jax.sharding import PartitionSpec as P
 
 import lineax_seq as ls
 
@@ -308,3 +309,54 @@ def test_failed_checks_raise_on_a_mesh(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     for name in ("token id", "mask", "max_steps", "NaN", "one shard"):
         assert f"{name}\n" in out.stdout, out.stdout
+
+
+# ------------------------------------------------------------------ inside shard_map
+
+
+def test_decoding_loops_inside_shard_map():
+    """A loop carry started from parameters (BRECT's initial states, a decoding cache)
+    and updated with per-device data failed `shard_map`'s type check ("carry input and
+    carry output must have equal types ... {V:data}"); the carries now vary as the data."""
+    mesh = ls.make_mesh(8, 1)
+    tokens = jr.randint(jr.key(1), (8, 8), 0, 11)
+    for i, variant in enumerate(("BRECT", "BST:SH:S4", "BST:MF:S4", "BST:MH:UNSTRUCT")):
+        extra = dict(max_length=8) if variant.endswith("UNSTRUCT") else {}
+        lm = ls.BlockStateTransformerLM.from_variant(
+            variant, 11, 16, 2, num_heads=2, window=4, mlp_dim=32, key=jr.key(i), **extra
+        )
+        params, static = eqx.partition(lm, eqx.is_array)
+
+        def per_device(params, tokens, static=static):
+            model = eqx.combine(params, static)
+            logits = jax.vmap(model)(tokens)
+            sample = lambda t: ls.generate(model, t[:3], 5, key=jr.key(0), temperature=0.0)
+            return logits, jax.vmap(sample)(tokens)
+
+        replicated = jax.tree.map(lambda _: P(), params)
+        run = jax.jit(
+            jax.shard_map(
+                per_device, mesh=mesh, in_specs=(replicated, P("data")), out_specs=P("data")
+            )
+        )
+        got = run(params, tokens)
+        want = eqx.filter_jit(per_device)(params, tokens)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=variant)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=variant)
+
+
+def test_param_sharding_of_an_abstract_model(mesh):
+    """Shardings for a model built with `eqx.filter_eval_shape` (to create it directly
+    sharded) were all None: its leaves are ShapeDtypeStructs, not arrays."""
+    make = lambda: ls.BiGS.from_config("bigs-tiny", vocab_size=64, key=jr.key(0))
+    abstract = eqx.filter_eval_shape(make)
+    got = ls.param_sharding(abstract, mesh, min_shard_size=MIN_SIZE)
+    want = ls.param_sharding(make(), mesh, min_shard_size=MIN_SIZE)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert jax.tree.leaves(got) == jax.tree.leaves(want)
+    assert any("model" in _spec_axes(s) for s in jax.tree.leaves(got))
+    built = jax.jit(lambda: eqx.filter(make(), eqx.is_array), out_shardings=got)()
+    assert [x.sharding for x in jax.tree.leaves(built)] == jax.tree.leaves(got)
+    np.testing.assert_array_equal(
+        ravel_pytree(built)[0], ravel_pytree(eqx.filter(make(), eqx.is_array))[0]
+    )

@@ -30,7 +30,7 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, RealScalar, check_choice, check_int, check_key
-from .._nn import apply_linear
+from .._nn import apply_linear, varying_like
 from .._numerics import work_dtype
 from ..attention import MultiHeadAttention, SlidingWindowAttention
 from ..attention._core import attend, check_implementation
@@ -738,6 +738,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         # The states in the dtype the update computes in (float32 for a bfloat16 layer
         # fed float32 `x`, as the token side): the scan's carry keeps one dtype.
         init = self.initial_state.astype(jnp.result_type(self.initial_state, k))
+        init = varying_like(init, k)
         _, (ks, vs, after) = jax.lax.scan(update, init, (blocks(k), blocks(v)))
         q = blocks(_heads(apply_linear(self.cross_query, h), self.num_heads))
         cross = block_attention(q, ks, vs, implementation=mha.implementation)

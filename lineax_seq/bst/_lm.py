@@ -23,7 +23,7 @@ from .._checks import (
     check_real,
     host_arrays,
 )
-from .._nn import apply_linear
+from .._nn import apply_linear, varying_like
 from .._numerics import work_dtype
 from ..attention import MultiHeadAttention
 from ..attention._core import check_implementation
@@ -400,7 +400,8 @@ class BlockStateTransformerLM(eqx.Module):
         for layer in self.layers:
             cache, x = layer._prefill(x, blocks, max_length)
             caches.append(cache)
-        return {"t": blocks * self.window, "layers": tuple(caches)}, x
+        # (Decoding loops update the cache with the hidden states: `varying_like`.)
+        return varying_like({"t": blocks * self.window, "layers": tuple(caches)}, x), x
 
     def init_cache(self, max_length: IntLike) -> dict:
         """Empty decoding cache for up to `max_length` tokens (see `step`).

@@ -171,7 +171,9 @@ def param_sharding(
 
     **Arguments:**
 
-    - `tree`: any PyTree (model, optimiser state).
+    - `tree`: any PyTree (model, optimiser state), concrete or abstract (e.g. from
+        `eqx.filter_eval_shape`, to build a model too large for one device directly
+        sharded: `jax.jit(make_model, out_shardings=...)`).
     - `mesh`: the mesh.
     - `axis`: the tensor-parallel mesh axis.
     - `min_shard_size`: arrays smaller than this are replicated.
@@ -179,7 +181,8 @@ def param_sharding(
     **Returns:**
 
     A PyTree of `NamedSharding`s with the structure of
-    `eqx.filter(tree, eqx.is_array)` (non-arrays are `None`).
+    `eqx.filter(tree, eqx.is_array)` (non-arrays are `None`; `jax.ShapeDtypeStruct`s
+    count as arrays).
     """
     _check_axis(mesh, axis, "axis")
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
@@ -194,7 +197,8 @@ def param_sharding(
                     return NamedSharding(mesh, P(*spec))
         return NamedSharding(mesh, P())
 
-    return jax.tree.map(rule, eqx.filter(tree, eqx.is_array))
+    is_array = lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+    return jax.tree.map(rule, eqx.filter(tree, is_array))
 
 
 def shard_params(
