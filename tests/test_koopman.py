@@ -1,6 +1,8 @@
 """Koopman autoencoders: discretisation, unroll modes against step-by-step references,
 the diffrax path against the matrix exponential, gradients, losses and bad inputs."""
 
+import pickle
+
 import diffrax
 import equinox as eqx
 import jax
@@ -1348,3 +1350,25 @@ def test_latent_products_run_at_highest_precision(discretization):
         with jax.default_matmul_precision("tensorfloat32"):
             precisions = _dot_precisions(jax.make_jaxpr(run)(*args).jaxpr)
         assert precisions and all(p == highest for p in precisions), (name, precisions)
+
+
+def test_models_pickle():
+    """The MLPs held `jax.nn.relu` (a `custom_jvp` object pickle cannot find by name)
+    and `eqx.nn.MLP`'s default final activation, a lambda: pickling failed."""
+    x = jnp.linspace(-1, 1, 3)
+    models = [
+        ls.KoopmanAutoencoder(3, 4, width=8, encoder_layers=2, key=jr.key(0)),
+        ls.KoopmanAutoencoder(3, 4, width=8, decoder="mlp", dynamics="mlp", key=jr.key(1)),
+        ls.KoopmanAutoencoder(3, 4, action_dim=1, width=8, action_head=True, key=jr.key(2)),
+    ]
+    u = jnp.ones(1)
+    for model in models:
+        copy = pickle.loads(pickle.dumps(model))
+        for m in (model, copy):
+            v = None if m.action_dim == 0 else m.encode_action(u)
+            out = m.decode(m.step(m.encode(x), v))
+            if m is model:
+                want = out
+        np.testing.assert_array_equal(out, want)
+    baseline = ls.MLPBaseline(3, width=8, layers=2, key=jr.key(3))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(baseline))(x), baseline(x))

@@ -3,7 +3,6 @@
 from typing import NamedTuple
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -26,15 +25,11 @@ from ._dynamics import (
     LinearKoopmanDynamics,
     MLPDynamics,
     matmul,
+    relu_mlp,
 )
 
 _DECODERS = ("linear", "mlp")
 _DYNAMICS = ("koopman", "mlp")
-
-
-def _mlp(in_size: int, out_size: int, width: int, layers: int, *, key) -> eqx.nn.MLP:
-    # `layers` linear layers with ReLU between them (eqx counts hidden layers as depth).
-    return eqx.nn.MLP(in_size, out_size, width, depth=layers - 1, activation=jax.nn.relu, key=key)
 
 
 class UnitNormLinear(eqx.Module):
@@ -294,11 +289,11 @@ class KoopmanAutoencoder(eqx.Module):
         )
         n, m, width = opts.latent_dim, opts.action_latent_dim, opts.width
         ekey, dkey, ykey, akey, hkey = jr.split(key, 5)
-        self.encoder = _mlp(opts.state_dim, n, width, opts.encoder_layers, key=ekey)
+        self.encoder = relu_mlp(opts.state_dim, n, width, opts.encoder_layers, key=ekey)
         if decoder == "linear":
             self.decoder = UnitNormLinear(n, opts.state_dim, key=dkey)
         else:
-            self.decoder = _mlp(n, opts.state_dim, width, opts.decoder_layers, key=dkey)
+            self.decoder = relu_mlp(n, opts.state_dim, width, opts.decoder_layers, key=dkey)
         if dynamics == "koopman":
             self.dynamics = LinearKoopmanDynamics(
                 n, m, dt=opts.dt, discretization=discretization, key=ykey
@@ -306,10 +301,10 @@ class KoopmanAutoencoder(eqx.Module):
         else:
             self.dynamics = MLPDynamics(n, m, width=opts.dynamics_width, dt=opts.dt, key=ykey)
         self.action_encoder = (
-            _mlp(opts.action_dim, m, width, 2, key=akey) if opts.action_dim else None
+            relu_mlp(opts.action_dim, m, width, 2, key=akey) if opts.action_dim else None
         )
         self.action_head = (
-            _mlp(n, opts.head_action_dim, width, 3, key=hkey) if opts.head_action_dim else None
+            relu_mlp(n, opts.head_action_dim, width, 3, key=hkey) if opts.head_action_dim else None
         )
         self.state_dim = opts.state_dim
         self.latent_dim = n
@@ -415,7 +410,7 @@ class MLPBaseline(eqx.Module):
         state_dim = check_int("state_dim", state_dim)
         action_dim = check_int("action_dim", action_dim, minimum=0)
         width, layers = check_int("width", width), check_int("layers", layers)
-        self.mlp = _mlp(state_dim + action_dim, state_dim, width, layers, key=key)
+        self.mlp = relu_mlp(state_dim + action_dim, state_dim, width, layers, key=key)
         self.state_dim = state_dim
         self.action_dim = action_dim
 

@@ -46,6 +46,29 @@ def _check_sizes(
     )
 
 
+def _relu(x: Array) -> Array:
+    return jax.nn.relu(x)
+
+
+def _identity(x: Array) -> Array:
+    return x
+
+
+def relu_mlp(in_size: int, out_size: int, width: int, layers: int, *, key) -> eqx.nn.MLP:
+    """`layers` linear layers with ReLU between them (Equinox counts hidden layers as
+    depth). The activations are functions of this module, so the MLP pickles (neither
+    `jax.nn.relu`, a `custom_jvp` object, nor `eqx.nn.MLP`'s default lambda does)."""
+    return eqx.nn.MLP(
+        in_size,
+        out_size,
+        width,
+        depth=layers - 1,
+        activation=_relu,
+        final_activation=_identity,
+        key=key,
+    )
+
+
 class AbstractLatentDynamics(eqx.Module):
     """Latent dynamics with a trainable step `delta = exp(log_delta)`.
 
@@ -298,14 +321,7 @@ class MLPDynamics(AbstractLatentDynamics):
         check_key("key", key)
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         width = check_int("width", width)
-        self.mlp = eqx.nn.MLP(
-            latent_dim + action_latent_dim,
-            latent_dim,
-            width,
-            depth=2,
-            activation=jax.nn.relu,
-            key=key,
-        )
+        self.mlp = relu_mlp(latent_dim + action_latent_dim, latent_dim, width, 3, key=key)
         # JAX's default float dtype, like K, and not weakly typed (so that an optimiser
         # step returns the same type and a jitted train step compiles once).
         self.log_delta = jnp.asarray(math.log(dt), dtype=float)
