@@ -3,6 +3,7 @@
 import functools
 import math
 import numbers
+import os
 
 import equinox.internal as eqxi
 import jax
@@ -155,12 +156,19 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     it raises, the other devices wait in their next collective until XLA aborts the
     process. Here `pred` is reduced over `vmap`, `shard_map` and mesh axes first, and
     every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
-    whose message ends with `message` (Equinox's `EQX_ON_ERROR` does not apply)."""
+    whose message ends with `message`.
+
+    A traced check is a host callback, which `jax.export` cannot serialise. With the
+    environment variable `EQX_ON_ERROR=nan` (Equinox's setting for its own checks, whose
+    `"nan"` mode has no callback either) traced checks are left out of the program;
+    concrete ones still raise."""
     with jax.ensure_compile_time_eval():  # eager `vmap`: the reduced `pred` is concrete
         pred = jnp.any(eqxi.unvmap_any(jnp.asarray(pred)))
     if not isinstance(pred, jax.core.Tracer):
         if pred:
             raise ValueError(message)
+        return
+    if os.environ.get("EQX_ON_ERROR") == "nan":
         return
     manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
     if manual:  # under `shard_map` each device holds its own part of `pred`
