@@ -147,6 +147,13 @@ def _raise(pred: np.ndarray, *, message: str) -> None:
         raise ValueError(message)
 
 
+TRACED_CHECKS = os.environ.get("EQX_ON_ERROR", "raise") not in ("nan", "off")
+"""Whether `fail_if` checks traced values. Off with the environment variable
+`EQX_ON_ERROR=nan` or `off`, read at import as Equinox reads it for its own checks
+(whose `nan` and `off` modes hold no host callback either): then programs hold no
+callback, e.g. for `jax.export`, and bad traced input goes unreported."""
+
+
 def fail_if(pred: ArrayLike, message: str) -> None:
     """Raise `ValueError(message)` if any element of `pred` is true: at once if `pred`
     is concrete once reduced over `vmap` (eager calls), else at run time (an effect, like
@@ -158,17 +165,15 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
     whose message ends with `message`.
 
-    A traced check is a host callback, which `jax.export` cannot serialise. With the
-    environment variable `EQX_ON_ERROR=nan` (Equinox's setting for its own checks, whose
-    `"nan"` mode has no callback either) traced checks are left out of the program;
-    concrete ones still raise."""
+    A traced check is a host callback, which `jax.export` cannot serialise: see
+    `TRACED_CHECKS` (concrete checks always raise)."""
     with jax.ensure_compile_time_eval():  # eager `vmap`: the reduced `pred` is concrete
         pred = jnp.any(eqxi.unvmap_any(jnp.asarray(pred)))
     if not isinstance(pred, jax.core.Tracer):
         if pred:
             raise ValueError(message)
         return
-    if os.environ.get("EQX_ON_ERROR") == "nan":
+    if not TRACED_CHECKS:
         return
     manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
     if manual:  # under `shard_map` each device holds its own part of `pred`

@@ -47,6 +47,7 @@ def varying_like(tree: PyTree, x: Array) -> PyTree:
     Under `jax.shard_map` a value computed from the per-device data varies over the
     mesh axes, one built from parameters or constants does not; a loop carry must keep
     its type, so one started from parameters and updated with data is refused. Started
-    from `varying_like(init, x)` it varies as `x` does (outside `shard_map`, a no-op).
+    from `varying_like(init, x)` it varies as `x` does (outside `shard_map` the values
+    are the same, at the cost of one addition per element).
     """
     return jax.tree.map(lambda a: a + jnp.zeros_like(x, shape=a.shape, dtype=a.dtype), tree)

@@ -78,31 +78,6 @@ def chunked_ssm_conv(
     return jax.vmap(one)(u, log_abar, cb, d, jnp.asarray(reverse))
 
 
-def fft_ssm_conv(
-    u: Float[Array, "directions length channels"],
-    k: Float[Array, "directions kc length"],
-    *,
-    reverse: tuple[bool, ...],
-) -> Float[Array, "directions length channels"]:
-    """Causal or anti-causal convolutions by one real FFT pair over all directions.
-
-    Zero-padded to `>= 2L` (exact); an anti-causal direction multiplies by the
-    conjugate of `rfft(k)` (a cross-correlation), so no array is flipped.
-
-    **Arguments:**
-
-    - `u`: inputs, shape `(directions, length, channels)`.
-    - `k`: kernels (lag 0 first), shape `(directions, kc, length)`, `kc` = 1 or
-        `channels`.
-    - `reverse`: per direction, anti-causal instead of causal.
-
-    **Returns:**
-
-    Shape `(directions, length, channels)`, in `u`'s dtype.
-    """
-    return rfft_conv(u, k, anti_causal=reverse)
-
-
 def ssm_conv(
     u: Float[Array, "directions length channels"], ssms: tuple["DirectionalSSM", ...]
 ) -> Float[Array, "directions length channels"]:
@@ -110,7 +85,9 @@ def ssm_conv(
     causal or anti-causal as each one's `reverse`), all in one pass.
 
     Shared kernels: `chunked_ssm_conv` (a batched dense Toeplitz product up to 512
-    positions at 32 modes or more, chunks above); per-channel kernels: `fft_ssm_conv`.
+    positions at 32 modes or more, chunks above); per-channel kernels: one real FFT
+    pair over both directions (an anti-causal one multiplies by its kernel's conjugate
+    transform, so no array is flipped).
 
     **Arguments:**
 
@@ -124,8 +101,8 @@ def ssm_conv(
     length = u.shape[1]
     reverse = tuple(ssm.reverse for ssm in ssms)
     if any(ssm.kernel_fn.channels != 1 for ssm in ssms):
-        k = jnp.stack([ssm.impulse_response(length) for ssm in ssms])  # fft_ssm_conv casts
-        return fft_ssm_conv(u, k, reverse=reverse)
+        k = jnp.stack([ssm.impulse_response(length) for ssm in ssms])  # rfft_conv casts
+        return rfft_conv(u, k, anti_causal=reverse)
     systems = [ssm.kernel_fn._discretize() for ssm in ssms]
     log_abar = jnp.concatenate([a for a, _ in systems])
     cb = jnp.concatenate([c for _, c in systems])

@@ -702,13 +702,13 @@ def unroll_continuous(
     # Times are known to the dtype they were given in, or are promoted to if coarser
     # (a half-precision model's), whatever they are then computed in.
     rounding_dtype = max((d for d in (given_dtype, ts.dtype) if d is not None), key=_eps)
-    work_dtype = _diffeq.integration_dtype(ts.dtype)
-    if work_dtype != ts.dtype:
+    solve_dtype = _diffeq.integration_dtype(ts.dtype)
+    if solve_dtype != ts.dtype:
         # A half-precision model (float16 / bfloat16 throughout) is integrated in float32,
         # its decoded states cast back.
-        single = lambda a: a.astype(work_dtype) if eqx.is_inexact_array(a) else a
+        single = lambda a: a.astype(solve_dtype) if eqx.is_inexact_array(a) else a
         if ts_host is not None:  # kept on the host: concrete below, under jit too
-            ts_host = ts_host.astype(ts.dtype).astype(work_dtype)
+            ts_host = ts_host.astype(ts.dtype).astype(solve_dtype)
         model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
     grid = _continuous_grid(ts, ts_host, rounding_dtype, reencode_dt, reencode_eps, num_segments)
     reencode = reencode_dt is not None

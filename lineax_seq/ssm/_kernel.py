@@ -288,7 +288,7 @@ def recurrence_step(
 ) -> tuple[Complex[Array, "channels modes"], Float[Array, " channels"]]:
     """One step of the recurrence whose impulse response is `kernel`'s (no skip):
     `state' = Abar state + u`, `y = 2 Re(sum_n CB state')`. Returns `(state', y)`, the
-    state in `state`'s dtype."""
+    new state in `state`'s dtype (a scan's carry keeps its type)."""
     abar, cb = kernel.discretize()
-    state = (abar * state + u.astype(abar.dtype)[:, None]).astype(state.dtype)
-    return state, 2 * jnp.sum((cb * state).real, axis=-1)
+    new = abar * state + u.astype(abar.dtype)[:, None]
+    return new.astype(state.dtype), 2 * jnp.sum((cb * new).real, axis=-1)

@@ -225,8 +225,8 @@ class S4D(eqx.Module):
 
         **Returns:**
 
-        `(state, y_t)`: the new state and the output at this step, of shape `(dim,)`, in
-        `x_t`'s dtype.
+        `(state, y_t)`: the new state, in `state`'s dtype (so it can be a scan's carry),
+        and the output at this step, of shape `(dim,)`, in `x_t`'s dtype.
         """
         state, x_t = as_arrays(state, x_t)
         if self.bidirectional:

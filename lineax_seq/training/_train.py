@@ -925,6 +925,9 @@ def train(
     checkpoint = ft.partial(save_checkpoint, ckpt_dir, key=key, keep=keep_checkpoints)
     if eval_data is not None:  # before the metrics file is opened (or created)
         _check_eval(eval_data, eval_step, model, eval_key, mesh)
+    step = start
+    last_eval = _last_eval(history, start, resumed_from)
+    last_ckpt = start
     recorder = _Recorder(
         history,
         metrics_path=metrics_path,
@@ -934,11 +937,7 @@ def train(
         unit=unit,
         optimizer=optimizer,
         callback=callback,
-    )
-
-    step = start
-    last_eval = _last_eval(history, start, resumed_from)
-    last_ckpt = start
+    )  # (opens the metrics file: closed in the `finally` below)
     try:
         while step < steps:
             try:
