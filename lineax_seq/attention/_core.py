@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Bool, Float
 
+from .._checks import check_choice
 from .._numerics import work_dtype
 
 IMPLEMENTATIONS = ("xla", "cudnn")
@@ -36,10 +37,7 @@ def check_implementation(value: object, name: str = "implementation") -> str | N
     float16 / bfloat16 inputs, head size a multiple of 8, and the `(queries, keys)`
     logits are never written to memory.
     """
-    if value is not None and value not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`{name}` must be None or one of {IMPLEMENTATIONS}, got {name}={value!r}."
-        )
+    check_choice(name, value, (None, *IMPLEMENTATIONS))
     return value
 
 

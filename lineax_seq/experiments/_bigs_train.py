@@ -22,6 +22,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 import lineax_seq as ls
 
+from .._checks import check_choice
 from ..data._classification import _read_rows, check_table_path, finite_number
 from ._cli import matched_width
 
@@ -315,11 +316,10 @@ def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[lis
 
 def make_tokenizer(texts: Sequence[str], kind: str, vocab_size: int) -> ls.Tokenizer:
     """A byte-level tokenizer, or BPE trained on `texts` with `vocab_size` tokens."""
+    check_choice("tokenizer", kind, ("bpe", "byte"))
     if kind == "byte":
         return ls.ByteTokenizer()
-    if kind == "bpe":
-        return ls.BPETokenizer.train(texts, vocab_size=vocab_size)
-    raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {kind!r}")
+    return ls.BPETokenizer.train(texts, vocab_size=vocab_size)
 
 
 def save_tokenizer(tok: ls.Tokenizer, run_dir: pathlib.Path) -> str:
