@@ -24,6 +24,7 @@ from .._checks import (
     check_real,
     fail_if,
 )
+from .._numerics import work_dtype
 from ..systems import _diffeq
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
 from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
@@ -702,7 +703,7 @@ def unroll_continuous(
     # Times are known to the dtype they were given in, or are promoted to if coarser
     # (a half-precision model's), whatever they are then computed in.
     rounding_dtype = max((d for d in (given_dtype, ts.dtype) if d is not None), key=_eps)
-    solve_dtype = _diffeq.integration_dtype(ts.dtype)
+    solve_dtype = jnp.dtype(work_dtype(ts.dtype))  # float32 for half precision
     if solve_dtype != ts.dtype:
         # A half-precision model (float16 / bfloat16 throughout) is integrated in float32,
         # its decoded states cast back.

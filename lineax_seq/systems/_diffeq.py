@@ -1,5 +1,5 @@
-"""diffrax plumbing shared by `simulate` and `unroll_continuous`: the input checks, the
-dtype to integrate in, and the default step-size controller and adjoint."""
+"""diffrax plumbing shared by `simulate` and `unroll_continuous`: the input checks and
+the default step-size controller and adjoint."""
 
 import diffrax
 import jax.numpy as jnp
@@ -37,13 +37,6 @@ def check_solve_options(solver: object, stepsize_controller: object, adjoint: ob
     check_option("solver", solver, diffrax.AbstractSolver)
     check_option("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController)
     check_option("adjoint", adjoint, diffrax.AbstractAdjoint)
-
-
-def integration_dtype(dtype: np.dtype) -> np.dtype:
-    """The floating dtype to integrate `dtype` states in: float32 for half precision
-    (bfloat16, float16), which resolves neither the times nor an ODE tolerance (an
-    adaptive controller then stalls until `max_steps`), else `dtype` itself."""
-    return np.dtype(np.float32) if jnp.finfo(dtype).bits < 32 else dtype
 
 
 def default_controller(

@@ -10,12 +10,12 @@ from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 from .._checks import IntLike, RealScalar, check_int, check_key, check_real, short_repr
+from .._numerics import work_dtype
 from ._diffeq import (
     check_actions,
     check_solve_options,
     check_x0,
     default_controller,
-    integration_dtype,
     solve_adjoint,
 )
 from ._systems import DynamicalSystem
@@ -152,8 +152,10 @@ def simulate(
     u0 = None if actions is None else actions[0]
     field = jax.eval_shape(system.vector_field, jnp.zeros((), x0.dtype), x0, u0)
     out_dtype = jnp.result_type(x0, field.dtype)
-    # Half precision is integrated in float32; the states are returned in out_dtype.
-    dtype = integration_dtype(out_dtype)
+    # Half precision (bfloat16, float16) resolves neither the times nor the tolerances
+    # (the default PID controller then stalls until max_steps): integrate in float32,
+    # return out_dtype.
+    dtype = jnp.dtype(work_dtype(out_dtype))
     x0, actions = x0.astype(dtype), None if actions is None else actions.astype(dtype)
     # Times in the state's dtype, also for a NumPy float64 `system.dt` under x64 (float64
     # times made diffrax return float64 states, which the scan over intervals refused).
