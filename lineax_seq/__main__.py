@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m lineax_seq", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    parsers = {}
+    parsers: dict[str, argparse.ArgumentParser] = {}
     # The command is the first argument that is not an option (the parser has no others).
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             parser.error(f"command {name!r} is not available in this build")
         module.add_arguments(command_parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # exits unless `chosen` named a command
+    assert module is not None
     try:
         return module.run(args) or 0
     except UsageError as e:

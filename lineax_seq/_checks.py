@@ -4,9 +4,11 @@ import functools
 import math
 import numbers
 import os
+from typing import Literal, TypeGuard, overload
 
 import equinox.internal as eqxi
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
@@ -63,10 +65,13 @@ def check_real(name: str, value: object, sign: str = "positive") -> float:
     return number
 
 
-def as_arrays(*arrays: Array | np.ndarray | None) -> tuple[Array | None, ...]:
-    """`jnp.asarray` of each argument, `None` kept: the runtime-checked entry points take
-    NumPy inputs (e.g. a tokenizer's ids), as Equinox's layers do."""
-    return tuple(None if a is None else jnp.asarray(a) for a in arrays)
+def as_arrays(
+    first: Array | np.ndarray, *rest: Array | np.ndarray | None
+) -> tuple[Array, *tuple[Array | None, ...]]:
+    """`jnp.asarray` of each argument, `None` kept (after the first, which is required):
+    the runtime-checked entry points take NumPy inputs (e.g. a tokenizer's ids), as
+    Equinox's layers do."""
+    return (jnp.asarray(first), *(None if a is None else jnp.asarray(a) for a in rest))
 
 
 def short_repr(value: object, width: int = 40) -> str:
@@ -75,6 +80,10 @@ def short_repr(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+@overload
+def as_array(name: str, a: object, *, optional: Literal[False] = False) -> Array: ...
+@overload
+def as_array(name: str, a: object, *, optional: bool) -> Array | None: ...
 def as_array(name: str, a: object, *, optional: bool = False) -> Array | None:
     """`jnp.asarray(a)` for a JAX or NumPy array (and `None` kept, if `optional`), else a
     `TypeError` naming it: what the `Float[Array | np.ndarray, ...]` hints promise, also
@@ -94,7 +103,7 @@ def check_key(name: str, key: object) -> None:
     (1-d)."""
     if not isinstance(key, jax.Array | np.ndarray):
         got = f"{name}={short_repr(key)}"
-    elif jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
+    elif jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
         return
     elif key.dtype == np.uint32 and key.ndim == 1:
         return
@@ -117,6 +126,12 @@ def check_option(name: str, value: object, cls: type) -> None:
         )
 
 
+@overload
+def host_arrays(
+    first: ArrayLike, /, *rest: ArrayLike | None
+) -> tuple[Array | np.ndarray, *tuple[Array | np.ndarray | None, ...]]: ...
+@overload
+def host_arrays(*arrays: ArrayLike | None) -> tuple[Array | np.ndarray | None, ...]: ...
 def host_arrays(*arrays: ArrayLike | None) -> tuple[Array | np.ndarray | None, ...]:
     """Each argument as an array without converting it to JAX: NumPy inputs (and Python
     scalars or lists) become NumPy arrays, JAX arrays and `None` are kept. Integer ids are
@@ -231,6 +246,10 @@ def check_float_dtype(name: str, a: Array | np.ndarray | None) -> None:
         raise TypeError(f"{name} must have a real floating dtype, got {name}.dtype={a.dtype}")
 
 
+@overload
+def as_float_array(name: str, a: object, *, optional: Literal[False] = False) -> Array: ...
+@overload
+def as_float_array(name: str, a: object, *, optional: bool) -> Array | None: ...
 def as_float_array(name: str, a: object, *, optional: bool = False) -> Array | None:
     """[`as_array`][], then [`check_float_dtype`][]."""
     a = as_array(name, a, optional=optional)
@@ -259,11 +278,11 @@ def check_state_control(
     return x, c
 
 
-def _is_int(value: object, minimum: int) -> bool:
+def _is_int(value: object, minimum: int) -> TypeGuard[numbers.Integral]:
     return (
         not isinstance(value, bool)
         and isinstance(value, numbers.Integral)
-        and bool(value >= minimum)
+        and int(value) >= minimum
     )
 
 

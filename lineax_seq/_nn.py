@@ -15,7 +15,7 @@ def apply_linear(linear: eqx.nn.Linear, x: Float[Array, "*batch a"]) -> Float[Ar
     return y if linear.bias is None else y + linear.bias
 
 
-def count_parameters(tree) -> int:
+def count_parameters(tree: PyTree) -> int:
     """Number of parameters (floating-point array elements) in a PyTree.
 
     Works on concrete models and on abstract ones, e.g.
