@@ -1,7 +1,7 @@
 """Softmax attention kernels shared by the attention modules and the BST cell."""
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ def check_implementation(value: object, name: str = "implementation") -> str | N
     logits are never written to memory.
     """
     check_choice(name, value, (None, *IMPLEMENTATIONS))
-    return value
+    return cast(str | None, value)
 
 
 def fused_attention(

@@ -40,7 +40,7 @@ def check_window(window: object) -> int:
     return check_int("window", window)
 
 
-def check_blocks(length: int, window: int, name: str = "x") -> int:
+def check_blocks(length: int, window: IntLike, name: str = "x") -> int:
     """Return the number of blocks of `window` in `length`, or raise a clear error."""
     window = check_window(window)
     if length < window:

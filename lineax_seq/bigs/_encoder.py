@@ -4,6 +4,7 @@ from typing import Any, Literal, SupportsIndex
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -125,7 +126,7 @@ def _build(
 def _stacked(x: object) -> bool:
     """Whether `x` is one of the stacked layers' arrays (a leading layer axis), not a 0-d
     array that `jax.device_put` or `jax.jit` made of a scalar field (a dropout rate)."""
-    return eqx.is_array(x) and x.ndim > 0
+    return isinstance(x, jax.Array | np.ndarray) and x.ndim > 0
 
 
 def _scalar_fields(layers):

@@ -1,5 +1,7 @@
 """Task heads on top of the encoder's hidden states (one example at a time)."""
 
+from typing import Literal
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -31,7 +33,9 @@ from ._layers import (
 )
 
 
-def _check_hidden(x: Array, dim: int, axes: tuple[str, ...], mask: Array | None = None) -> None:
+def _check_hidden(
+    x: Array, dim: int | Literal["scalar"], axes: tuple[str, ...], mask: Array | None = None
+) -> None:
     """A `ValueError` unless `x` is `(*axes, dim)` with every axis `>= 1` and `mask` (if
     any) `x.shape[:-1]` (a mask of length 1 would broadcast silently), a `TypeError`
     unless `mask` is boolean."""
@@ -229,7 +233,8 @@ class SequenceClassificationHead(eqx.Module):
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
         inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
-        pooled = jnp.tanh(self.pooler.weight @ masked_mean(x, mask) + self.pooler.bias)
+        pooled = self.pooler.weight @ masked_mean(x, mask)
+        pooled = jnp.tanh(pooled if self.pooler.bias is None else pooled + self.pooler.bias)
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
 

@@ -3,10 +3,11 @@
 import abc
 import itertools
 import math
-from typing import ClassVar, Literal
+from typing import Literal
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -243,7 +244,7 @@ class _AbstractLayer(eqx.Module):
     inner_dim: int = eqx.field(static=True)
     routing: str = eqx.field(static=True)
     _inner_factor: eqx.AbstractClassVar[int]
-    _default_routing: eqx.AbstractClassVar[str]
+    _default_routing: eqx.AbstractClassVar[Literal["ssm", "attention"]]
 
     def __init__(
         self,
@@ -301,10 +302,10 @@ class _AbstractLayer(eqx.Module):
     @abc.abstractmethod
     def _build(
         self,
-        dim: IntLike,
-        inner_dim: IntLike,
+        dim: int,
+        inner_dim: int,
         routing: str,
-        heads: IntLike,
+        heads: int,
         ssm: _SSMSettings,
         std: float,
         key: PRNGKeyArray,
@@ -312,8 +313,8 @@ class _AbstractLayer(eqx.Module):
         """Set the subclass's blocks."""
 
     @abc.abstractmethod
-    def _ssms(self) -> tuple[DirectionalSSM, DirectionalSSM]:
-        """The forward and backward SSMs (`routing="ssm"`)."""
+    def _ssms(self) -> tuple[DirectionalSSM, DirectionalSSM] | None:
+        """The forward and backward SSMs (`routing="ssm"`), else `None`."""
 
     @abc.abstractmethod
     def _apply(
@@ -334,9 +335,10 @@ class _AbstractLayer(eqx.Module):
         `forward[:, j]` weighs the input `j` positions before the output; `backward[:, j]`
         the input `j` positions after it. `kc` = 1 (shared kernel) or `dim`.
         """
-        if self.routing != "ssm":
+        ssms = self._ssms()
+        if ssms is None:
             raise ValueError(f"kernels() needs routing='ssm', this layer has {self.routing!r}")
-        forward, backward = self._ssms()
+        forward, backward = ssms
         return forward.kernel(length), backward.kernel(length)
 
     @jaxtyped(typechecker=beartype)
@@ -421,8 +423,8 @@ class GatedLayer(_AbstractLayer):
     u2_proj: eqx.nn.Linear
     u_proj: eqx.nn.Linear
     out_proj: eqx.nn.Linear
-    _inner_factor: ClassVar[int] = 3
-    _default_routing: ClassVar[str] = "ssm"
+    _inner_factor = 3
+    _default_routing = "ssm"
 
     def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
@@ -441,7 +443,10 @@ class GatedLayer(_AbstractLayer):
         self.out_proj = dense(inner_dim, dim, std=std, key=keys[3])
 
     def _ssms(self):
-        return self.forward_routing, self.backward_routing
+        forward, backward = self.forward_routing, self.backward_routing
+        if isinstance(forward, DirectionalSSM) and isinstance(backward, DirectionalSSM):
+            return forward, backward
+        return None
 
     def _apply(self, x, mask, key, inference):
         h = apply_norm(self.norm, x)
@@ -453,12 +458,13 @@ class GatedLayer(_AbstractLayer):
         # less memory and, on CPU, 2-4% less time at 128-4k tokens.
         z_v = apply_linear(self.v_proj, h)
         z_f, z_b = apply_linear(self.f_proj, h), apply_linear(self.b_proj, h)
-        if self.routing == "ssm":
+        ssms = self._ssms()
+        if ssms is not None:
             # Both SSMs in one pass (one batched Toeplitz / chunked product).
             fb = _gelu_pair(z_f, z_b)
             if mask is not None:
                 fb = jnp.where(mask[None, :, None], fb, 0)
-            y_f, y_b = ssm_conv(fb, (self.forward_routing, self.backward_routing))
+            y_f, y_b = ssm_conv(fb, ssms)
         else:
             y_f = self.forward_routing(gelu(z_f), mask=_key_mask(mask))
             y_b = self.backward_routing(gelu(z_b), mask=_key_mask(mask))
@@ -516,23 +522,21 @@ class StackLayer(_AbstractLayer):
     mlp_norm: eqx.nn.LayerNorm
     mlp_in: eqx.nn.Linear
     mlp_out: eqx.nn.Linear
-    _inner_factor: ClassVar[int] = 4
-    _default_routing: ClassVar[str] = "attention"
+    _inner_factor = 4
+    _default_routing = "attention"
 
     def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
         # The four d x d projections (SSM blocks' in/out, or attention's q/k/v/o) and W_1.
         *square, self.mlp_in = denses(dim, (dim,) * 4 + (inner_dim,), std=std, key=keys[0])
         if routing == "ssm":
-            self.routing_blocks = tuple(
-                _SSMBlock(
-                    eqx.nn.LayerNorm(dim, eps=1e-6),
-                    square[2 * i],
-                    ssm.make(dim, reverse=bool(i), key=keys[1 + i]),
-                    square[2 * i + 1],
-                )
-                for i in range(2)
+            block = lambda i: _SSMBlock(
+                eqx.nn.LayerNorm(dim, eps=1e-6),
+                square[2 * i],
+                ssm.make(dim, reverse=bool(i), key=keys[1 + i]),
+                square[2 * i + 1],
             )
+            self.routing_blocks = (block(0), block(1))
         else:
             mha = _attention(dim, heads, output_projection=True, projections=square, key=keys[1])
             self.routing_blocks = (_AttentionBlock(eqx.nn.LayerNorm(dim, eps=1e-6), mha),)
@@ -540,6 +544,8 @@ class StackLayer(_AbstractLayer):
         self.mlp_out = dense(inner_dim, dim, std=std, key=keys[3])
 
     def _ssms(self):
+        if len(self.routing_blocks) != 2:
+            return None
         forward, backward = self.routing_blocks
         return forward.ssm, backward.ssm
 

@@ -57,7 +57,9 @@ def _norm(norm: eqx.nn.LayerNorm, x: Float[Array, "*batch dim"]) -> Float[Array,
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.var(x, axis=-1, keepdims=True)
     y = (x - mean) * jax.lax.rsqrt(var + norm.eps)
-    return (y * norm.weight.astype(work) + norm.bias.astype(work)).astype(dtype)
+    y = y if norm.weight is None else y * norm.weight.astype(work)
+    y = y if norm.bias is None else y + norm.bias.astype(work)
+    return y.astype(dtype)
 
 
 def _heads(x: Float[Array, "*batch dim"], num_heads: int) -> Float[Array, "*batch heads hd"]:
@@ -81,7 +83,11 @@ class _MLP(eqx.Module):
         return apply_linear(self.down, jax.nn.relu(apply_linear(self.up, x)))
 
 
-def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
+def _check_step(
+    layer: "SlidingWindowLayer | BlockStateTransformerLayer | BlockRecurrentTransformerLayer",
+    cache: Cache,
+    t: Position,
+) -> Int[Array, ""]:
     """`t` as an int32 scalar, once `cache` and `t` are checked as `step` takes them
     (see the module docstring)."""
     held = held_positions(cache)
@@ -89,7 +95,7 @@ def _check_step(layer: eqx.Module, cache: Cache, t: Position) -> Int[Array, ""]:
     return check_position("t", t, held)
 
 
-def _mlp_dim(dim: int, mlp_dim: int | None) -> int:
+def _mlp_dim(dim: int, mlp_dim: IntLike | None) -> int:
     return 4 * check_int("dim", dim) if mlp_dim is None else check_int("mlp_dim", mlp_dim)
 
 
@@ -647,6 +653,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         window = check_window(window)
         check_implementation(attention_implementation, "attention_implementation")
         num_states = window if num_states is None else check_int("num_states", num_states)
+        num_heads = check_int("num_heads", num_heads)
         keys = jr.split(key, 10)
         self.attention_norm = eqx.nn.LayerNorm(dim)
         self.self_attention = SlidingWindowAttention(

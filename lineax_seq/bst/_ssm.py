@@ -1,9 +1,11 @@
 """The SSM sublayer of a Block-State Transformer layer: project down, long conv, D skip."""
 
 from collections.abc import Callable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -31,6 +33,20 @@ SSMS = ("s4", "unstruct")
 Position = Int[Array | np.ndarray, ""] | IntLike
 
 
+@runtime_checkable
+class BoundInit(Protocol):
+    """A bound `init_cache` / `init_state`: a Python bound method, or Equinox's for a
+    module's method (which is not a `types.MethodType`)."""
+
+    @property
+    def __self__(self) -> object: ...
+
+    @property
+    def __func__(self) -> Callable[..., object]: ...
+
+    def __call__(self, held: int, /) -> object: ...
+
+
 def held_positions(cache: object) -> int | None:
     """The positions that a decoding cache (or state) holds: the length of its
     `"inputs"` (stored by `ssm="unstruct"`), or `None` if it has none (a fixed size)."""
@@ -40,7 +56,7 @@ def held_positions(cache: object) -> int | None:
     return None
 
 
-def check_cache(name: str, cache: object, init: Callable[[int], object], held: int | None) -> None:
+def check_cache(name: str, cache: object, init: BoundInit, held: int | None) -> None:
     """A `ValueError` naming `name`, or its first wrong entry, unless `cache` has the
     entries, shapes and dtypes of `init(held)` (a bound `init_cache` / `init_state`; any
     length if `held` is `None`). Evaluated abstractly: nothing is computed, and traced
@@ -99,7 +115,7 @@ def check_position(name: str, t: Position | None, held: int | None = None) -> In
     return jnp.asarray(array, jnp.int32)
 
 
-def check_features(name: str, x: object, dim: int, ndim: int = 2) -> Array:
+def check_features(name: str, x: object, dim: int | Literal["scalar"], ndim: int = 2) -> Array:
     """`x` as a JAX array (see `as_array`), or an error naming it unless it is a floating
     array of shape `(length, dim)` with `length >= 1` (`ndim=2`) or `(dim,)` (`ndim=1`)."""
     x = as_array(name, x)
@@ -192,7 +208,7 @@ class ContextSSM(eqx.Module):
         self.ssm = ssm
 
     def _skip(self) -> Float[Array, " channels"]:
-        return self.kernel.bias if self.skip is None else self.skip
+        return cast(HyenaFilter, self.kernel).bias if self.skip is None else self.skip
 
     def __call__(
         self, x: Float[Array | np.ndarray, "length dim"], *, key: PRNGKeyArray | None = None
@@ -211,7 +227,7 @@ class ContextSSM(eqx.Module):
         x = check_features("x", x, self.down.in_features)
         length = x.shape[0]
         u = apply_linear(self.down, x)
-        if self.ssm == "s4" and self.streams == 1:
+        if isinstance(self.kernel, S4DKernel) and self.streams == 1:
             # One stream: no transform to share, and the chunked form (matrix products
             # and a scan over chunks, no FFT) is the faster exact convolution.
             return _chunked_conv(u, *self.kernel._discretize(), self._skip())[:, None, :]
@@ -251,24 +267,24 @@ class ContextSSM(eqx.Module):
         window = check_int("window", window)
         if length % window:
             raise ValueError(f"length={length} must be a multiple of window={window}")
-        if self.ssm != "s4":
+        if not isinstance(self.kernel, S4DKernel):
             return self(x)[window - 1 :: window]
         u = apply_linear(self.down, x)  # (length, features)
-        states, cb = self._end_states(u, window)  # (n, f, s, m)
+        states, cb = self._end_states(self.kernel, u, window)  # (n, f, s, m)
         y = 2 * jnp.sum((cb * states).real, axis=-1)  # (n, f, s)
         skip = rearrange(self._skip(), "(s f) -> f s", s=self.streams)
         y = y + (skip * u[window - 1 :: window, :, None]).astype(y.dtype)
         return rearrange(y, "n f s -> n s f").astype(u.dtype)  # `self(x)`'s dtype
 
     def _end_states(
-        self, u: Float[Array, "length features"], window: int
+        self, kernel: S4DKernel, u: Float[Array, "length features"], window: int
     ) -> tuple[
         Complex[Array, "blocks features streams modes"], Complex[Array, "features streams modes"]
     ]:
         """`"s4"`: the recurrent states `s_t` at every block's last position, and `C Bbar`,
         from the down-projected input `u`."""
         # (channels, modes), channel = stream * f + feature
-        log_abar, cb = self.kernel._discretize()
+        log_abar, cb = kernel._discretize()
         split = lambda a: rearrange(a, "(s f) m -> f s m", s=self.streams)
         log_abar, cb = split(log_abar), split(cb)
         # In the kernel's dtype (float32 for a bfloat16 model, as the convolution works).
@@ -293,8 +309,8 @@ class ContextSSM(eqx.Module):
         of `window`; later positions are ignored), as if stepped through them."""
         u = apply_linear(self.down, x)
         empty = self.init_state(max_length)
-        if self.ssm == "s4":
-            states, _ = self._end_states(u, window)
+        if isinstance(self.kernel, S4DKernel):
+            states, _ = self._end_states(self.kernel, u, window)
             last = rearrange(states[jnp.maximum(blocks - 1, 0)], "f s m -> (s f) m")
             return {"s4": jnp.where(blocks > 0, last, 0).astype(empty["s4"].dtype)}
         rows = min(u.shape[0], max_length)
@@ -310,7 +326,7 @@ class ContextSSM(eqx.Module):
         """
         max_length = check_int("max_length", max_length)
         channels = self.streams * self.features
-        if self.ssm == "s4":
+        if isinstance(self.kernel, S4DKernel):
             return {"s4": zero_state(self.kernel, channels)}
         return {
             "inputs": jnp.zeros((max_length, self.features), self.down.weight.dtype),
@@ -346,7 +362,7 @@ class ContextSSM(eqx.Module):
         """`step` for arguments known to be valid."""
         u = self.down(x_t)
         u_all = repeat(u, "f -> (s f)", s=self.streams)
-        if self.ssm == "s4":
+        if isinstance(self.kernel, S4DKernel):
             s4, y = recurrence_step(self.kernel, state["s4"], u_all)
             state = {"s4": s4}
         else:

@@ -24,8 +24,8 @@ def _isolated_einsum(spec: str, *operands: Array) -> Array:
     step). Behind the barriers the product is a plain batched GEMM. One barrier per
     operand: under `jax.jvp` an operand without a tangent then adds no zero product.
     """
-    operands = [jax.lax.optimization_barrier(a) for a in operands]
-    return jax.lax.optimization_barrier(jnp.einsum(spec, *operands, precision=_HIGHEST))
+    isolated = [jax.lax.optimization_barrier(a) for a in operands]
+    return jax.lax.optimization_barrier(jnp.einsum(spec, *isolated, precision=_HIGHEST))
 
 
 def _default_chunk(length: int, kc: int, modes: int) -> int:

@@ -4,6 +4,7 @@ import math
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray

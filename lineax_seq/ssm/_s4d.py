@@ -1,5 +1,6 @@
 """The S4D layer: diagonal SSM convolution + skip, with a recurrent mode."""
 
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -14,7 +15,6 @@ from jaxtyping import Array, Complex, Float, PRNGKeyArray, jaxtyped
 from .._checks import (
     IntLike,
     RealScalar,
-    as_arrays,
     check_bool,
     check_choice,
     check_float_dtype,
@@ -112,11 +112,17 @@ class S4D(eqx.Module):
             raise ValueError(f"channels must be 1 or dim={dim}, got channels={channels!r}")
         check_choice("conv", conv, _CONVS)
         k_key, kb_key, d_key, g_key = jr.split(key, 4)
-        options = dict(init=init, discretization=discretization, dt_min=dt_min, dt_max=dt_max)
-        self.kernel = S4DKernel(state_size, channels, key=k_key, **options)
-        self.kernel_backward = (
-            S4DKernel(state_size, channels, key=kb_key, **options) if bidirectional else None
+        kernel = functools.partial(
+            S4DKernel,
+            state_size,
+            channels,
+            init=init,
+            discretization=discretization,
+            dt_min=dt_min,
+            dt_max=dt_max,
         )
+        self.kernel = kernel(key=k_key)
+        self.kernel_backward = kernel(key=kb_key) if bidirectional else None
         self.skip = jr.normal(d_key, (dim,))
         self.glu = eqx.nn.Linear(dim, 2 * dim, key=g_key) if glu else None
         self.dim = dim
@@ -228,7 +234,7 @@ class S4D(eqx.Module):
         `(state, y_t)`: the new state, in `state`'s dtype (so it can be a scan's carry),
         and the output at this step, of shape `(dim,)`, in `x_t`'s dtype.
         """
-        state, x_t = as_arrays(state, x_t)
+        state, x_t = jnp.asarray(state), jnp.asarray(x_t)
         if self.bidirectional:
             raise ValueError(
                 "bidirectional=True S4D layers have no recurrent mode (the backward kernel "

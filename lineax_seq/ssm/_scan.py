@@ -16,6 +16,18 @@ def _matmul(a: Array, b: Array) -> Array:
     return jnp.einsum("...ij,...jk->...ik", a, b, precision=jax.lax.Precision.HIGHEST)
 
 
+def _dense_combine(earlier, later):
+    a1, b1 = earlier
+    a2, b2 = later
+    return _matmul(a2, a1), _matvec(a2, b1) + b2
+
+
+def _diagonal_combine(earlier, later):
+    a1, b1 = earlier
+    a2, b2 = later
+    return a2 * a1, a2 * b1 + b2
+
+
 def linear_scan(
     a: Inexact[Array | np.ndarray, "length n"] | Inexact[Array | np.ndarray, "length n n"],
     b: Inexact[Array | np.ndarray, "length n"],
@@ -75,19 +87,6 @@ def linear_scan(
         first = -1 if reverse else 0
         push = _matvec(a[first], initial) if dense else a[first] * initial
         b = b.at[first].add(push)
-    if dense:
-
-        def combine(earlier, later):
-            a1, b1 = earlier
-            a2, b2 = later
-            return _matmul(a2, a1), _matvec(a2, b1) + b2
-
-    else:
-
-        def combine(earlier, later):
-            a1, b1 = earlier
-            a2, b2 = later
-            return a2 * a1, a2 * b1 + b2
-
+    combine = _dense_combine if dense else _diagonal_combine
     _, x = jax.lax.associative_scan(combine, (a, b), reverse=reverse)
     return x
