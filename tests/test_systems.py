@@ -193,7 +193,7 @@ def test_simulate_bad_inputs():
 
 
 @pytest.mark.parametrize("name", sorted(ls.SYSTEMS))
-def test_vector_field_checks_the_state(name):
+def test_vector_field_checks_the_state(name, no_jaxtyping):
     """A state of the wrong size is named (a shorter one was read with clamped indices,
     a longer or batched one broadcast silently); so is a non-array state, and a control
     given to an autonomous system. Static checks: they hold under `jit` and `vmap`."""

@@ -398,7 +398,7 @@ class _EncodeClassification:
             pair = t.encode(record["text_pair"]) if "text_pair" in record else None
             if self.truncation == "longest_first" and pair is None:
                 ids = ids[: max(self.length - 2, 0)]
-            elif self.truncation == "longest_first":
+            elif self.truncation == "longest_first" and pair is not None:
                 ids, pair = _longest_first(ids, pair, max(self.length - 3, 0))
             parts = [[t.cls_id], ids, [t.sep_id]]
             if pair is not None:

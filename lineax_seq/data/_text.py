@@ -65,8 +65,8 @@ class _LMWindows:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, i):
-        s = int(self.starts[i])
+    def __getitem__(self, index):
+        s = int(self.starts[index])
         w = self.tokens[s : s + self.length + 1]
         return {"inputs": w[:-1], "targets": w[1:]}
 
@@ -265,8 +265,8 @@ class _MLMChunks:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, i):
-        body = self.tokens[int(self.starts[i]) : int(self.stops[i])]
+    def __getitem__(self, index):
+        body = self.tokens[int(self.starts[index]) : int(self.stops[index])]
         out = np.full(self.length, self.pad_id, dtype=np.int32)
         out[0] = self.cls_id
         out[1 : 1 + body.size] = body

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import tokenizers
 from jaxtyping import Array, Int, Integer
 
 from .._checks import IntLike, check_int, short_repr
@@ -78,10 +79,10 @@ def check_text(text: object, name: str = "text") -> str:
     return text
 
 
-def check_texts(texts: object) -> None:
-    """A `TypeError` for `texts` not an iterable of documents, or a single `str`: a
-    string is a sequence of strings too, and each of its characters would become a
-    document."""
+def check_texts(texts: object) -> Iterable[object]:
+    """`texts`, or a `TypeError` for `texts` not an iterable of documents, or a single
+    `str`: a string is a sequence of strings too, and each of its characters would become
+    a document."""
     if not isinstance(texts, Iterable):
         raise TypeError(
             f"texts must be a sequence of documents (str), got texts={short_repr(texts)}"
@@ -91,13 +92,13 @@ def check_texts(texts: object) -> None:
             f"texts must be a sequence of documents, got a single str {texts[:30]!r}; "
             "pass [text] for one document"
         )
+    return texts
 
 
 def check_texts_list(texts: object) -> list[str]:
     """`texts` as a list of `str`, checked as by `check_texts` and `check_text`, each
     document named by its index (`texts[i]`)."""
-    check_texts(texts)
-    return [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
+    return [check_text(t, f"texts[{i}]") for i, t in enumerate(check_texts(texts))]
 
 
 @runtime_checkable
@@ -244,7 +245,7 @@ class BPETokenizer(_SpecialIds):
     id (so `decode(encode(text)) == text`).
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: tokenizers.Tokenizer):
         """**Arguments:**
 
         - `tokenizer`: a `tokenizers.Tokenizer` with the special tokens `<pad>`, `<bos>`,

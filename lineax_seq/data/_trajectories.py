@@ -24,8 +24,8 @@ class _TrajectoryWindows:
     def __len__(self) -> int:
         return len(self.trajectories) * self.per_trajectory
 
-    def __getitem__(self, i):
-        i = int(i)
+    def __getitem__(self, index):
+        i = int(index)
         n = int(self.trajectories[i // self.per_trajectory])
         s = (i % self.per_trajectory) * self.stride
         out = {"states": self.states[n, s : s + self.length + 1]}

@@ -5,6 +5,7 @@ import math
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl

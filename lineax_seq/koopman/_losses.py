@@ -1,8 +1,10 @@
 """Training objectives of the Koopman autoencoder (equations 1.3.4-1.3.6) and the MLP baseline."""
 
 import numbers
+from typing import cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -19,15 +21,15 @@ def _norms(a: Array) -> Array:
     return jnp.sqrt(jnp.sum(a**2, axis=-1) + 1e-12)
 
 
-def _weight(name: str, value: object):
+def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
     """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
     one) or a scalar float array; not a bool (an array of weights would make the loss an
     array). A concrete weight must be finite and non-negative (a traced one is taken as
     it is)."""
     real = isinstance(value, numbers.Real) or (
-        hasattr(value, "dtype")
+        isinstance(value, jax.Array | np.ndarray)
         and jnp.issubdtype(value.dtype, jnp.floating)
-        and np.shape(value) == ()
+        and value.shape == ()
     )
     if isinstance(value, bool | np.bool_) or not real:
         raise ValueError(
@@ -35,7 +37,9 @@ def _weight(name: str, value: object):
         )
     if not isinstance(value, jax.core.Tracer):
         check_real(name, value, "nonnegative")
-    return float(value) if isinstance(value, np.generic) else value
+    if isinstance(value, np.generic):
+        return float(value)
+    return cast(RealLike | Array | np.ndarray, value)
 
 
 def _check_window(
@@ -143,7 +147,7 @@ def koopman_loss(
     }
     # Every weight is checked, also one whose term is absent (an action head without actions).
     weights = {name: _weight(name, value) for name, value in weights.items()}
-    loss = sum(weights[name] * value for name, value in terms.items())
+    loss = cast(Array, sum(weights[name] * value for name, value in terms.items()))
     return loss, terms
 
 

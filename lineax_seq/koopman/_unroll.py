@@ -2,11 +2,12 @@
 
 import math
 import typing
-from typing import NamedTuple
+from typing import NamedTuple, cast, overload
 
 import diffrax
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
@@ -41,6 +42,12 @@ def _concrete(a: ArrayLike) -> np.ndarray | None:
     return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
 
 
+@overload
+def promote(model: eqx.Module, first: Array, second: Array, /) -> tuple[Array, Array]: ...
+@overload
+def promote(
+    model: eqx.Module, first: Array, second: Array | None, /
+) -> tuple[Array, Array | None]: ...
 def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...]:
     """`arrays` (`None` passes through) cast to the dtype JAX's promotion gives them
     together with `model`'s floating parameters, as Equinox's layers would compute: under
@@ -99,15 +106,22 @@ def _forced(powers: Array, b: Array) -> Array:
 
 def _blocks(steps: int, reencode_every: int | None) -> tuple[bool, int, int]:
     """`(reencode, block, num_blocks)`: the period `k`, or chunks of `_MAX_CHUNK` steps."""
-    reencode = reencode_every is not None and reencode_every < steps
-    block = reencode_every if reencode else min(steps, _MAX_CHUNK)
-    return reencode, block, -(-steps // block)
+    if reencode_every is not None and reencode_every < steps:
+        return True, reencode_every, -(-steps // reencode_every)
+    block = min(steps, _MAX_CHUNK)
+    return False, block, -(-steps // block)
 
 
 def _readout_rollout(
-    model: KoopmanAutoencoder, z0: Array, steps: int, reencode_every: int | None
+    model: KoopmanAutoencoder,
+    dynamics: LinearKoopmanDynamics,
+    decoder: UnitNormLinear,
+    z0: Array,
+    steps: int,
+    reencode_every: int | None,
 ) -> Array:
-    """Decoded states `x_1..x_steps` of a linear model with a linear decoder, `(steps, d)`.
+    """Decoded states `x_1..x_steps` of a linear model with a linear decoder (`dynamics`
+    and `decoder`, the model's), `(steps, d)`.
 
     `x_{bk + j} = W Kbar^j z_b + bias` with `z_b` the latent at the start of block `b`:
     the table `W Kbar^j` (`(k, d, n)`, built with `k` products of size `d x n x n`)
@@ -115,16 +129,16 @@ def _readout_rollout(
     need the latent (`phi(x)` with reencoding, `Kbar^k z_b` by repeated squaring without).
     """
     reencode, block, num_blocks = _blocks(steps, reencode_every)
-    Kbar, _ = model.dynamics.discretize()
+    Kbar, _ = dynamics.discretize()
 
     def grow(r, _):
         r = matmul(r, Kbar)
         return r, r
 
     # W Kbar^1 .. W Kbar^block: `block` small (d, n) @ (n, n) products.
-    _, readout = jax.lax.scan(grow, model.decoder.normalized_weight(), None, length=block)
+    _, readout = jax.lax.scan(grow, decoder.normalized_weight(), None, length=block)
     readout = readout.reshape(-1, model.latent_dim)
-    bias = model.decoder.bias
+    bias = decoder.bias
     if reencode:
         jump = None
     else:
@@ -133,7 +147,7 @@ def _readout_rollout(
 
     def body(z, _):
         xs = matmul(readout, z).reshape(block, -1) + bias
-        z_next = model.encode(xs[-1]) if reencode else matmul(jump, z)
+        z_next = model.encode(xs[-1]) if jump is None else matmul(jump, z)
         return z_next, xs
 
     _, xs = jax.lax.scan(body, z0, None, length=num_blocks)
@@ -165,26 +179,29 @@ def _latent_rollout(
         vs = jnp.pad(vs, ((0, 0), (0, parts * chunk - block), (0, 0)))
         vs = vs.reshape(num_blocks, parts, chunk, vs.shape[-1])
 
-    linear = isinstance(model.dynamics, LinearKoopmanDynamics)
-    if linear:
-        Kbar, Lbar = model.dynamics.discretize()
+    dynamics = model.dynamics
+    Kbar = Lbar = powers = None
+    if isinstance(dynamics, LinearKoopmanDynamics):
+        Kbar, Lbar = dynamics.discretize()
         if method == "parallel":
             powers = _powers(Kbar, chunk)
 
     def run_chunk(z, v_chunk):
-        if linear and method == "parallel":
+        if powers is not None:
             # One (chunk * n, n) @ (n,) product; under vmap a single GEMM.
             zs = matmul(powers.reshape(-1, powers.shape[-1]), z).reshape(chunk, -1)
-            if v_chunk is not None:
+            if v_chunk is not None and Lbar is not None:
                 # z_j = Kbar^j z_0 + sum_{i < j} Kbar^(j - 1 - i) Lbar v_i
                 zs = zs + _forced(powers, matmul(v_chunk, Lbar.T))
             return zs[-1], zs
 
         def one(z, v):
-            if linear:
-                z = matmul(Kbar, z) if v is None else matmul(Kbar, z) + matmul(Lbar, v)
+            if Kbar is None:
+                z = dynamics(z, v)
+            elif v is None or Lbar is None:
+                z = matmul(Kbar, z)
             else:
-                z = model.dynamics(z, v)
+                z = matmul(Kbar, z) + matmul(Lbar, v)
             return z, z
 
         return jax.lax.scan(one, z, v_chunk, length=chunk)
@@ -319,14 +336,15 @@ def _unroll(model, x0, actions, steps, reencode_every, method) -> Array:
 
         _, xs = jax.lax.scan(one, x0, actions, length=steps)
         return xs
+    dynamics, decoder = model.dynamics, model.decoder
     if (
         method == "parallel"
         and actions is None
-        and model.is_linear
-        and isinstance(model.decoder, UnitNormLinear)
+        and isinstance(dynamics, LinearKoopmanDynamics)
+        and isinstance(decoder, UnitNormLinear)
     ):
         # Decoding fused into the powers of Kbar: O(d n) per step.
-        return _readout_rollout(model, model.encode(x0), steps, reencode_every)
+        return _readout_rollout(model, dynamics, decoder, model.encode(x0), steps, reencode_every)
     zs = _latents(model, x0, actions, steps, reencode_every, method)
     return jax.vmap(model.decode)(zs)
 
@@ -337,7 +355,7 @@ def _eps(dtype: object) -> float:
 
 def _given_dtype(ts: object) -> np.dtype | None:
     """The floating dtype `ts` was given in (`None` for integers, which are exact)."""
-    dtype = ts.dtype if hasattr(ts, "dtype") else np.asarray(ts).dtype
+    dtype = ts.dtype if isinstance(ts, jax.Array | np.ndarray) else np.asarray(ts).dtype
     return dtype if jnp.issubdtype(dtype, jnp.floating) else None
 
 
@@ -442,7 +460,17 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     return tolerance
 
 
-def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
+@overload
+def _reencoding_grid(
+    ts: np.ndarray, reencode_dt: float | None, num: int, tolerance
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def _reencoding_grid(
+    ts: Array, reencode_dt: float | None, num: int, tolerance
+) -> tuple[Array, Array]: ...
+def _reencoding_grid(
+    ts: Array | np.ndarray, reencode_dt: float | None, num: int, tolerance
+) -> tuple[Array | np.ndarray, Array | np.ndarray]:
     """Reencoding times `taus` `(num + 1,)` and the segment of every output time.
 
     A time `t` belongs to segment `j`, `(tau_j, tau_{j+1}]`, where a time up to
@@ -459,7 +487,7 @@ def _reencoding_grid(ts, reencode_dt: float | None, num: int, tolerance):
     seg = xp.ceil((ts - ts[0]) / reencode_dt - tolerance).astype(np.int32) - 1
     seg = xp.clip(seg, 0, num - 1)
     # Each segment ends at the latest of its reencoding time and its own output times.
-    if xp is np:
+    if isinstance(taus, np.ndarray):
         np.maximum.at(taus, seg + 1, ts)
     else:
         taus = taus.at[seg + 1].max(ts)
@@ -710,7 +738,7 @@ def unroll_continuous(
         single = lambda a: a.astype(solve_dtype) if eqx.is_inexact_array(a) else a
         if ts_host is not None:  # kept on the host: concrete below, under jit too
             ts_host = ts_host.astype(ts.dtype).astype(solve_dtype)
-        model, x0, ts = jax.tree.map(single, model), single(x0), single(ts)
+        model, x0, ts = jax.tree.map(single, model), x0.astype(solve_dtype), ts.astype(solve_dtype)
     grid = _continuous_grid(ts, ts_host, rounding_dtype, reencode_dt, reencode_eps, num_segments)
     reencode = reencode_dt is not None
     if exact:
@@ -722,17 +750,23 @@ def unroll_continuous(
     return states.astype(out_dtype)
 
 
+class _HostGrid(NamedTuple):
+    """`ts`, `taus` and `seg` of a `_Grid` as NumPy arrays."""
+
+    ts: np.ndarray
+    taus: np.ndarray
+    seg: np.ndarray
+
+
 class _Grid(NamedTuple):
     """`unroll_continuous`'s output times and reencoding segments, in the working dtype;
-    the `host_` fields are their NumPy values when the times are concrete, else `None`."""
+    `host` holds their NumPy values when the times are concrete, else `None`."""
 
     ts: Array  # output times `(times,)`
     taus: Array  # reencoding times `(num + 1,)`: segment `j` is `(taus[j], taus[j + 1]]`
     seg: Array  # the segment of every output time `(times,)`
     num: int  # number of segments
-    host_ts: np.ndarray | None
-    host_taus: np.ndarray | None
-    host_seg: np.ndarray | None
+    host: _HostGrid | None
 
 
 def _continuous_grid(
@@ -755,15 +789,16 @@ def _continuous_grid(
     ts, num = _segments(ts, ts_host, reencode_dt, tolerance, num_segments)
     if ts_host is None:
         taus, seg = _reencoding_grid(ts, reencode_dt, num, tolerance)
-        return _Grid(ts, taus, seg, num, None, None, None)
+        return _Grid(ts, taus, seg, num, None)
     host_taus, host_seg = _reencoding_grid(ts_host.astype(np.float64), reencode_dt, num, tolerance)
     taus, seg = jnp.asarray(host_taus, ts.dtype), jnp.asarray(host_seg)
-    return _Grid(ts, taus, seg, num, ts_host, host_taus, host_seg)
+    return _Grid(ts, taus, seg, num, _HostGrid(ts_host, host_taus, host_seg))
 
 
 def _exact_path(model: KoopmanAutoencoder, x0: Array, grid: _Grid, reencode: bool) -> Array:
     """`unroll_continuous(exact=True)`: the matrix-exponential flow on `grid`."""
-    if grid.host_ts is None:
+    host = grid.host
+    if host is None:
         # One exponential per output time and per segment.
         offsets, index = grid.ts - grid.taus[grid.seg], None
         steps, jump_index = grid.taus[1:] - grid.taus[:-1], jnp.arange(grid.num)
@@ -771,10 +806,10 @@ def _exact_path(model: KoopmanAutoencoder, x0: Array, grid: _Grid, reencode: boo
         # One per distinct offset: ~k + 1 on a uniform grid reencoded every k points.
         # Offsets closer than half a unit in the last place of max |ts| (in ts's
         # dtype) share one: below the resolution of the largest times.
-        finfo = np.finfo(grid.host_ts.dtype)
-        resolution = max(float(np.max(np.abs(grid.host_ts))) * float(finfo.eps) / 2, finfo.tiny)
-        offsets, index = _distinct(grid.host_ts - grid.host_taus[grid.host_seg], resolution)
-        steps, jump_index = _distinct(np.diff(grid.host_taus), resolution)
+        finfo = np.finfo(host.ts.dtype)
+        resolution = max(float(np.max(np.abs(host.ts))) * float(finfo.eps) / 2, finfo.tiny)
+        offsets, index = _distinct(host.ts - host.taus[host.seg], resolution)
+        steps, jump_index = _distinct(np.diff(host.taus), resolution)
         offsets, steps = jnp.asarray(offsets, grid.ts.dtype), jnp.asarray(steps, grid.ts.dtype)
     return _exact_flow(model, x0, steps, jump_index, offsets, index, grid.seg, reencode)
 
@@ -813,13 +848,13 @@ def _solve_options(
 def _ode_path(model, x0, grid: _Grid, reencode: bool, *options) -> Array:
     """`unroll_continuous` through `diffrax.diffeqsolve` on `grid`, one solve a segment;
     `options` as `_solve` takes them."""
-    if grid.host_ts is None:
+    if grid.host is None:
         # Every segment saves at all of ts (shapes cannot depend on ts).
         save_ts = jnp.broadcast_to(grid.ts, (grid.num, grid.ts.shape[0]))
         position = jnp.arange(grid.ts.shape[0])
     else:
         # Each segment saves only at its own times (padded), then at its end.
-        save_ts, host_position = _segment_times(grid.host_taus, grid.host_seg, grid.host_ts)
+        save_ts, host_position = _segment_times(grid.host.taus, grid.host.seg, grid.host.ts)
         save_ts = jnp.asarray(save_ts, grid.ts.dtype)
         position = jnp.asarray(host_position)
     return _solve(model, x0, grid.taus, save_ts, grid.seg, position, reencode, *options)
@@ -892,7 +927,7 @@ def _solve(
     relative = not isinstance(stepsize_controller, diffrax.StepTo) and all(
         getattr(stepsize_controller, name, None) is None for name in ("step_ts", "jump_ts")
     )
-    constant = isinstance(stepsize_controller, diffrax.ConstantStepSize) and dt0 is not None
+    constant_dt0 = dt0 if isinstance(stepsize_controller, diffrax.ConstantStepSize) else None
 
     def segment(z, inputs):
         t0, t1, saves = inputs
@@ -902,13 +937,13 @@ def _solve(
         saves = jnp.clip(saves, t0, t1)
         start = t0 if relative else jnp.zeros_like(t0)
         step = dt0
-        if constant:
+        if constant_dt0 is not None:
             # Fixed steps take ceil((t1 - t0) / dt0) of them: a segment that dt0 divides
             # up to rounding (0.2 / 0.05 = 4.000000000000001) gets exactly that many.
-            ratio = (t1 - t0) / dt0
+            ratio = (t1 - t0) / constant_dt0
             n = jnp.maximum(jnp.round(ratio), 1)
             close = jnp.abs(ratio - n) <= 64 * jnp.finfo(ratio.dtype).eps * n
-            step = jnp.where(close, (t1 - t0) / n, dt0)
+            step = jnp.where(close, (t1 - t0) / n, constant_dt0)
         sol = diffrax.diffeqsolve(
             term,
             solver,
@@ -927,7 +962,7 @@ def _solve(
             adjoint=_diffeq.solve_adjoint(adjoint),
             progress_meter=progress_meter,
         )
-        zs = sol.ys
+        zs = cast(Array, sol.ys)
         z_end = zs[-1]
         z_next = model.reencode(z_end) if reencode else z_end
         if throw:

@@ -1,5 +1,7 @@
 """Trajectory simulation with diffrax at tight tolerance."""
 
+from typing import cast
+
 import diffrax
 import equinox as eqx
 import jax
@@ -160,14 +162,15 @@ def simulate(
     # Times in the state's dtype, also for a NumPy float64 `system.dt` under x64 (float64
     # times made diffrax return float64 states, which the scan over intervals refused).
     dt = jnp.asarray(system.dt if dt is None else dt, x0.dtype)
-    term = diffrax.ODETerm(system.vector_field)
+    # (diffrax's hint allows NumPy times, which diffrax never passes)
+    term = diffrax.ODETerm(system.vector_field)  # pyright: ignore[reportArgumentType]
     ts = dt * jnp.arange(steps + 1, dtype=x0.dtype)
 
     def solve(x, times, args, saveat):
         controller = stepsize_controller
         if controller is None:  # PID; without an error estimate, onto the sampling times
             controller = default_controller(solver, rtol, atol, diffrax.StepTo(times))
-        return diffrax.diffeqsolve(
+        sol = diffrax.diffeqsolve(
             term,
             solver,
             t0=times[0],
@@ -179,7 +182,8 @@ def simulate(
             stepsize_controller=controller,
             max_steps=max_steps,
             adjoint=solve_adjoint(adjoint),
-        ).ys
+        )
+        return cast(Array, sol.ys)
 
     if actions is None:
         return solve(x0, ts, None, diffrax.SaveAt(ts=ts)).astype(out_dtype)

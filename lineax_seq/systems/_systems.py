@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -63,7 +64,7 @@ class DynamicalSystem(eqx.Module):
 
     @abc.abstractmethod
     def vector_field(
-        self, t: RealScalar, x: Float[Array, " state_dim"], args: Array | None
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
     ) -> Float[Array, " state_dim"]:
         """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
@@ -107,12 +108,14 @@ class ParabolicAttractor(DynamicalSystem):
     lam: RealScalar = -1.0
     dt: RealScalar = 0.01
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(mu x1, lam (x2 - x1^2))`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([self.mu * x[0], self.lam * (x[1] - x[0] ** 2)])
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 2)`: `x1, x2 ~ U[-1, 1]`."""
         check_key("key", key)
         num = check_int("num", num, minimum=0)
@@ -129,12 +132,14 @@ class Duffing(DynamicalSystem):
     state_dim: ClassVar[int] = 2
     dt: RealScalar = 0.01
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(x', x - x^3)`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([x[1], x[0] - x[0] ** 3])
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 2)`: `x ~ U[-2, 2]`, `x' ~ U[-1, 1]`."""
         check_key("key", key)
         num = check_int("num", num, minimum=0)
@@ -159,7 +164,9 @@ class LotkaVolterra(DynamicalSystem):
     delta: RealScalar = 0.2
     dt: RealScalar = 0.01
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(alpha x1 - beta x1 x2, delta x1 x2 - gamma x2)`, shape `(2,)`."""
         x, _ = self._check(x, args)
         x1, x2 = x[0], x[1]
@@ -167,7 +174,7 @@ class LotkaVolterra(DynamicalSystem):
             [self.alpha * x1 - self.beta * x1 * x2, self.delta * x1 * x2 - self.gamma * x2]
         )
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 2)`: `x1, x2 ~ U[0.02, 3]`."""
         check_key("key", key)
         num = check_int("num", num, minimum=0)
@@ -209,12 +216,14 @@ class Pendulum(DynamicalSystem):
     release_deg: RealScalar = 180.0
     dt: RealScalar = 0.01
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(omega, -(g / length) sin(theta))`, shape `(2,)`."""
         x, _ = self._check(x, args)
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0])])
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 2)` released at rest: `theta` uniform within `max_offset_deg`
         of `release_deg`, `omega = 0`."""
         check_key("key", key)
@@ -253,7 +262,9 @@ class ControlledPendulum(DynamicalSystem):
     max_torque: RealScalar = 2.0
     dt: RealScalar = 0.01
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(omega, -(g / length) sin(theta) - damping omega + u)` with the torque
         `u = args[0]` (`args` of shape `(1,)`, or `None`: no torque), shape `(2,)`."""
         if args is not None and jnp.shape(args) != (self.action_dim,):
@@ -265,7 +276,7 @@ class ControlledPendulum(DynamicalSystem):
         u = 0.0 if args is None else args[0]
         return jnp.stack([x[1], -(self.g / self.length) * jnp.sin(x[0]) - self.damping * x[1] + u])
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 2)`: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`."""
         check_key("key", key)
         num = check_int("num", num, minimum=0)
@@ -297,7 +308,9 @@ class Lorenz63(DynamicalSystem):
     beta: RealScalar = 8.0 / 3.0
     dt: RealScalar = 0.02
 
-    def vector_field(self, t, x, args):
+    def vector_field(
+        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+    ) -> Float[Array, " state_dim"]:
         """`(sigma (y - x), x (rho - z) - y, x y - beta z)`, shape `(3,)`."""
         x, _ = self._check(x, args)
         return jnp.stack(
@@ -308,7 +321,7 @@ class Lorenz63(DynamicalSystem):
             ]
         )
 
-    def sample_initial(self, key, num):
+    def sample_initial(self, key: PRNGKeyArray, num: IntLike) -> Float[Array, "num state_dim"]:
         """`num` states `(num, 3)`: `(0, 1, 1.05) + N(0, 1)`."""
         check_key("key", key)
         num = check_int("num", num, minimum=0)

@@ -17,6 +17,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
@@ -166,7 +167,7 @@ def _is_one_key(key: Any) -> bool:
     (a batch of keys, or floats, would be saved and only fail at resume)."""
     if not isinstance(key, jax.Array | np.ndarray):
         return False
-    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         return key.shape == ()
     return key.dtype == np.uint32 and key.ndim == 1
 
@@ -176,7 +177,7 @@ def _key_impl(leaf: Any) -> str | None:
     `jax.ShapeDtypeStruct`), e.g. `"threefry2x32"`; `None` for any other leaf."""
     if not isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
         return None
-    if not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    if not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         return None
     names = []
     jax.eval_shape(lambda k: names.append(str(jr.key_impl(k))), leaf)  # also when abstract

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -238,8 +238,6 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
     index_tree = jtu.tree_unflatten(treedef, list(range(len(paths))))
     selected: dict[str, set[int]] = {}
     for name, group in groups.items():
-        if group.where is None and group.instance_of is None:
-            continue
         marker = object()
         mark = lambda node, marker=marker: jax.tree.map(lambda _: marker, node)
         if group.instance_of is not None:
@@ -251,7 +249,7 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
                 index_tree,
                 is_leaf=lambda node, types=types: isinstance(node, types),
             )
-        else:
+        elif group.where is not None:
             try:
                 # `None`s (static fields, integer arrays) are leaves, so that selecting
                 # one selects no parameter rather than failing in `tree_at`.
@@ -264,6 +262,8 @@ def param_labels(model: PyTree, groups: Mapping[str, ParamGroup]) -> PyTree:
                 raise ValueError(
                     f"groups[{name!r}].where could not select nodes of the model: {e}"
                 ) from e
+        else:  # a `match` group: selected below
+            continue
         flat = jtu.tree_leaves(marked)
         if len(flat) != len(paths):
             raise ValueError(
@@ -443,10 +443,19 @@ def make_optimizer(
         )
 
     def _adamw(sched: optax.Schedule, wd: RealScalar) -> optax.GradientTransformation:
-        return optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+        # (optax's hint for weight_decay leaves out the NumPy scalars it takes)
+        return optax.adamw(
+            sched,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            weight_decay=wd,  # pyright: ignore[reportArgumentType]
+        )
 
     default_schedule = _schedule(learning_rate)
-    transforms = {DEFAULT_GROUP: _adamw(default_schedule, weight_decay)}
+    transforms: dict[Hashable, optax.GradientTransformation] = {
+        DEFAULT_GROUP: _adamw(default_schedule, weight_decay)
+    }
     for name, g in groups.items():
         transforms[name] = _adamw(
             _schedule(learning_rate if g.learning_rate is None else g.learning_rate),

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import equinox as eqx
 import jax
+import jax.core
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -21,7 +22,8 @@ def make_mesh(
     data: IntLike | None = None,
     model: IntLike = 1,
     *,
-    devices: Sequence[jax.Device] | None = None,
+    # (jax.Device is bound to a compiled class by assignment, which pyright reads as a variable)
+    devices: Sequence[jax.Device] | None = None,  # pyright: ignore[reportInvalidTypeForm]
 ) -> Mesh:
     """A 2-D device mesh with axes `("data", "model")`.
 
@@ -62,7 +64,7 @@ def make_mesh(
     )
 
 
-def _check_devices(devices: object) -> list[jax.Device]:
+def _check_devices(devices: object) -> list[jax.Device]:  # pyright: ignore[reportInvalidTypeForm]
     """`devices` as a list, or an error naming it unless it is a non-empty sequence of
     distinct `jax.Device`s."""
     if isinstance(devices, str) or not isinstance(devices, Iterable):

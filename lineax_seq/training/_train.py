@@ -11,7 +11,7 @@ import pathlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import grain
@@ -24,6 +24,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
+from matplotlib.figure import Figure
 
 from .._checks import (
     IntLike,
@@ -350,13 +351,22 @@ def _rewrite_jsonl(path: pathlib.Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+@runtime_checkable
+class _Stateful(Protocol):
+    """An iterator that saves and restores its position, as grain's do."""
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
 class _DataIterator:
     """Wraps any iterable; checkpoints grain iterators exactly, others by replay."""
 
     def __init__(self, data: Iterable):
         self.it: Iterator = iter(data)
         self.consumed = 0
-        self.grain = hasattr(self.it, "get_state") and hasattr(self.it, "set_state")
+        self.stateful = self.it if isinstance(self.it, _Stateful) else None
 
     def __next__(self):
         batch = next(self.it)
@@ -364,22 +374,22 @@ class _DataIterator:
         return batch
 
     def get_state(self) -> dict:
-        if self.grain:
-            return {"grain": self.it.get_state(), "consumed": self.consumed}
+        if self.stateful is not None:
+            return {"grain": self.stateful.get_state(), "consumed": self.consumed}
         return {"consumed": self.consumed}
 
     def set_state(self, state: dict) -> None:
-        if self.grain:
+        if self.stateful is not None:
             if "grain" not in state:
                 raise ValueError("the checkpoint holds no grain iterator state for `data`.")
-            saved, now = _layout(state["grain"]), _layout(self.it.get_state())
+            saved, now = _layout(state["grain"]), _layout(self.stateful.get_state())
             if saved != now:
                 raise ValueError(
                     "the data pipeline's layout changed since the checkpoint (e.g. another "
                     f"num_workers): its iterator state has the layout {saved}, but `data` "
                     f"now has {now}. Resume with the pipeline the run was started with."
                 )
-            self.it.set_state(state["grain"])
+            self.stateful.set_state(state["grain"])
             self.consumed = state["consumed"]
             return
         for _ in range(state["consumed"] - self.consumed):  # replay a plain iterator
@@ -919,12 +929,15 @@ def train(
     train_key, eval_key = jr.split(key)
     step_fn = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate=True)
     eval_step = make_eval_step(loss_fn if eval_fn is None else eval_fn)
-    evaluate = ft.partial(
-        _evaluate, eval_step, eval_data, eval_key, eval_batches=eval_batches, mesh=mesh
-    )
-    checkpoint = ft.partial(save_checkpoint, ckpt_dir, key=key, keep=keep_checkpoints)
+    evaluate = None
     if eval_data is not None:  # before the metrics file is opened (or created)
         _check_eval(eval_data, eval_step, model, eval_key, mesh)
+        evaluate = ft.partial(
+            _evaluate, eval_step, eval_data, eval_key, eval_batches=eval_batches, mesh=mesh
+        )
+    checkpoint = None
+    if checkpoint_every and ckpt_dir is not None:
+        checkpoint = ft.partial(save_checkpoint, ckpt_dir, key=key, keep=keep_checkpoints)
     step = start
     last_eval = _last_eval(history, start, resumed_from)
     last_ckpt = start
@@ -958,12 +971,12 @@ def train(
             recorder.add(step, metrics, items)
             if step % log_every == 0:
                 recorder.flush(model, opt_state)
-            if eval_every and step % eval_every == 0:
+            if evaluate is not None and eval_every and step % eval_every == 0:
                 recorder.flush(model, opt_state)
                 recorder.write_eval(evaluate(model, step))
                 last_eval = step
                 recorder.restart_window()  # throughput excludes evaluation
-            if checkpoint_every and step % checkpoint_every == 0 and step < steps:
+            if checkpoint is not None and step % checkpoint_every == 0 and step < steps:
                 recorder.flush(model, opt_state)  # never checkpoint a non-finite state
                 checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
                 last_ckpt = step
@@ -971,13 +984,13 @@ def train(
         recorder.flush(model, opt_state)
         # The final evaluation comes before the final checkpoint, so that a run killed
         # between the two evaluates again when resumed.
-        if eval_data is not None and last_eval != step:
+        if evaluate is not None and last_eval != step:
             recorder.write_eval(evaluate(model, step))
-        if checkpoint_every and last_ckpt != step:
+        if checkpoint is not None and last_ckpt != step:
             checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
     finally:
         recorder.close()
-    if plot and is_main:
+    if plot and is_main and out is not None:
         plot_metrics(history, out / PLOT_FILE)
     return TrainResult(model, opt_state, step, key, history, resumed_from)
 
@@ -1007,7 +1020,7 @@ def plot_metrics(
     path: str | os.PathLike | None = None,
     *,
     keys: str | tuple[str, ...] | None = None,
-):
+) -> Figure:
     """Plot train and eval curves, one panel per metric.
 
     **Arguments:**
@@ -1044,8 +1057,6 @@ def plot_metrics(
 
         fig = plt.figure(figsize=figsize)
     else:  # saved only: no pyplot, whose backend and open figures are global state
-        from matplotlib.figure import Figure
-
         fig = Figure(figsize=figsize)
     axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, k in zip(axes[0], keys, strict=True):
