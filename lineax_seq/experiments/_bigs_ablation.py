@@ -494,7 +494,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             num_eval=num_eval,
             seed=cfg["seed"],
         )
-    base = dict(
+    base: dict[str, Any] = dict(
         vocab_size=tok.vocab_size,
         dim=cfg["dim"],
         num_layers=cfg["layers"],
@@ -522,6 +522,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     )
     variants = [tuple(v.split("/")) for v in cfg["variants"]]
     results, kernel_panels = [], {}
+    payload: dict[str, Any] = {}
     for architecture, routing in variants:
         row, model = _run_variant(
             architecture,

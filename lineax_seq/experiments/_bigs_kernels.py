@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pathlib
 
-import equinox as eqx
 import numpy as np
 
 import lineax_seq as ls
+
+from ._bigs_train import Classifier, MaskedLM
 
 # Relative positions shown in the kernel heat maps (Figure 3 crops -10..10).
 KERNEL_RADIUS = 10
@@ -92,8 +93,11 @@ def plot_kernels(
     fig = Figure(figsize=(4.4 * len(images), 1.2 + 0.32 * rows), layout="constrained")
     axes = fig.subplots(1, len(images), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
+    shown = []
     for ax, (title, image) in zip(axes[0], images.items(), strict=True):
-        im = ax.imshow(image, aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        shown.append(
+            ax.imshow(image, aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        )
         layers = image.shape[0] // 2
         ax.set_yticks(range(2 * layers))
         ax.set_yticklabels([f"L{i} {d}" for i in range(layers) for d in ("fwd", "bwd")])
@@ -102,14 +106,16 @@ def plot_kernels(
         ax.set_xticklabels([str(t - radius) for t in ticks])
         ax.set_xlabel("relative position (past < 0 < future)")
         ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=axes[0].tolist(), label="|K| (min-max per layer)", shrink=0.8)
+    fig.colorbar(shown[-1], ax=axes[0].tolist(), label="|K| (min-max per layer)", shrink=0.8)
     path = png_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
-def model_kernels(model: eqx.Module, length: int) -> tuple[np.ndarray, np.ndarray]:
+def model_kernels(
+    model: ls.BiGS | MaskedLM | Classifier, length: int
+) -> tuple[np.ndarray, np.ndarray]:
     """`(forward, backward)` kernels of every layer, each `(layers, kc, length)`, of a
     `lineax_seq.BiGS` or of a model holding one as its `encoder`."""
     encoder = model if isinstance(model, ls.BiGS) else model.encoder

@@ -373,7 +373,9 @@ def mlm_batches(
     seed: int,
 ) -> tuple[Any, Any]:
     """`(train, held-out)` `mlm_data` batches, as `pretrain_mlm` trains and evaluates on."""
-    common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed)
+    common: dict[str, Any] = dict(
+        length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed
+    )
     return (
         mlm_data(train_texts, tok, train=True, **common),
         mlm_data(eval_texts, tok, train=False, **common),
@@ -461,21 +463,23 @@ def read_rows(
                 "class names: give every row a class id 0, 1, ..., or pass --regression for "
                 "real values (and drop the rows without one)"
             )
-    if label_names is None and all(x is not None for x in numbers):
-        if not all(x.is_integer() and x >= 0 for x in numbers):
+    found = [x for x in numbers if x is not None]
+    if label_names is None and len(found) == len(numbers):
+        if not all(x.is_integer() and x >= 0 for x in found):
             raise ValueError(
                 f"{path}: the labels are numbers but not class ids 0, 1, ...; "
                 "pass --regression for real values"
             )
-        if len(set(numbers)) < 2:
-            raise ValueError(f"{path}: every label is {int(numbers[0])}; a class task needs two")
-        num_classes = int(max(numbers)) + 1
+        if len(set(found)) < 2:
+            raise ValueError(f"{path}: every label is {int(found[0])}; a class task needs two")
+        num_classes = int(max(found)) + 1
         records = ls.read_classification(path, num_classes=num_classes, pair_field=pair)
         return records, num_classes, None
     if label_names is None:
-        label_names = tuple(sorted({str(y).strip() for y in raw}))
-        if len(label_names) < 2:
-            raise ValueError(f"{path}: every label is {label_names[0]!r}; a class task needs two")
+        names = sorted({str(y).strip() for y in raw})
+        if len(names) < 2:
+            raise ValueError(f"{path}: every label is {names[0]!r}; a class task needs two")
+        label_names = tuple(names)
     records = ls.read_classification(
         path, num_classes=None, pair_field=pair, label_names=label_names
     )
@@ -549,7 +553,10 @@ def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> A
     model's tokenizer, not ListOps' own: the fine-tuned model keeps its vocabulary)."""
     # max_depth=10: the trees of the committed results (listops's default was 10 then).
     sample = ls.listops(64, seed=seed, min_length=8, max_length=64, max_depth=10)
-    texts = [sample[i]["text"] for i in range(len(sample))]
+    texts = [
+        sample[i]["text"]  # pyright: ignore[reportOptionalSubscript] (grain: None if filtered out)
+        for i in range(len(sample))
+    ]
     per_symbol = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
     max_symbols = max(8, int((length - 2) / per_symbol))
     lo = max(4, max_symbols // 4)
@@ -641,8 +648,15 @@ def pretrain_mlm(
     """
     loss, eval_loss = _mlm_losses(max_predictions(length, mask_rate))
     if data is None:
-        common = dict(length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed)
-        data = mlm_batches(train_texts, eval_texts, tok, **common)
+        data = mlm_batches(
+            train_texts,
+            eval_texts,
+            tok,
+            length=length,
+            batch_size=batch_size,
+            mask_rate=mask_rate,
+            seed=seed,
+        )
     return _train(
         model,
         loss,
@@ -692,7 +706,9 @@ def finetune_classifier(
             f"the training set has {len(train_records)} examples, fewer than "
             f"batch_size={batch_size}"
         )
-    common = dict(length=length, batch_size=batch_size, seed=seed, truncation=truncation)
+    common: dict[str, Any] = dict(
+        length=length, batch_size=batch_size, seed=seed, truncation=truncation
+    )
     return _train(
         model,
         classification_loss,

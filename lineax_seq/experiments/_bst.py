@@ -114,7 +114,7 @@ def build_lm(name: str, vocab_size: int, cfg: Config, *, mlp_dim: int, key: jax.
     indices) or Block-State (BST, context and SSM from the name).
     """
     check_choice("model", name, MODELS)
-    common = dict(
+    common: dict[str, Any] = dict(
         num_heads=cfg.num_heads,
         window=cfg.window,
         mlp_dim=mlp_dim,

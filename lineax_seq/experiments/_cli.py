@@ -10,11 +10,16 @@ import pathlib
 import re
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 _CHECKOUT = pathlib.Path(__file__).parents[2]
 
+_Number = TypeVar("_Number", int, float)
 
-def _number(text: str, convert: Callable[[str], float], ok: Callable[[float], bool], what: str):
+
+def _number(
+    text: str, convert: Callable[[str], _Number], ok: Callable[[_Number], bool], what: str
+) -> _Number:
     """`convert(text)` if it parses and passes `ok`, else an `ArgumentTypeError`."""
     try:
         value = convert(text)
@@ -103,7 +108,7 @@ class HelpFormatter(argparse.HelpFormatter):
     text already speaks of its default, or there is none to show (a flag, `None`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help
+        text = action.help or ""
         if (
             not action.option_strings
             or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))

@@ -39,6 +39,7 @@ import math
 import pathlib
 import re
 import time
+from typing import Any, Literal, overload
 
 import equinox as eqx
 import jax
@@ -162,7 +163,7 @@ def build_model(
         discretization=discretization if dynamics == "koopman" else "bilinear",
         key=key,
     )
-    if model.is_linear and k_scale != 1.0:
+    if isinstance(model.dynamics, ls.LinearKoopmanDynamics) and k_scale != 1.0:
         model = eqx.tree_at(lambda m: m.dynamics.K, model, k_scale * model.dynamics.K)
     return model
 
@@ -331,7 +332,21 @@ def sensitivity_floor(
     return np.mean((moved[:, 1:] - test_xs[:, 1:]) ** 2, axis=(0, 2))
 
 
-def _standardiser(train_xs: np.ndarray, normalize: bool):
+@overload
+def _standardiser(
+    train_xs: np.ndarray, normalize: Literal[True]
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def _standardiser(
+    train_xs: np.ndarray, normalize: bool
+) -> tuple[float | np.ndarray, float | np.ndarray]: ...
+
+
+def _standardiser(
+    train_xs: np.ndarray, normalize: bool
+) -> tuple[float | np.ndarray, float | np.ndarray]:
     if not normalize:
         return 0.0, 1.0
     mean = train_xs.reshape(-1, train_xs.shape[-1]).mean(axis=0)
@@ -386,11 +401,10 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
         print(f"  [{system_name}] {name}: {_summary(entry, train_s)}", flush=True)
     figure_kind = variants[0]
     label = LABELS[figure_kind]
+    figure_curves, figure_preds = kept[figure_kind]
     figures = [
-        plot_portraits(system_name, test_xs, *kept[figure_kind], periods, out_dir, label),
-        plot_curves(
-            system_name, kept[figure_kind][0], kept["baseline"][0], periods, out_dir, label
-        ),
+        plot_portraits(system_name, test_xs, figure_curves, figure_preds, periods, out_dir, label),
+        plot_curves(system_name, figure_curves, kept["baseline"][0], periods, out_dir, label),
     ]
     results["figures_variant"] = LABELS[figure_kind]
     results["figures"] = [str(p.name) for p in figures]
@@ -446,7 +460,7 @@ def _train_and_evaluate(kind, system, data, standardiser, args, key, label: str)
 def _entry(kind, curves: dict, horizons: tuple, periods: tuple, scale: float) -> dict:
     """A model's results from its MSE-vs-step `curves`: the MSE (times `scale`) at every
     horizon, per unroll mode (best period for `"periodic"`), and the curves thinned."""
-    entry = {"horizons": {}}
+    entry: dict[str, Any] = {"horizons": {}}
     for h in horizons:
         if kind == "baseline":
             entry["horizons"][str(h)] = {"mlp": scale * mse_at(curves["baseline"], h)}
