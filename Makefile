@@ -22,6 +22,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lineax_seq tests benchmarks tutorials
 	$(VENV)/bin/ruff format --check lineax_seq tests benchmarks tutorials
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENV)/bin/pyright
 
 test: lint
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -n 2 --dist loadfile -q
