@@ -262,22 +262,7 @@ class _AbstractLayer(eqx.Module):
         init_std: RealScalar = INIT_STD,
         key: PRNGKeyArray,
     ):
-        """**Arguments:**
-
-        - `dim`: model width `d`.
-        - `inner_dim`: GATED: width of `V` and `U` (default `3 * dim`); STACK:
-            feed-forward width (default `4 * dim`).
-        - `routing`: `"ssm"` or `"attention"` (default: `"ssm"` for GATED, `"attention"`
-            for STACK, i.e. BiGS and BERT).
-        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`,
-            or the largest count below it that divides `dim`).
-        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
-            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
-        - `dropout`: dropout rate on each residual branch.
-        - `init_std`: std of the truncated-normal weights (BERT's 0.02; see
-            [`lineax_seq.BiGS`][] on small widths).
-        - `key`: a `jax.random.key`.
-        """
+        """The checks and construction shared by the subclasses (see theirs)."""
         check_key("key", key)
         dim = check_int("dim", dim)
         inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
@@ -426,6 +411,51 @@ class GatedLayer(_AbstractLayer):
     _inner_factor = 3
     _default_routing = "ssm"
 
+    def __init__(
+        self,
+        dim: IntLike,
+        *,
+        inner_dim: IntLike | None = None,
+        routing: Literal["ssm", "attention"] | None = None,
+        num_heads: IntLike | None = None,
+        state_size: IntLike = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: RealScalar = 0.01,
+        dt_max: RealScalar = 1.0,
+        dropout: RealScalar = 0.0,
+        init_std: RealScalar = INIT_STD,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: model width `d`.
+        - `inner_dim`: width of `V` and `U` (default `3 * dim`).
+        - `routing`: `"ssm"` (the default: BiGS) or `"attention"`.
+        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`,
+            or the largest count below it that divides `dim`).
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
+        - `dropout`: dropout rate on each residual branch.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02; see
+            [`lineax_seq.BiGS`][] on small widths).
+        - `key`: a `jax.random.key`.
+        """
+        super().__init__(
+            dim,
+            inner_dim=inner_dim,
+            routing=routing,
+            num_heads=num_heads,
+            state_size=state_size,
+            kernel=kernel,
+            ssm_init=ssm_init,
+            dt_min=dt_min,
+            dt_max=dt_max,
+            dropout=dropout,
+            init_std=init_std,
+            key=key,
+        )
+
     def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
         self.norm = eqx.nn.LayerNorm(dim, eps=1e-6)
@@ -524,6 +554,51 @@ class StackLayer(_AbstractLayer):
     mlp_out: eqx.nn.Linear
     _inner_factor = 4
     _default_routing = "attention"
+
+    def __init__(
+        self,
+        dim: IntLike,
+        *,
+        inner_dim: IntLike | None = None,
+        routing: Literal["ssm", "attention"] | None = None,
+        num_heads: IntLike | None = None,
+        state_size: IntLike = 64,
+        kernel: Literal["shared", "per_channel"] = "shared",
+        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
+        dt_min: RealScalar = 0.01,
+        dt_max: RealScalar = 1.0,
+        dropout: RealScalar = 0.0,
+        init_std: RealScalar = INIT_STD,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `dim`: model width `d`.
+        - `inner_dim`: feed-forward width (default `4 * dim`).
+        - `routing`: `"attention"` (the default: BERT) or `"ssm"`.
+        - `num_heads`: attention heads (`routing="attention"`; default `max(1, dim // 64)`,
+            or the largest count below it that divides `dim`).
+        - `state_size`, `kernel`, `ssm_init`, `dt_min`, `dt_max`: the SSMs, see
+            [`lineax_seq.DirectionalSSM`][] (`routing="ssm"`).
+        - `dropout`: dropout rate on each residual branch.
+        - `init_std`: std of the truncated-normal weights (BERT's 0.02; see
+            [`lineax_seq.BiGS`][] on small widths).
+        - `key`: a `jax.random.key`.
+        """
+        super().__init__(
+            dim,
+            inner_dim=inner_dim,
+            routing=routing,
+            num_heads=num_heads,
+            state_size=state_size,
+            kernel=kernel,
+            ssm_init=ssm_init,
+            dt_min=dt_min,
+            dt_max=dt_max,
+            dropout=dropout,
+            init_std=init_std,
+            key=key,
+        )
 
     def _build(self, dim, inner_dim, routing, heads, ssm, std, key):
         keys = jr.split(key, 4)
