@@ -7,6 +7,7 @@ from types import ModuleType
 import jax
 import pytest
 from _compiles import compilations
+from typed_usage import build_all
 
 import lineax_seq
 from lineax_seq.__main__ import main
@@ -69,6 +70,18 @@ def test_public_api_is_annotated():
         except Exception as e:  # a hint that names something not importable
             unresolved.append(f"{name}: {e!r}")
     assert unannotated == [] and unresolved == []
+
+
+def test_typed_usage_builds_every_public_class():
+    """`typed_usage.py` (type-checked by `make lint`) runs, and calls the constructor of
+    every public class but the abstract ones and the results and errors the library
+    returns or raises."""
+    built = {type(obj) for obj in build_all(jax.random.key(0))}
+    ls = lineax_seq
+    returned = {ls.Checkpoint, ls.TrainResult, ls.CheckpointError, ls.NonFiniteError}
+    abstract = {ls.AbstractLatentDynamics, ls.DynamicalSystem, ls.Tokenizer}
+    classes = {getattr(ls, name) for name in ls.__all__ if inspect.isclass(getattr(ls, name))}
+    assert classes - returned - abstract == built
 
 
 def test_cli_help():
