@@ -127,7 +127,7 @@ def make_data(
 
 def _windows(xs: np.ndarray, window: int) -> np.ndarray:
     """All windows of `window + 1` consecutive states, `(num, window + 1, d)`."""
-    n, t, d = xs.shape
+    _, t, d = xs.shape
     if t <= window:
         raise ValueError(f"trajectories of {t} states are too short for window={window}")
     idx = np.arange(t - window)[:, None] + np.arange(window + 1)[None]

@@ -140,7 +140,7 @@ def chunked_conv(
         raise ValueError(f"u must have shape (length, channels), got u.shape={u.shape}")
     if not jnp.issubdtype(u.dtype, jnp.floating):
         raise TypeError(f"u must have a floating dtype, got u.dtype={u.dtype}")
-    length, channels = u.shape
+    channels = u.shape[1]
     if abar.ndim != 2 or abar.shape[0] not in (1, channels):
         raise ValueError(
             f"abar must have shape (kc, modes) with kc = 1 or channels={channels}, "
@@ -148,7 +148,7 @@ def chunked_conv(
         )
     if cb.shape != abar.shape:
         raise ValueError(f"cb must have the shape of abar={abar.shape}, got cb.shape={cb.shape}")
-    kc, modes = abar.shape
+    kc = abar.shape[0]
     if skip is not None and skip.shape != (kc,):
         raise ValueError(f"skip must have shape ({kc},), got skip.shape={skip.shape}")
     check_float_dtype("skip", skip)
