@@ -679,7 +679,7 @@ def test_half_precision_models(model, single_precision_predictions, dtype):
         np.testing.assert_allclose(np.asarray(got, np.float32), continuous[exact], atol=2e-2)
 
 
-def test_loss_weights_may_be_traced(model):
+def test_loss_weights_may_be_traced(model, no_jaxtyping):
     """Weights are data (e.g. a schedule under `jit`); every term is reported."""
     xs = jr.normal(jr.key(10), (5, 2))
     loss = eqx.filter_jit(lambda w: ls.koopman_loss(model, xs, prediction=w))
@@ -690,6 +690,10 @@ def test_loss_weights_may_be_traced(model):
     assert (
         set(zero_terms) == set(terms) == {"alignment", "reconstruction", "prediction", "sparsity"}
     )
+    # NumPy scalars of any floating dtype, bfloat16's (an ml_dtypes scalar, which the
+    # RealScalar hint does not name: hence no jaxtyping here) included.
+    for weight in (np.float32(0.5), np.asarray([0.5], jnp.bfloat16)[0]):
+        np.testing.assert_allclose(ls.koopman_loss(model, xs, prediction=weight)[0], expected)
 
 
 def test_parameters_follow_x64():

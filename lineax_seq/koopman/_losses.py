@@ -27,7 +27,7 @@ def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
     array). A concrete weight must be finite and non-negative (a traced one is taken as
     it is)."""
     real = isinstance(value, numbers.Real) or (
-        isinstance(value, jax.Array | np.ndarray)
+        isinstance(value, jax.Array | np.ndarray | np.generic)
         and jnp.issubdtype(value.dtype, jnp.floating)
         and value.shape == ()
     )

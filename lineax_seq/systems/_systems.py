@@ -11,7 +11,7 @@ import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from .._checks import (
     IntLike,
@@ -64,7 +64,10 @@ class DynamicalSystem(eqx.Module):
 
     @abc.abstractmethod
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """The time derivative `dx/dt` `(state_dim,)` at state `x` (and control `args`)."""
 
@@ -109,7 +112,10 @@ class ParabolicAttractor(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(mu x1, lam (x2 - x1^2))`, shape `(2,)`."""
         x, _ = self._check(x, args)
@@ -133,7 +139,10 @@ class Duffing(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(x', x - x^3)`, shape `(2,)`."""
         x, _ = self._check(x, args)
@@ -165,7 +174,10 @@ class LotkaVolterra(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(alpha x1 - beta x1 x2, delta x1 x2 - gamma x2)`, shape `(2,)`."""
         x, _ = self._check(x, args)
@@ -217,7 +229,10 @@ class Pendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(omega, -(g / length) sin(theta))`, shape `(2,)`."""
         x, _ = self._check(x, args)
@@ -263,7 +278,10 @@ class ControlledPendulum(DynamicalSystem):
     dt: RealScalar = 0.01
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(omega, -(g / length) sin(theta) - damping omega + u)` with the torque
         `u = args[0]` (`args` of shape `(1,)`, or `None`: no torque), shape `(2,)`."""
@@ -309,7 +327,10 @@ class Lorenz63(DynamicalSystem):
     dt: RealScalar = 0.02
 
     def vector_field(
-        self, t: RealScalar, x: Float[Array | np.ndarray, " state_dim"], args: Array | None
+        self,
+        t: RealScalar | Real[np.ndarray, ""],
+        x: Float[Array | np.ndarray, " state_dim"],
+        args: Array | np.ndarray | None,
     ) -> Float[Array, " state_dim"]:
         """`(sigma (y - x), x (rho - z) - y, x y - beta z)`, shape `(3,)`."""
         x, _ = self._check(x, args)

@@ -11,7 +11,7 @@ import pathlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import equinox as eqx
 import grain
@@ -24,7 +24,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # imported where it plots: `import lineax_seq` loads no matplotlib
+    from matplotlib.figure import Figure
 
 from .._checks import (
     IntLike,
@@ -351,7 +353,6 @@ def _rewrite_jsonl(path: pathlib.Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-@runtime_checkable
 class _Stateful(Protocol):
     """An iterator that saves and restores its position, as grain's do."""
 
@@ -366,7 +367,8 @@ class _DataIterator:
     def __init__(self, data: Iterable):
         self.it: Iterator = iter(data)
         self.consumed = 0
-        self.stateful = self.it if isinstance(self.it, _Stateful) else None
+        stateful = hasattr(self.it, "get_state") and hasattr(self.it, "set_state")
+        self.stateful = cast(_Stateful, self.it) if stateful else None
 
     def __next__(self):
         batch = next(self.it)
@@ -1057,6 +1059,8 @@ def plot_metrics(
 
         fig = plt.figure(figsize=figsize)
     else:  # saved only: no pyplot, whose backend and open figures are global state
+        from matplotlib.figure import Figure
+
         fig = Figure(figsize=figsize)
     axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, k in zip(axes[0], keys, strict=True):
