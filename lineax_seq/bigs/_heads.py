@@ -233,8 +233,7 @@ class SequenceClassificationHead(eqx.Module):
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
         inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
-        pooled = self.pooler.weight @ masked_mean(x, mask)
-        pooled = jnp.tanh(pooled if self.pooler.bias is None else pooled + self.pooler.bias)
+        pooled = jnp.tanh(self.pooler(masked_mean(x, mask)))
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
 

@@ -250,19 +250,20 @@ class _AbstractLayer(eqx.Module):
         self,
         dim: IntLike,
         *,
-        inner_dim: IntLike | None = None,
-        routing: Literal["ssm", "attention"] | None = None,
-        num_heads: IntLike | None = None,
-        state_size: IntLike = 64,
-        kernel: Literal["shared", "per_channel"] = "shared",
-        ssm_init: Literal["lin", "inv", "real", "legs"] = "legs",
-        dt_min: RealScalar = 0.01,
-        dt_max: RealScalar = 1.0,
-        dropout: RealScalar = 0.0,
-        init_std: RealScalar = INIT_STD,
+        inner_dim: IntLike | None,
+        routing: Literal["ssm", "attention"] | None,
+        num_heads: IntLike | None,
+        state_size: IntLike,
+        kernel: Literal["shared", "per_channel"],
+        ssm_init: Literal["lin", "inv", "real", "legs"],
+        dt_min: RealScalar,
+        dt_max: RealScalar,
+        dropout: RealScalar,
+        init_std: RealScalar,
         key: PRNGKeyArray,
     ):
-        """The checks and construction shared by the subclasses (see theirs)."""
+        """The checks and construction shared by the subclasses, whose `__init__`s give
+        every argument (and the defaults)."""
         check_key("key", key)
         dim = check_int("dim", dim)
         inner_dim = self._inner_factor * dim if inner_dim is None else inner_dim
