@@ -805,6 +805,18 @@ def test_plot_metrics_unknown_key(full_run):
     assert len(figure.axes) == 1
 
 
+def test_plot_metrics_bad_records_and_path(full_run, tmp_path):
+    """Records without a split drew empty panels, and a directory as `path` saved the
+    figure beside it as `<dir>.png`: both are errors now, and nothing is written."""
+    _, result = full_run
+    with pytest.raises(ValueError, match=r"history\[1\] needs a 'step' and a 'split'.*split=None"):
+        ls.plot_metrics([{"step": 1, "split": "train", "loss": 1.0}, {"step": 2, "loss": 0.5}])
+    with pytest.raises(ValueError, match=f"path='{tmp_path}' is a directory; expected a file"):
+        ls.plot_metrics(result.history, tmp_path)
+    assert list(tmp_path.parent.glob(f"{tmp_path.name}*")) == [tmp_path]
+    assert not any(tmp_path.iterdir())
+
+
 class _Noisy(eqx.Module):
     """A model holding a typed PRNG key (for fixed noise) among its leaves."""
 

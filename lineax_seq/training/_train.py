@@ -1027,10 +1027,12 @@ def plot_metrics(
 
     **Arguments:**
 
-    - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`) or the
-        path of a `metrics.jsonl` file.
-    - `path`: where to save the figure (PNG), leaving pyplot's backend and figures
-        alone; `None` only returns it, as a pyplot figure (for `plt.show()`).
+    - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`: each a
+        dict with `"step"`, `"split"` (`"train"` or `"eval"`) and metrics) or the path of
+        a `metrics.jsonl` file.
+    - `path`: the file to save the figure to (PNG unless its suffix names another
+        format), leaving pyplot's backend and figures alone; `None` only returns it, as
+        a pyplot figure (for `plt.show()`).
     - `keys`: metrics to plot, a name or a tuple of names (default: `"loss"` then every
         other metric found, except throughputs); each must be in some record.
 
@@ -1042,6 +1044,17 @@ def plot_metrics(
         if not pathlib.Path(history).is_file():
             raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
         history = _read_jsonl(pathlib.Path(history), math.inf)
+    if path is not None and pathlib.Path(path).is_dir():
+        raise ValueError(
+            f"path={str(path)!r} is a directory; expected a file name, e.g. "
+            f"{str(pathlib.Path(path) / 'curves.png')!r}."
+        )
+    for i, record in enumerate(history):
+        if record.get("split") not in ("train", "eval") or "step" not in record:
+            raise ValueError(
+                f"history[{i}] needs a 'step' and a 'split' ('train' or 'eval'), got "
+                f"step={record.get('step')!r}, split={record.get('split')!r}."
+            )
     available = list(dict.fromkeys(k for r in history for k in r if k not in ("step", "split")))
     if isinstance(keys, str):  # one metric, not its letters
         keys = (keys,)
