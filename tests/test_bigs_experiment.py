@@ -732,6 +732,54 @@ def test_finetune_listops(pretrained, tmp_path):
     assert any(jax.tree.leaves(moved))
 
 
+def test_listops_records_fit_the_length(pretrained, capsys):
+    """Every fine-tuning expression fits `length` with <cls> and <sep> (a cut one's label
+    is noise: at length 16, 28% were cut, at --length 5 all); a length that not even the
+    shortest expression fits is a usage error."""
+    tok = ls.ByteTokenizer()
+    for length in (16, 64):
+        records = _bigs_train.listops_records(300, seed=0, tok=tok, length=length)
+        assert len(records) == 300
+        assert max(len(tok.encode(r["text"])) for r in records) <= length - 2
+    with pytest.raises(ValueError, match=r"needs length >= 11, got length=10$"):
+        _bigs_train.listops_records(10, seed=0, tok=tok, length=10)
+    out, _, _ = pretrained
+    argv = ["finetune", "--checkpoint", str(out), "--task", "listops", "--length", "5"]
+    err = _cli_error(argv, capsys)
+    assert "--length 5: the shortest ListOps expression takes 9 tokens" in err, err
+
+
+def test_finetune_resumes_its_own_run_only(pretrained, tmp_path, capsys):
+    """A stopped `finetune` continues from its checkpoints when its command is run again,
+    to the same model; a finished run's --out, or a stopped run's with other options, is
+    refused (a rerun replaced final/ and left two runs' files mixed in the directory)."""
+    out, _, _ = pretrained
+    argv = [
+        "finetune", "--checkpoint", str(out), "--task", "listops", "--listops-examples", "40",
+        "--steps", "4", "--batch-size", "4", "--length", "16",
+    ]  # fmt: skip
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    metrics = _bigs.finetune(_parse([*argv, "--out", str(whole)]))
+    err = _cli_error([*argv, "--out", str(whole)], capsys)
+    assert err.endswith(
+        f"--out {whole}: holds a finished fine-tuning run; choose another directory"
+    )
+    # The run as if stopped after its second step's checkpoint.
+    shutil.copytree(whole, stopped)
+    (stopped / "result.json").unlink()
+    shutil.rmtree(stopped / "final")
+    for checkpoint in ls.list_checkpoints(stopped):
+        if checkpoint.name != "step_00000002":
+            shutil.rmtree(checkpoint)
+    err = _cli_error([*argv, "--lr", "0.01", "--out", str(stopped)], capsys)
+    assert "an unfinished fine-tuning run with other options (--lr 0.01 (recorded: 0.0003))" in err
+    assert _bigs.finetune(_parse([*argv, "--out", str(stopped)])) == pytest.approx(metrics)
+    assert f"resumed the unfinished run in {stopped} at step 2" in capsys.readouterr().out
+    model = _bigs_train.load_finetuned(stopped)[0]
+    expected = _bigs_train.load_finetuned(whole)[0]
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, model, expected))
+
+
 # ----------------------------------------------------------------- CLI: inputs checked first
 
 

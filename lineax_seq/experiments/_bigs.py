@@ -45,6 +45,7 @@ from ._bigs_kernels import KERNEL_RADIUS, model_kernels, plot_kernels, png_path
 from ._bigs_train import (
     CONFIG_FILE,
     FINAL_DIR,
+    FINETUNE_FILE,
     RESULT_FILE,
     Classifier,
     MaskedLM,
@@ -169,7 +170,35 @@ def _finetune_problem(args: argparse.Namespace) -> str | None:
         )
     if (args.out / CONFIG_FILE).exists():  # its final/ would be replaced by the classifier
         return f"--out {args.out}: holds a `bigs pretrain` run; choose another directory"
+    if (args.out / RESULT_FILE).exists():
+        return f"--out {args.out}: holds a finished fine-tuning run; choose another directory"
+    if (args.out / FINETUNE_FILE).exists():  # an unfinished run: resumed by its own command
+        with reading_inputs(f"--out {args.out}: {FINETUNE_FILE}"):
+            recorded = json.loads((args.out / FINETUNE_FILE).read_text())
+        settings = _finetune_settings(args)
+        changed = [
+            f"--{k.replace('_', '-')} {v} (recorded: {recorded.get(k)})"
+            for k, v in settings.items()
+            if recorded.get(k) != v
+        ]
+        if changed:
+            return (
+                f"--out {args.out}: holds an unfinished fine-tuning run with other options "
+                f"({', '.join(changed)}); rerun its command to resume it, or choose another "
+                "directory"
+            )
     return _run_problem("--checkpoint", args.checkpoint) or output_problem("--out", args.out)
+
+
+def _finetune_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A fine-tuning run's options as its `finetune.json` records them: every option but
+    `--out`, paths made absolute, in JSON's types (a rerun compares them)."""
+    settings = {
+        k: os.path.abspath(v) if isinstance(v, pathlib.Path) else v
+        for k, v in vars(args).items()
+        if k not in ("out", "command", _GIVEN)  # `command`: `python -m lineax_seq`'s
+    }
+    return json.loads(json.dumps(settings))
 
 
 def _kernels_problem(args: argparse.Namespace) -> str | None:
@@ -475,9 +504,10 @@ def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, 
     if problem := _length_problem(mlm, args.length, f"--checkpoint {args.checkpoint}"):
         raise UsageError(problem)
     if args.task == "listops":
-        records = listops_records(
-            args.listops_examples, seed=args.seed, tok=tok, length=args.length
-        )
+        with reading_inputs(f"--length {args.length}"):
+            records = listops_records(
+                args.listops_examples, seed=args.seed, tok=tok, length=args.length
+            )
         train_records, eval_records = split_records(records)
         num_outputs, names = 10, None
     else:
@@ -548,6 +578,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         f"training / {len(eval_records)} held-out examples, length {args.length}",
         flush=True,
     )
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_json(_finetune_settings(args), args.out / FINETUNE_FILE)
     try:  # a run killed here resumes from its checkpoints; another model's are refused
         result = finetune_classifier(
             model,
@@ -556,6 +588,7 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
             tok,
             **_optim_options(args),
             out_dir=args.out,
+            checkpoint_every=max(1, args.steps // 4),
             truncation=args.truncation,
         )
     except ls.CheckpointError as e:
@@ -563,6 +596,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
             f"--out {args.out} holds checkpoints this fine-tuning run cannot resume ({e}); "
             "choose a new --out"
         ) from e
+    if result.resumed_from is not None:
+        print(f"resumed the unfinished run in {args.out} at step {result.resumed_from}")
     metrics = last_metrics(result.history, "eval")
     print_metrics("held-out", metrics)
     summary = {
@@ -836,8 +871,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _path(
         fin,
         "--out",
-        "output directory (default outputs/bigs/finetune): result.json, metrics, curves, "
-        "kernels and the fine-tuned model in final/",
+        "output directory (default outputs/bigs/finetune): the options (finetune.json), "
+        "checkpoints, metrics, curves, result.json, kernels and the fine-tuned model in "
+        "final/; the same command resumes a run that was stopped",
         default=pathlib.Path("outputs/bigs/finetune"),
     )
 

@@ -306,9 +306,8 @@ def _finetune_task(
         records = listops_records(num_train + num_eval, seed=seed, tok=tok, length=length)
         import grain
 
-        items = [records[i] for i in range(len(records))]
-        train = grain.MapDataset.source(items[:num_train])
-        return train, grain.MapDataset.source(items[num_train:]), 10, "ListOps (10 classes)"
+        train = grain.MapDataset.source(records[:num_train])
+        return train, grain.MapDataset.source(records[num_train:]), 10, "ListOps (10 classes)"
     # The segments (and the distractor) fill at most ~90% of the sequence after
     # tokenisation.
     budget = 0.9 * (length - 3) * _chars_per_token(train_texts, tok)

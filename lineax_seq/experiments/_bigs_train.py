@@ -30,6 +30,7 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 FINAL_DIR = "final"
 RESULT_FILE = "result.json"  # a `bigs finetune` run's summary
+FINETUNE_FILE = "finetune.json"  # its options, written before it trains (to resume it)
 
 
 # ---------------------------------------------------------------------------------------
@@ -548,9 +549,23 @@ def split_records(records: Any, fraction: float = 0.1) -> tuple[Any, Any]:
     return grain.MapDataset.source(train), grain.MapDataset.source(held)
 
 
-def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> Any:
-    """ListOps expressions short enough to fit `length` tokens of `tok` (the pretrained
-    model's tokenizer, not ListOps' own: the fine-tuned model keeps its vocabulary)."""
+_LISTOPS_OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+
+
+def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> list[dict[str, Any]]:
+    """`num` ListOps expressions that fit `length` tokens of `tok` with `<cls>` and
+    `<sep>` (`tok` is the pretrained model's tokenizer, not ListOps' own: the fine-tuned
+    model keeps its vocabulary). A cut expression's label would be noise, so those
+    longer than that are skipped: examples `0, 1, 2, ...` of `ls.listops(seed=seed)`
+    that fit, in order. Raises `ValueError` when not even the shortest expression
+    (an operator over two digits) fits."""
+    budget = length - 2
+    shortest = min(len(tok.encode(f"{op} 0 0 ]")) for op in _LISTOPS_OPERATORS)
+    if shortest > budget:
+        raise ValueError(
+            f"the shortest ListOps expression takes {shortest} tokens of this tokenizer; "
+            f"with <cls> and <sep> it needs length >= {shortest + 2}, got length={length}"
+        )
     # max_depth=10: the trees of the committed results (listops's default was 10 then).
     sample = ls.listops(64, seed=seed, min_length=8, max_length=64, max_depth=10)
     texts = [
@@ -558,9 +573,22 @@ def listops_records(num: int, *, seed: int, tok: ls.Tokenizer, length: int) -> A
         for i in range(len(sample))
     ]
     per_symbol = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
-    max_symbols = max(8, int((length - 2) / per_symbol))
+    max_symbols = max(4, int(budget / per_symbol))
     lo = max(4, max_symbols // 4)
-    return ls.listops(num, seed=seed, min_length=lo, max_length=max_symbols, max_depth=10)
+    # Sized by the mean tokens per symbol, most expressions fit; `tries` bounds the rest.
+    tries = 10 * num + 1000
+    data = ls.listops(tries, seed=seed, min_length=lo, max_length=max_symbols, max_depth=10)
+    records = []
+    for i in range(tries):
+        record: dict[str, Any] = data[i]  # pyright: ignore[reportAssignmentType] (as above)
+        if len(tok.encode(record["text"])) <= budget:
+            records.append(record)
+            if len(records) == num:
+                return records
+    raise ValueError(
+        f"only {len(records)} of {tries} ListOps expressions fit length={length} tokens "
+        f"of this tokenizer; need {num} (a longer length fits more)"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -694,13 +722,15 @@ def finetune_classifier(
     eval_every: int = 0,
     seed: int = 0,
     out_dir: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
     progress: bool = True,
     truncation: str = "end",
 ) -> ls.TrainResult:
     """Fine-tune a classifier or regressor (Table 8's recipe by default: AdamW, 10% warmup,
     linear decay) on records `{"text"[, "text_pair"], "label"}` and evaluate on all of
     `eval_records` at the end (and every `eval_every` steps). `truncation`: of sentence
-    pairs longer than `length`, as in [`lineax_seq.classification_dataset`][]."""
+    pairs longer than `length`, as in [`lineax_seq.classification_dataset`][]. With
+    `checkpoint_every`, a run in `out_dir` continues from its newest checkpoint."""
     if len(train_records) < batch_size:
         raise ValueError(
             f"the training set has {len(train_records)} examples, fewer than "
@@ -723,6 +753,7 @@ def finetune_classifier(
         out_dir=out_dir,
         progress=progress,
         eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
     )
 
 
