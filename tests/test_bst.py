@@ -893,9 +893,9 @@ def test_decoding_under_x64_is_float64_accurate():
 
 
 def test_unstruct_decoding_stops_at_the_cache_length(zoo, stack):
-    """UNSTRUCT layers store the inputs of `init_cache(max_length)`: decoding past it is
-    an error (it used to give NaN logits), at once for a concrete position, at run time
-    for a traced one."""
+    """UNSTRUCT layers store the inputs of `init_cache(max_length)`: decoding past it (or
+    at a negative position) is an error (it used to give NaN logits), at once for a
+    concrete position, at run time for a traced one."""
     layer = zoo["sh:unstruct"]
     cache = layer.init_cache(W)
     cache, _ = layer.step(cache, jnp.zeros(DIM), jnp.asarray(W - 1))
@@ -903,6 +903,9 @@ def test_unstruct_decoding_stops_at_the_cache_length(zoo, stack):
         layer.step(cache, jnp.zeros(DIM), jnp.asarray(W))
     with pytest.raises(Exception, match="decoding state holds 4 positions"):
         eqx.filter_jit(layer.step)(cache, jnp.zeros(DIM), jnp.asarray(W))
+    # A traced negative position wrote the last stored input (`.at[-1]`) and decoded on.
+    with pytest.raises(Exception, match="position is negative or past the end"):
+        eqx.filter_jit(layer.step)(cache, jnp.zeros(DIM), jnp.asarray(-1))
     cache = stack.init_cache(2)
     with pytest.raises(ValueError, match=r"`cache\['t'\]`=2 is past the end.*holds 2 positions"):
         stack.step({**cache, "t": jnp.asarray(2, jnp.int32)}, 0)

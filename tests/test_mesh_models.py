@@ -317,21 +317,36 @@ def test_failed_checks_raise_on_a_mesh(tmp_path):
 def test_decoding_loops_inside_shard_map():
     """A loop carry started from parameters (BRECT's initial states, a decoding cache)
     and updated with per-device data failed `shard_map`'s type check ("carry input and
-    carry output must have equal types ... {V:data}"); the carries now vary as the data."""
+    carry output must have equal types ... {V:data}"); the carries now vary as the data.
+    So do those of `generate`'s token-by-token prompt (a cuDNN-attention model off a GPU:
+    "cond branches must have equal output types") and of BRECT's step between block
+    ends; a decoding loop written by hand starts from a cache made varying as the
+    distributed guide shows."""
     mesh = ls.make_mesh(8, 1)
     tokens = jr.randint(jr.key(1), (8, 8), 0, 11)
-    for i, variant in enumerate(("BRECT", "BST:SH:S4", "BST:MF:S4", "BST:MH:UNSTRUCT")):
+    variants = ("BRECT", "BST:SH:S4", "BST:MF:S4", "BST:MH:UNSTRUCT", "SLIDE")
+    for i, variant in enumerate(variants):
         extra = dict(max_length=8) if variant.endswith("UNSTRUCT") else {}
+        # cuDNN attention needs a GPU for the parallel pass: here `generate` feeds the
+        # prompt token by token, and the model's own forward pass is not run.
+        cudnn = variant == "SLIDE"
+        if cudnn:
+            extra = dict(attention_implementation="cudnn")
         lm = ls.BlockStateTransformerLM.from_variant(
             variant, 11, 16, 2, num_heads=2, window=4, mlp_dim=32, key=jr.key(i), **extra
         )
         params, static = eqx.partition(lm, eqx.is_array)
 
-        def per_device(params, tokens, static=static):
+        def per_device(params, tokens, static=static, cudnn=cudnn, axis="data"):
             model = eqx.combine(params, static)
-            logits = jax.vmap(model)(tokens)
             sample = lambda t: ls.generate(model, t[:3], 5, key=jr.key(0), temperature=0.0)
-            return logits, jax.vmap(sample)(tokens)
+            # Hand-written decoding: one step, and a scan from a cache made varying.
+            first = lambda t: model.step(model.init_cache(8), t[0])[1]
+            cache = model.init_cache(8)
+            cache = cache if axis is None else jax.lax.pcast(cache, axis, to="varying")
+            scan = lambda t: jax.lax.scan(lambda c, x: model.step(c, x), cache, t)[1]
+            logits = jax.vmap(scan if cudnn else model)(tokens)
+            return jax.vmap(sample)(tokens), logits, jax.vmap(first)(tokens), jax.vmap(scan)(tokens)
 
         replicated = jax.tree.map(lambda _: P(), params)
         run = jax.jit(
@@ -339,10 +354,11 @@ def test_decoding_loops_inside_shard_map():
                 per_device, mesh=mesh, in_specs=(replicated, P("data")), out_specs=P("data")
             )
         )
-        got = run(params, tokens)
-        want = eqx.filter_jit(per_device)(params, tokens)
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=variant)
-        np.testing.assert_array_equal(got[1], want[1], err_msg=variant)
+        (sampled, *got) = run(params, tokens)
+        (expected, *want) = eqx.filter_jit(per_device)(params, tokens, axis=None)
+        np.testing.assert_array_equal(sampled, expected, err_msg=variant)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=variant)
 
 
 def test_param_sharding_of_an_abstract_model(mesh):

@@ -789,7 +789,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
             new = new.astype(states.dtype)  # stored in the states' dtype, as `init_cache`
             return new, *self._state_kv(new)
 
-        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, lambda: (states, s, (ks, vs)))
+        # (Kept as the updated ones vary: under `shard_map`, with the data.)
+        kept = lambda: varying_like((states, s, (ks, vs)), frame["k"])
+        states, s, (ks, vs) = jax.lax.cond(t % w == w - 1, block_end, kept)
         return {"frame": frame, "states": states, "s": s, "ks": ks, "vs": vs}, out
 
     def _prefill(

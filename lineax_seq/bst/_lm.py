@@ -520,9 +520,10 @@ def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy
         cache, hidden = lm._prefill(prefix, blocks, buffer.shape[0])
         start = blocks * lm.window  # the first position left to feed
         logits = lm._logits(hidden[jnp.maximum(start - 1, 0)])
-    else:  # the whole prompt token by token
-        cache, start = lm.init_cache(buffer.shape[0]), jnp.zeros((), jnp.int32)
+    else:  # the whole prompt token by token (a carry varying as the data, as `_prefill`'s)
         logits = jnp.zeros(lm.vocab_size, lm.embedding.weight.dtype)  # (unused)
+        cache, logits = varying_like((lm.init_cache(buffer.shape[0]), logits), buffer)
+        start = jnp.zeros((), jnp.int32)
     buffer = buffer.at[start].set(next_token(start - 1, logits, buffer))  # start 0: prompt[0]
     _, buffer = jax.lax.fori_loop(start, total - 1, feed, (cache, buffer))
     return buffer

@@ -369,10 +369,11 @@ class ContextSSM(eqx.Module):
             filt = state["filter"]
             if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)
                 fail_if(
-                    t >= filt.shape[1],
-                    f"the position is past the end: the decoding state holds {filt.shape[1]} "
-                    "positions (the max_length given to init_state, or to the LM's "
-                    "init_cache); decode no further, or start from a larger max_length",
+                    (t < 0) | (t >= filt.shape[1]),
+                    f"the position is negative or past the end: the decoding state holds "
+                    f"{filt.shape[1]} positions (the max_length given to init_state, or to "
+                    "the LM's init_cache); decode no further, or start from a larger "
+                    "max_length",
                 )
             inputs = state["inputs"].at[t].set(u.astype(state["inputs"].dtype))
             lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
