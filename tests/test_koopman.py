@@ -719,6 +719,12 @@ def test_unroll_latents_checks_without_jaxtyping(model, no_jaxtyping):
             loss(m, ints)
     with pytest.raises(ValueError, match="steps must be a positive integer, got steps=2.0"):
         ls.unroll_latents(model, jnp.array([0.1, 0.2]), steps=2.0)
+    # The loss's own options are named by the loss (beartype's error named the
+    # `unroll_latents` it calls, and printed the whole model).
+    with pytest.raises(ValueError, match="reencode_every must be None or a positive integer"):
+        ls.koopman_loss(model, jnp.zeros((6, 2)), reencode_every=jnp.asarray(2))
+    with pytest.raises(ValueError, match="method must be one of .*got method='scan'"):
+        ls.koopman_loss(model, jnp.zeros((6, 2)), method="scan")
     for dt in (True, "0.1"):
         with pytest.raises(
             ValueError, match=f"dt must be a positive, finite real number, got dt={dt!r}"

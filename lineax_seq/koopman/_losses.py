@@ -9,9 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import IntLike, RealLike, as_float_array, check_finite, check_real
+from .._checks import (
+    IntLike,
+    RealLike,
+    as_float_array,
+    check_choice,
+    check_finite,
+    check_optional_int,
+    check_real,
+)
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
-from ._unroll import check_model, promote, unroll, unroll_latents
+from ._unroll import METHODS, check_model, promote, unroll, unroll_latents
 
 _Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 
@@ -107,6 +115,10 @@ def koopman_loss(
     (every term, whatever its weight; `"action"` only with an action head and actions).
     """
     check_model(model, KoopmanAutoencoder)
+    # Checked here, not by `unroll_latents`'s type checker: its error names a function
+    # the caller never called.
+    reencode_every = check_optional_int("reencode_every", reencode_every)
+    check_choice("method", method, METHODS)
     if action is None:
         action = 1.0
     elif model.action_head is None:

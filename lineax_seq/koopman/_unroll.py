@@ -33,7 +33,7 @@ from ._dynamics import _HIGHEST, LinearKoopmanDynamics, matmul
 # Without reencoding the latent recurrence is still cut into chunks of at most this many
 # steps, so the table of powers of Kbar stays small (the chunks are chained exactly).
 _MAX_CHUNK = 128
-_METHODS = ("parallel", "sequential")
+METHODS = ("parallel", "sequential")
 
 
 def _concrete(a: ArrayLike) -> np.ndarray | None:
@@ -227,7 +227,7 @@ def _check_unroll(
     arrays are checked for NaN at run time)."""
     reencode_every = check_optional_int("reencode_every", reencode_every)
     steps = check_int("steps", steps)
-    check_choice("method", method, _METHODS)
+    check_choice("method", method, METHODS)
     actions = _check_actions(model, None if actions is None else jnp.asarray(actions), steps)
     x0, actions = promote(
         model, _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"), actions
