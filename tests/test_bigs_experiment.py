@@ -577,7 +577,12 @@ def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path, capsys)
     _bigs.pretrain(_parse(again))
     record = json.loads((tmp_path / "again" / "config.json").read_text())["pretrain"]
     assert (record["corpus"], record["max_files"]) == (str(corpus_dir), 12)
-    assert "pretraining on its corpus (--corpus " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "pretraining on its corpus (--corpus " in printed
+    # The model options given are named as ignored (they were, silently).
+    ignored = "ignored: --tokenizer, --dim, --layers, --state-size\n"
+    assert f"note: --init-from uses the checkpoint's model; {ignored}" in printed
+    assert f"note: --resume uses the checkpoint's model; {ignored}" in printed
 
 
 def test_finetune_file_and_kernels(pretrained, tmp_path):

@@ -446,6 +446,11 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     """
     out: pathlib.Path = args.out
     _check(args)  # before anything is read or written
+    given = getattr(args, _GIVEN, ())
+    ignored = [f"--{k.replace('_', '-')}" for k in _MODEL_OPTIONS if k in given]
+    if ignored and (args.resume or args.init_from is not None):
+        flag = "--resume" if args.resume else "--init-from"
+        print(f"note: {flag} uses the checkpoint's model; ignored: {', '.join(ignored)}")
     if args.resume:
         args = _resume_options(args)
         _check(args)
@@ -665,25 +670,21 @@ def kernels(args: argparse.Namespace) -> pathlib.Path:
 
 def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) -> None:
     g = parser.add_argument_group("model (ignored with --init-from/--resume: the checkpoint's)")
-    g.add_argument(
-        "--architecture", choices=("gated", "stack"), default="gated", help="GATED or STACK block"
-    )
-    g.add_argument("--routing", choices=("ssm", "attention"), default="ssm", help="token mixing")
-    _size_arguments(g, layers=layers, dim=dim)
-    g.add_argument(
-        "--inner", type=positive_int, default=None, help="inner width (default 3d gated, 4d stack)"
-    )
-    g.add_argument(
-        "--heads", type=positive_int, default=4, help="attention heads (routing=attention)"
-    )
-    g.add_argument("--state-size", type=positive_int, default=64, help="SSM state size N")
-    g.add_argument("--dropout", type=dropout_rate, default=0.1, help="dropout rate")
+    add = functools.partial(g.add_argument, action=_Given)  # a note names those ignored
+    add("--architecture", choices=("gated", "stack"), default="gated", help="GATED or STACK block")
+    add("--routing", choices=("ssm", "attention"), default="ssm", help="token mixing")
+    _size_arguments(add, layers=layers, dim=dim)
+    add("--inner", type=positive_int, default=None, help="inner width (default 3d gated, 4d stack)")
+    add("--heads", type=positive_int, default=4, help="attention heads (routing=attention)")
+    add("--state-size", type=positive_int, default=64, help="SSM state size N")
+    add("--dropout", type=dropout_rate, default=0.1, help="dropout rate")
 
 
-def _size_arguments(group: Any, *, layers: int, dim: int) -> None:
-    group.add_argument("--dim", type=positive_int, default=dim, help="hidden size d")
-    group.add_argument("--layers", type=positive_int, default=layers, help="layers")
-    group.add_argument(
+def _size_arguments(add: Any, *, layers: int, dim: int) -> None:
+    """`--dim`, `--layers`, `--init-std`, added by `add` (a group's `add_argument`)."""
+    add("--dim", type=positive_int, default=dim, help="hidden size d")
+    add("--layers", type=positive_int, default=layers, help="layers")
+    add(
         "--init-std",
         type=positive_float,
         default=None,
@@ -886,7 +887,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "L=128, 500 MLM + 300 ListOps steps per variant) take about 5 min on 2 CPU cores.",
     )
     _corpus_arguments(abl, tokenizer="byte")
-    _size_arguments(abl.add_argument_group("model"), layers=4, dim=64)
+    _size_arguments(abl.add_argument_group("model").add_argument, layers=4, dim=64)
     _optim_arguments(abl, lr=1e-3, steps=DEFAULT_STEPS, batch=16, length=128, warmup=0.05)
     abl.add_argument(
         "--variants",
