@@ -668,7 +668,7 @@ def test_read_rows_regression_and_pairs(tmp_path):
         _bigs_train.read_rows(unseen, regression=False, label_names=names)
     for rows, message in [
         ([("a", 0.5), ("b", 2)], "numbers but not class ids .* --regression"),
-        ([("a", -1), ("b", 1)], "numbers but not class ids"),
+        ([("a", -1), ("b", 1)], r"not class ids 0, 1, ... \(e.g. -1.0\).* or as names"),
         ([("a", "pos"), ("b", "pos")], "every label is 'pos'"),
         ([("a", "pos"), ("b", " ")], "b.csv:3: empty label"),
     ]:

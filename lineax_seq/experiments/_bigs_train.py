@@ -468,8 +468,10 @@ def read_rows(
     if label_names is None and len(found) == len(numbers):
         if not all(x.is_integer() and x >= 0 for x in found):
             raise ValueError(
-                f"{path}: the labels are numbers but not class ids 0, 1, ...; "
-                "pass --regression for real values"
+                f"{path}: the labels are numbers but not class ids 0, 1, ... (e.g. "
+                f"{next(x for x in found if not (x.is_integer() and x >= 0))!r}); pass "
+                "--regression for real values, or relabel the classes as 0, 1, ... or as "
+                "names (e.g. neg, pos)"
             )
         if len(set(found)) < 2:
             raise ValueError(f"{path}: every label is {int(found[0])}; a class task needs two")
