@@ -512,8 +512,8 @@ def _segment_times(
 
     Returns `save_ts` `(num, width + 1)` and the position of every `ts[i]` in the row of
     its segment. `width`, the most times in one segment rounded up to a power of two, is
-    what the compiled solve's shape depends on: `ts` of one length laid out differently
-    over the segments rarely needs a new compilation.
+    what the compiled solve's shape depends on, with the number of segments: other `ts`
+    with the same two compile nothing new.
     """
     num = taus.shape[0] - 1
     counts = np.bincount(seg, minlength=num)
@@ -649,6 +649,12 @@ def unroll_continuous(
     that differ by less than half a unit in the last place of `max |ts|` share one);
     with traced `ts`
     one per output time. Autonomous models only (`action_dim == 0`).
+
+    Compilation: with concrete `ts` the solve is compiled for the number of reencoding
+    segments and the most output times in one segment (rounded up to a power of two);
+    a grid that changes either compiles anew (about a second on a CPU). To solve many
+    grids with one compilation, call it inside `jax.jit` with the grids traced and
+    `num_segments` given (every segment then saves at all of `ts`).
 
     **Arguments:**
 
