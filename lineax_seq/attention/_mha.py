@@ -138,7 +138,8 @@ class MultiHeadAttention(eqx.Module):
 
         **Returns:**
 
-        Shape `(q, dim)`.
+        Shape `(q, dim)`, in the dtype of the inputs and weights promoted together (as
+        `eqx.nn.Linear`'s output: float32 for bfloat16 inputs to float32 weights).
         """
         x, context, mask, bias = as_arrays(x, context, mask, bias)
         for name, value in (("x", x), ("context", context)):

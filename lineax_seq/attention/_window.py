@@ -62,6 +62,15 @@ def sliding_window_mask(window: IntLike) -> Bool[Array, "w 2*w"]:
     Query `r` of a block sits at frame position `window + r`; key `c` (frame position
     `c`) is visible iff `0 <= (window + r) - c < window`: the query itself and the
     `window - 1` tokens before it.
+
+    **Arguments:**
+
+    - `window`: the block size `W`, a positive integer.
+
+    **Returns:**
+
+    A boolean array of shape `(window, 2 * window)`, True where the query (row) may
+    attend to the key (column).
     """
     window = check_window(window)
     r = jnp.arange(window)[:, None]

@@ -194,8 +194,9 @@ class BlockStateTransformerLM(eqx.Module):
         - `recurrent_layers`: indices of BRECT:FIXED:SKIP layers.
         - `num_states`: recurrent states of BRECT layers (default `window`); checked also
           where the model has none.
-        - `max_length`: training length; required for `ssm="unstruct"`, and otherwise
-          `None` or a positive integer.
+        - `max_length`: training length, by which the UNSTRUCT filters normalise
+          positions; required for `ssm="unstruct"`, and otherwise `None` or a positive
+          integer (unused by `ssm="s4"`: S4D kernels have no length scale).
         - `tie_embeddings`: use the embedding matrix as the LM head (the embedding is
           initialised with standard deviation 0.02, as in GPT-2).
         - `attention_implementation`: the attention kernel of the parallel forward pass,

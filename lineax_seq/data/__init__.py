@@ -37,6 +37,8 @@ mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed",
 IGNORE_INDEX = -100
 
 # classification: {"tokens": int32 (B, L), "padding_mask": bool (B, L), "label": int32 (B,)}
+#   (padding_mask, here and for masked LM: True at real tokens, <cls>/<sep> included,
+#   False at padding: the `mask` that BiGS(tokens, mask) takes)
 #   (label float32 for regression, i.e. num_classes=None and no label_names)
 read_classification(path, *, num_classes: int | None, text_field="text", label_field="label",
                     pair_field=None, label_names=None)
@@ -54,7 +56,8 @@ trajectory_dataset(states, actions=None, *, length, batch_size, ..., **loader)
 split_trajectories(num_trajectories, split, *, valid_fraction, test_fraction,
                    split_seed=0) -> indices
 
-# the loader behind every *_dataset; **loader above are its keyword arguments:
+# the loader behind every *_dataset; **loader above are its keyword arguments but
+# random_transform (mlm_dataset's dynamic masking is one):
 batch_examples(examples, *, batch_size, seed=0, shuffle=True, num_epochs=None,
                drop_remainder=True, shard_options=None, num_workers=0, num_threads=0,
                random_transform=None) -> grain.IterDataset

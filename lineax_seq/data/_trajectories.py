@@ -197,6 +197,8 @@ def trajectory_dataset(
     """Batches of trajectory windows: [`lineax_seq.trajectory_windows`][] +
     [`lineax_seq.batch_examples`][].
 
+    **Arguments:** as for those two functions.
+
     **Returns:**
 
     A `grain.IterDataset` of `{"states": (B, T + 1, d)}` (plus `"actions": (B, T, m)`).

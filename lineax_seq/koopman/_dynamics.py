@@ -200,7 +200,8 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         - `latent_dim`: size `n` of the latent state.
         - `action_latent_dim`: size `m` of the encoded control input (0: autonomous).
         - `dt`: the data's sampling interval; initialises `delta`.
-        - `discretization`: `"bilinear"` (the paper's) or `"exact"` (matrix exponential).
+        - `discretization`: `"bilinear"` (the paper's) or `"exact"` (matrix exponential,
+            actions held over the step: the zero-order hold, `S4DKernel`'s `"zoh"`).
         - `init_scale`: `K` is initialised `N(0, init_scale^2 / n)`, `L` `N(0, 1 / m)`;
             finite, `>= 0`.
         - `key`: PRNG key.

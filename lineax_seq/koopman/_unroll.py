@@ -258,8 +258,14 @@ def unroll_latents(
     shape `(steps, action_dim)` for a controlled model).
 
     Latents at reencoding steps are the ones *before* reencoding (those that are
-    decoded). Same arguments as [`unroll`][lineax_seq.unroll] (a
-    [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder] only); used by the losses.
+    decoded). Used by the losses.
+
+    **Arguments:** as for [`unroll`][lineax_seq.unroll], with `model` a
+    [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
+
+    **Returns:**
+
+    The latents `zhat_1 .. zhat_steps`, shape `(steps, latent_dim)`.
     """
     check_model(model, KoopmanAutoencoder)
     checked = _check_unroll(model, x0, actions, steps, reencode_every, method)
