@@ -436,6 +436,44 @@ def test_merged_rows_keep_their_config_and_command(tmp_path):
     assert "[^" not in (tmp_path / "koopman_table.md").read_text()
 
 
+def test_runs_into_the_committed_results_keep_them(tmp_path, monkeypatch, capsys):
+    """Without --out a run writes into the committed results: a `--small` smoke run (or
+    a subset of the variants) replaced the committed rows and figures there. Runs with
+    other settings now get their own names; the committed run's own settings, and any
+    run given its own --out, keep the plain ones."""
+    monkeypatch.setattr(kx, "results_dir", lambda: tmp_path)
+    written = []
+
+    def fake_run_system(name, args, key, out_dir, *, variants, suffix):
+        written.append(f"koopman_fig_portraits_{name}{suffix}.png")
+        return {**_fake_row(1.0), "seconds": 0.0}
+
+    monkeypatch.setattr(kx, "run_system", fake_run_system)
+    runs = {
+        ("--small",): "_small",
+        ("--small", "--steps", "50"): "_small_50steps",
+        ("--variants", "koopman/linear"): "_" + kx.settings_tag({"variants": ["koopman/linear"]}),
+        ("--steps", "3000"): "_3000steps",
+        (): "",
+    }
+    for argv, suffix in runs.items():
+        args = _parse("--system", "duffing", *argv)
+        assert kx.output_suffix(args) == suffix, argv
+        kx.run(args)
+        assert (tmp_path / f"koopman_table{suffix}.json").is_file(), argv
+        assert written[-1] == f"koopman_fig_portraits_duffing{suffix}.png"
+    assert len(list(tmp_path.glob("koopman_table*.json"))) == len(runs)
+    # A run given its own directory writes the plain names there.
+    own = tmp_path / "own"
+    kx.run(_parse("--system", "duffing", "--small", "--out", str(own)))
+    assert {p.name for p in own.glob("koopman_table*")} == {
+        "koopman_table.json",
+        "koopman_table.md",
+    }
+    assert written[-1] == "koopman_fig_portraits_duffing.png"
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(
     "path", sorted(COMMITTED.parent.glob("koopman_table*.json")), ids=lambda p: p.name
 )

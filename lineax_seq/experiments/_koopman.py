@@ -7,7 +7,8 @@ of 10 steps; evaluate every Koopman model without reencoding, reencoding every s
 and periodically (k in 1, 10, 25, 50, 100, best reported per horizon); print a Table
 1.1-style table (MSE x100, Lorenz unscaled) beside the paper's numbers; save phase
 portraits (Fig. 1.4), MSE-vs-horizon curves (Fig. 1.5) and `koopman_table.json` / `.md`
-under `--out` (default `./benchmarks/results`, relative to the current directory). The
+under `--out` (default: the committed results, the checkout's `benchmarks/results`, where
+settings other than the committed run's write files of their own, `output_suffix`). The
 table is merged with the rows of other systems already there: each row records the
 config and command that produced it, and the `.md` footnotes rows whose configs differ.
 
@@ -60,6 +61,7 @@ from ._cli import (
     random_seed,
     reading_inputs,
     results_dir,
+    settings_tag,
 )
 
 SYSTEM_NAMES = ("parabolic", "pendulum", "duffing", "lotka_volterra", "lorenz")
@@ -354,8 +356,11 @@ def _standardiser(
     return mean, np.where(std > 1e-8, std, 1.0)
 
 
-def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=VARIANTS):
-    """Train and evaluate the variants and the baseline on one system; save its plots.
+def run_system(
+    system_name: str, args, key, out_dir: pathlib.Path, *, variants=VARIANTS, suffix: str = ""
+):
+    """Train and evaluate the variants and the baseline on one system; save its plots
+    (`koopman_fig_{portraits,horizon}_<system><suffix>.png`).
     `key` is split once into the data's key and one key per model of the full list
     (`VARIANTS` and the baseline); each model takes its key by name, so a subset of
     `variants` reproduces those rows of a run of all of them."""
@@ -403,8 +408,12 @@ def run_system(system_name: str, args, key, out_dir: pathlib.Path, *, variants=V
     label = LABELS[figure_kind]
     figure_curves, figure_preds = kept[figure_kind]
     figures = [
-        plot_portraits(system_name, test_xs, figure_curves, figure_preds, periods, out_dir, label),
-        plot_curves(system_name, figure_curves, kept["baseline"][0], periods, out_dir, label),
+        plot_portraits(
+            system_name, test_xs, figure_curves, figure_preds, periods, out_dir, label, suffix
+        ),
+        plot_curves(
+            system_name, figure_curves, kept["baseline"][0], periods, out_dir, label, suffix
+        ),
     ]
     results["figures_variant"] = LABELS[figure_kind]
     results["figures"] = [str(p.name) for p in figures]
@@ -600,7 +609,15 @@ def _mse_unit(system_name: str) -> tuple[float, str]:
 
 
 def plot_portraits(
-    system_name, test_xs, curves, preds, periods, out_dir, label: str, num: int = 20
+    system_name,
+    test_xs,
+    curves,
+    preds,
+    periods,
+    out_dir,
+    label: str,
+    suffix: str = "",
+    num: int = 20,
 ):
     """Fig. 1.4: 1000-step unrolls without / every step / periodic reencoding over grey
     truth, of the variant `label`; each panel's MSE in the table's units."""
@@ -631,12 +648,14 @@ def plot_portraits(
     fig.suptitle(f"{system_name}: {label}, {steps}-step unrolls")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"koopman_fig_portraits_{system_name}.png"
+    path = out_dir / f"koopman_fig_portraits_{system_name}{suffix}.png"
     fig.savefig(path, dpi=110)
     return path
 
 
-def plot_curves(system_name, curves, baseline_curves, periods, out_dir, label: str):
+def plot_curves(
+    system_name, curves, baseline_curves, periods, out_dir, label: str, suffix: str = ""
+):
     """Fig. 1.5: MSE (in the table's units) over the unroll horizon for every reencoding
     period of the variant `label`, and the MLP baseline."""
     from matplotlib.figure import Figure
@@ -656,7 +675,7 @@ def plot_curves(system_name, curves, baseline_curves, periods, out_dir, label: s
     ax.legend(fontsize=7)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"koopman_fig_horizon_{system_name}.png"
+    path = out_dir / f"koopman_fig_horizon_{system_name}{suffix}.png"
     fig.savefig(path, dpi=110)
     return path
 
@@ -752,7 +771,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_variant_list,
         default=VARIANTS,
         help="Koopman variants 'dynamics/decoder' (koopman|mlp)/(linear|mlp), comma-separated; "
-        "a subset gives the same rows as a run of all of them "
+        "a subset gives the same numbers for them as a run of all of them "
         f"(default: {','.join(VARIANT_SPELLINGS)})",
     )
     parser.add_argument(
@@ -855,11 +874,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=path,
-        default=results_dir(),
+        default=None,
         help="directory for koopman_table.json / .md and the figures; the rows of other "
         "systems already there are kept, each with the config and command that produced it "
         "(default: the checkout's benchmarks/results, the committed results, else "
-        "./benchmarks/results)",
+        "./benchmarks/results; there, settings other than the committed run's write "
+        "koopman_table_<suffix>.* and figures with that suffix, not the committed files)",
     )
 
 
@@ -870,6 +890,22 @@ def resolve_sizes(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, dest) is None:
             setattr(args, dest, small if args.small else default)
     return args
+
+
+def output_suffix(args: argparse.Namespace) -> str:
+    """What the output names carry after `koopman_table` / `koopman_fig_<kind>_<system>`
+    so that a run into the committed results (no `--out`) with other settings than the
+    committed run's does not replace them: `_small`, `_<N>steps` (against `--small`'s
+    sizes under `--small`), then a short hash of the other settings that differ; `""`
+    for the committed run's settings, and for any run given its own `--out`."""
+    if args.out is not None:
+        return ""
+    default = row_config(_config(parse_args(["--small"] if args.small else [])))
+    differ = {k: v for k, v in row_config(_config(args)).items() if v != default[k]}
+    suffix = "_small" if args.small else ""
+    if "steps" in differ:
+        suffix += f"_{differ.pop('steps')}steps"
+    return suffix + (f"_{settings_tag(differ)}" if differ else "")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -958,11 +994,14 @@ def load_table(path: pathlib.Path) -> dict:
     return systems
 
 
-def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path:
-    """Merge `all_results` into `out_dir/koopman_table.json` and `.md` (other systems are
-    kept). Each row records the config and command that produced it; the file-level
-    `config` / `command` are there only while every row comes from this command."""
-    path = out_dir / "koopman_table.json"
+def save_results(
+    all_results: dict, args, out_dir: pathlib.Path, *, suffix: str = ""
+) -> pathlib.Path:
+    """Merge `all_results` into `out_dir/koopman_table<suffix>.json` and `.md` (other
+    systems are kept). Each row records the config and command that produced it; the
+    file-level `config` / `command` are there only while every row comes from this
+    command."""
+    path = out_dir / f"koopman_table{suffix}.json"
     systems = load_table(path) if path.exists() else {}
     config = _config(args)
     command = "python -m lineax_seq " + " ".join(_command_line(args))
@@ -995,8 +1034,7 @@ def save_results(all_results: dict, args, out_dir: pathlib.Path) -> pathlib.Path
         r"\[\s+([^\[\]{}\"]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text
     )
     path.write_text(text + "\n")
-    table = out_dir / "koopman_table.md"
-    table.write_text(format_table(systems) + "\n")
+    path.with_suffix(".md").write_text(format_table(systems) + "\n")
     return path
 
 
@@ -1031,15 +1069,16 @@ def system_key(seed: int, name: str) -> jax.Array:
     return jr.fold_in(jr.key(seed), SYSTEM_NAMES.index(name))
 
 
-def _outputs_problem(out: pathlib.Path, names) -> str | None:
+def _outputs_problem(out: pathlib.Path, names, suffix: str) -> str | None:
     """What in `out` the run could not write or merge into, found before any training: a
     directory where a result file goes, or a `koopman_table.json` that is not a table."""
-    files = ["koopman_table.json", "koopman_table.md"]
-    files += [f"koopman_fig_{kind}_{n}.png" for n in names for kind in ("portraits", "horizon")]
+    files = [f"koopman_table{suffix}.json", f"koopman_table{suffix}.md"]
+    kinds = ("portraits", "horizon")
+    files += [f"koopman_fig_{kind}_{n}{suffix}.png" for n in names for kind in kinds]
     for name in files:
         if (out / name).is_dir():
             return f"--out {out}: {out / name} is a directory, where the run writes a file"
-    table = out / "koopman_table.json"
+    table = out / files[0]
     if table.is_file():
         try:
             with reading_inputs(f"--out {out}: {table.name}"):
@@ -1053,22 +1092,24 @@ def run(args: argparse.Namespace) -> int:
     """Run the experiment for `--system` (or `--all`), print the table, save JSON and PNGs.
     The options and `--out` are checked first (usage errors, before any training)."""
     resolve_sizes(args)
+    suffix = output_suffix(args)
+    out = results_dir() if args.out is None else args.out
     names = SYSTEM_NAMES if args.all else (args.system,)
-    if problem := options_problem(args) or output_problem("--out", args.out):
+    if problem := options_problem(args) or output_problem("--out", out):
         raise UsageError(problem)
-    if problem := _outputs_problem(args.out, names):
+    if problem := _outputs_problem(out, names, suffix):
         raise UsageError(problem)
     all_results = {}
     for name in names:
         print(f"== {name} ==", flush=True)
         skey = system_key(args.seed, name)
-        all_results[name] = run_system(name, args, skey, args.out, variants=args.variants)
+        all_results[name] = run_system(name, args, skey, out, variants=args.variants, suffix=suffix)
         print(f"   done in {all_results[name]['seconds']:.0f} s", flush=True)
-        save_results({name: all_results[name]}, args, args.out)  # keep finished systems
+        save_results({name: all_results[name]}, args, out, suffix=suffix)  # keep finished
     print()
     print(format_table(all_results))
-    path = save_results(all_results, args, args.out)
-    print(f"results: {path}; figures: {args.out}/koopman_fig_{{portraits,horizon}}_*.png")
+    path = save_results(all_results, args, out, suffix=suffix)
+    print(f"results: {path}; figures: {out}/koopman_fig_{{portraits,horizon}}_*{suffix}.png")
     return 0
 
 
