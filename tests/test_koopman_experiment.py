@@ -436,6 +436,20 @@ def test_merged_rows_keep_their_config_and_command(tmp_path):
     assert "[^" not in (tmp_path / "koopman_table.md").read_text()
 
 
+def test_exploded_cells_are_json_null(tmp_path):
+    """An exploded model's MSE was written as Python's `Infinity`, which is not JSON (other
+    parsers refuse the file): it is `null` now, and read back as exploded ("x")."""
+    kx.save_results({"duffing": _fake_row(math.inf)}, _parse("--small"), tmp_path)
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    payload = json.loads((tmp_path / "koopman_table.json").read_text(), parse_constant=refuse)
+    cell = payload["systems"]["duffing"]["variants"][kx.LABELS[kx.VARIANTS[0]]]["horizons"]
+    assert cell["100"]["none"] is None and cell["100"]["periodic"] is None
+    assert "| duffing | x / 0.1152 | x / 0.0112 |" in (tmp_path / "koopman_table.md").read_text()
+
+
 def test_runs_into_the_committed_results_keep_them(tmp_path, monkeypatch, capsys):
     """Without --out a run writes into the committed results: a `--small` smoke run (or
     a subset of the variants) replaced the committed rows and figures there. Runs with

@@ -512,16 +512,44 @@ def _fmt(x) -> str:
     return f"{x:.4g}"
 
 
+def _exploded(mse: float | None) -> float:
+    """A stored MSE: `null` in the JSON (`_json_text`) is an exploded model's, `inf`."""
+    return math.inf if mse is None else mse
+
+
 def _row(res: dict, horizon: int) -> list:
     """Our cells in Table 1.1's column order (None where a variant was not run)."""
     cells = []
     for v in VARIANTS:
         entry = res["variants"].get(LABELS[v])
         cell = None if entry is None else entry["horizons"].get(str(horizon))
-        cells += [None, None] if cell is None else [cell["none"], cell["periodic"]]
+        cells += (
+            [None, None] if cell is None else [_exploded(cell[m]) for m in ("none", "periodic")]
+        )
     base = res["variants"].get(BASELINE, {}).get("horizons", {}).get(str(horizon))
-    cells.append(None if base is None else base["mlp"])
+    cells.append(None if base is None else _exploded(base["mlp"]))
     return cells
+
+
+def _finite_or_null(tree: Any) -> Any:
+    """`tree` (JSON values) with every non-finite number as `None`."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    if isinstance(tree, dict):
+        return {k: _finite_or_null(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return [_finite_or_null(v) for v in tree]
+    return tree
+
+
+def _json_text(payload: dict, indent: int = 1) -> str:
+    """`payload` as standard JSON (an exploded model's infinite MSE is `null`: Python's
+    `Infinity` is not JSON), lists of numbers on one line each (the curves would
+    otherwise take a line per value)."""
+    text = json.dumps(_finite_or_null(payload), indent=indent, allow_nan=False)
+    return re.sub(
+        r"\[\s+([^\[\]{}\"]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text
+    )
 
 
 def format_table(all_results: dict) -> str:
@@ -1019,7 +1047,7 @@ def save_results(
     payload = {
         **run,
         "units": "MSE x100 (Lorenz x1), over the first H predicted steps from each row's "
-        "config num_test fresh initial conditions",
+        "config num_test fresh initial conditions; null: exploded (not finite)",
         "paper": {str(h): PAPER[h] for h in HORIZONS},
         "columns": [f"{LABELS[v]} ({t})" for v in VARIANTS for t in ("none", "periodic")] + ["MLP"],
         "floor": f"per system: the MSE of the exact dynamics restarted from the test initial "
@@ -1028,12 +1056,7 @@ def save_results(
         "systems": systems,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=1)
-    # Lists of numbers on one line each (the curves would otherwise take a line per value).
-    text = re.sub(
-        r"\[\s+([^\[\]{}\"]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text
-    )
-    path.write_text(text + "\n")
+    path.write_text(_json_text(payload) + "\n")
     path.with_suffix(".md").write_text(format_table(systems) + "\n")
     return path
 
@@ -1135,5 +1158,5 @@ def demo(out_dir: pathlib.Path, *, small: bool) -> None:
             f"   (paper {_fmt(p[0])} | {_fmt(p[1])} | {_fmt(p[8])})"
         )
     metrics = out_dir / "koopman_metrics.json"
-    metrics.write_text(json.dumps({**res, "config": row_config(_config(args))}, indent=1) + "\n")
+    metrics.write_text(_json_text({**res, "config": row_config(_config(args))}) + "\n")
     print(f"figures: {', '.join(str(out_dir / f) for f in res['figures'])}; metrics: {metrics}")
