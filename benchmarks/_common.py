@@ -233,7 +233,16 @@ def plot_from_json(plot: Callable[[dict, pathlib.Path], None], path: pathlib.Pat
     The scripts draw every plot this way, from what the JSON holds (the machine it names,
     not the one drawing), so that a committed JSON redraws its PNG anywhere."""
     png = pathlib.Path(path).with_suffix(".png")
-    plot(json.loads(pathlib.Path(path).read_text()), png)
+    try:
+        record = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --plot-only {path}: cannot read a results JSON ({e})") from e
+    try:
+        plot(record, png)
+    except KeyError as e:
+        raise SystemExit(
+            f"error: --plot-only {path}: not a results JSON of this script (no {e} entry)"
+        ) from e
     return png
 
 
