@@ -436,6 +436,13 @@ def test_merged_rows_keep_their_config_and_command(tmp_path):
     assert "[^" not in (tmp_path / "koopman_table.md").read_text()
 
 
+def test_table_leaves_out_horizons_without_rows():
+    """The parabolic attractor has no 1000-step row in the paper's table, nor in ours:
+    alone, it printed that table's header with no row under it."""
+    table = kx.format_table({"parabolic": _fake_row(1.0, ("100", "1000"))})
+    assert "MSE over 100 steps" in table and "MSE over 1000 steps" not in table
+
+
 def test_exploded_cells_are_json_null(tmp_path):
     """An exploded model's MSE was written as Python's `Infinity`, which is not JSON (other
     parsers refuse the file): it is `null` now, and read back as exploded ("x")."""

@@ -562,11 +562,7 @@ def format_table(all_results: dict) -> str:
     horizons = sorted({int(h) for r in all_results.values() for h in _horizons(r)})
     lines = []
     for h in horizons:
-        lines.append(
-            f"MSE over {h} steps (x100 except Lorenz); each cell: ours / paper (x: exploded)"
-        )
-        lines.append("| system | " + " | ".join(cols) + " |")
-        lines.append("|---" * (len(cols) + 1) + "|")
+        rows = []
         for system, res in all_results.items():
             if str(h) not in _horizons(res):
                 continue
@@ -583,8 +579,15 @@ def format_table(all_results: dict) -> str:
             params = "".join(f", {n}={v:g}" for n, v in res.get("params", {}).items())
             label = f"{system} ({params[2:]})" if params else system
             label += markers.get(system, "")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        if not rows:  # e.g. the parabolic attractor alone at 1000 steps (no paper row)
+            continue
+        lines.append(
+            f"MSE over {h} steps (x100 except Lorenz); each cell: ours / paper (x: exploded)"
+        )
+        lines.append("| system | " + " | ".join(cols) + " |")
+        lines.append("|---" * (len(cols) + 1) + "|")
+        lines += [*rows, ""]
     if notes:
         lines += ["The rows come from runs with different settings:", "", *notes, ""]
     return "\n".join(lines)
@@ -692,10 +695,13 @@ def plot_curves(
     ax = fig.subplots()
     scale, unit = _mse_unit(system_name)
     steps = np.arange(1, len(curves["none"]) + 1)
-    ax.plot(steps, scale * curves["none"], label="reencode @ 0 (never)")
+    # In float64: a diverged model's float32 curve overflows when scaled (inf is drawn
+    # as a gap either way).
+    scaled = lambda curve: scale * np.asarray(curve, np.float64)
+    ax.plot(steps, scaled(curves["none"]), label="reencode @ 0 (never)")
     for k in periods:
-        ax.plot(steps, scale * curves[f"k={k}"], label=f"reencode @ {k}")
-    ax.plot(steps, scale * baseline_curves["baseline"], "k--", label="MLP baseline")
+        ax.plot(steps, scaled(curves[f"k={k}"]), label=f"reencode @ {k}")
+    ax.plot(steps, scaled(baseline_curves["baseline"]), "k--", label="MLP baseline")
     ax.set_yscale("log")
     ax.set_xlabel("unroll step")
     ax.set_ylabel(unit)
