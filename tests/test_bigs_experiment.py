@@ -272,11 +272,11 @@ def test_pretrain_checks_the_length_before_writing(tmp_path):
 
 def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
     # Training stubbed out: what is checked is which variants run and what is written.
-    ran = []
+    ran, stop = [], {"after": None}
 
     def fake_variant(architecture, routing, cfg, **kwargs):
-        if len(ran) == 2:
-            raise KeyboardInterrupt  # stopped during the third variant
+        if len(ran) == stop["after"]:
+            raise KeyboardInterrupt  # stopped during the next variant
         ran.append(f"{architecture}/{routing}")
         name = _bigs_ablation.VARIANT_LABELS[architecture, routing]
         row = dict(
@@ -304,12 +304,19 @@ def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
     assert payload["gated_minus_stack_ssm_finetune_accuracy"] == 0.25
     (written,) = tmp_path.glob("bigs_ablation*.json")
     assert json.loads(written.read_text())["complete"]
-    # All four, stopped in the third: the file holds the two finished ones.
+    assert not list(tmp_path.glob("*_partial.*"))  # written while it ran, then removed
+    # All four, then all four again stopped in the third: `_partial` files hold the two
+    # finished ones, and the finished table is kept (the partial one replaced it).
     ran.clear()
+    _bigs_ablation.ablation(_parse(argv))
+    (finished,) = set(tmp_path.glob("bigs_ablation*.json")) - {written}
+    before = finished.read_text()
+    ran.clear()
+    stop["after"] = 2
     with pytest.raises(KeyboardInterrupt):
         _bigs_ablation.ablation(_parse(argv))
-    assert ran == ["gated/ssm", "stack/ssm"]
-    (partial,) = set(tmp_path.glob("bigs_ablation*.json")) - {written}
+    assert ran == ["gated/ssm", "stack/ssm"] and finished.read_text() == before
+    partial = finished.with_name(finished.stem + "_partial.json")
     saved = json.loads(partial.read_text())
     assert not saved["complete"] and [r["name"] for r in saved["results"]] == [
         "GATED / SSM (BiGS)",

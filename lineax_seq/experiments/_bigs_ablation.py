@@ -467,9 +467,10 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     parameter counts (same depth and width; each variant's inner width is solved for to
     match GATED/SSM with the paper's `3d`), then each is fine-tuned on the same task.
     `--variants` runs some of them (in the table's order). The results are written after
-    every variant, with `"complete": false` until the last, so a run stopped early keeps the
-    variants it finished. Writes `bigs_ablation.{json,png,md}` and `bigs_kernels.png` to
-    `--out` (default: the source checkout's `benchmarks/results/`, else
+    every variant, with `"complete": false` and `_partial` before the file extensions
+    until the last (then removed), so a run stopped early keeps the variants it
+    finished and replaces no finished table. Writes `bigs_ablation.{json,png,md}` and
+    `bigs_kernels.png` to `--out` (default: the source checkout's `benchmarks/results/`, else
     `./benchmarks/results/`; with the backend's name off CPU, the fine-tuning task's name
     for other than ListOps, `_<N>steps` for other than the default 500 pretraining steps,
     `_<N>ftsteps` for other than 300 fine-tuning steps, `_seed<N>` for a seed other than 0,
@@ -562,8 +563,16 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             "total_seconds": round(time.perf_counter() - start, 1),
             "environment": _environment(),
         }
-        # After every variant, so that a run stopped early keeps the finished ones.
-        _write_ablation(payload, kernel_panels, pathlib.Path(args.out), suffix)
+        # After every variant, so that a run stopped early keeps the finished ones; under
+        # `_partial` names until the last (a stopped run replaces no finished table).
+        out = pathlib.Path(args.out)
+        if payload["complete"]:
+            _write_ablation(payload, kernel_panels, out, suffix)
+            for name in ("ablation.json", "ablation.png", "ablation.md", "kernels.png"):
+                stem, ext = name.split(".")
+                (out / f"bigs_{stem}{suffix}_partial.{ext}").unlink(missing_ok=True)
+        else:
+            _write_ablation(payload, kernel_panels, out, suffix + "_partial")
     return payload
 
 
