@@ -237,6 +237,8 @@ def plot_from_json(plot: Callable[[dict, pathlib.Path], None], path: pathlib.Pat
         record = json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: --plot-only {path}: cannot read a results JSON ({e})") from e
+    if not isinstance(record, dict):
+        raise SystemExit(f"error: --plot-only {path}: not a results JSON (not a JSON object)")
     try:
         plot(record, png)
     except KeyError as e:

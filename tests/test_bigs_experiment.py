@@ -761,10 +761,11 @@ def test_listops_records_fit_the_length(pretrained, capsys):
     assert "--length 5: the shortest ListOps expression takes 9 tokens" in err, err
 
 
-def test_finetune_resumes_its_own_run_only(pretrained, tmp_path, capsys):
+def test_finetune_resumes_its_own_run_only(pretrained, tmp_path, capsys, monkeypatch):
     """A stopped `finetune` continues from its checkpoints when its command is run again,
     to the same model; a finished run's --out, or a stopped run's with other options, is
-    refused (a rerun replaced final/ and left two runs' files mixed in the directory)."""
+    refused (a rerun replaced final/ and left two runs' files mixed in the directory). A
+    finished run keeps no checkpoints; one stopped before its first starts afresh."""
     out, _, _ = pretrained
     argv = [
         "finetune", "--checkpoint", str(out), "--task", "listops", "--listops-examples", "40",
@@ -772,24 +773,34 @@ def test_finetune_resumes_its_own_run_only(pretrained, tmp_path, capsys):
     ]  # fmt: skip
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     metrics = _bigs.finetune(_parse([*argv, "--out", str(whole)]))
+    assert not (whole / "checkpoints").exists()  # only a stopped run resumes
     err = _cli_error([*argv, "--out", str(whole)], capsys)
     assert err.endswith(
         f"--out {whole}: holds a finished fine-tuning run; choose another directory"
     )
     # The run as if stopped after its second step's checkpoint.
-    shutil.copytree(whole, stopped)
+    with monkeypatch.context() as patched:
+        patched.setattr(_bigs, "shutil", argparse.Namespace(rmtree=lambda *a, **k: None))
+        _bigs.finetune(_parse([*argv, "--out", str(stopped)]))
     (stopped / "result.json").unlink()
     shutil.rmtree(stopped / "final")
     for checkpoint in ls.list_checkpoints(stopped):
         if checkpoint.name != "step_00000002":
             shutil.rmtree(checkpoint)
-    err = _cli_error([*argv, "--lr", "0.01", "--out", str(stopped)], capsys)
+    other = [*argv, "--lr", "0.01", "--out", str(stopped)]
+    err = _cli_error(other, capsys)
     assert "an unfinished fine-tuning run with other options (--lr 0.01 (recorded: 0.0003))" in err
     assert _bigs.finetune(_parse([*argv, "--out", str(stopped)])) == pytest.approx(metrics)
     assert f"resumed the unfinished run in {stopped} at step 2" in capsys.readouterr().out
     model = _bigs_train.load_finetuned(stopped)[0]
     expected = _bigs_train.load_finetuned(whole)[0]
     assert jax.tree.all(jax.tree.map(jnp.array_equal, model, expected))
+    # Stopped before its first checkpoint: nothing to resume, other options start afresh.
+    (stopped / "result.json").unlink()
+    shutil.rmtree(stopped / "final")
+    with pytest.warns(UserWarning, match="holds metrics but no checkpoint: starting from step 0"):
+        assert _bigs.finetune(_parse(other)) != pytest.approx(metrics)
+    assert json.loads((stopped / "finetune.json").read_text())["lr"] == 0.01
 
 
 # ----------------------------------------------------------------- CLI: inputs checked first

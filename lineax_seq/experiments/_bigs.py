@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import pathlib
+import shutil
 from typing import Any
 
 import jax.random as jr
@@ -172,7 +173,9 @@ def _finetune_problem(args: argparse.Namespace) -> str | None:
         return f"--out {args.out}: holds a `bigs pretrain` run; choose another directory"
     if (args.out / RESULT_FILE).exists():
         return f"--out {args.out}: holds a finished fine-tuning run; choose another directory"
-    if (args.out / FINETUNE_FILE).exists():  # an unfinished run: resumed by its own command
+    # A stopped run with checkpoints is resumed by its own command (one stopped before
+    # its first checkpoint starts afresh, whatever the options).
+    if (args.out / FINETUNE_FILE).exists() and ls.list_checkpoints(args.out / CHECKPOINT_DIR):
         with reading_inputs(f"--out {args.out}: {FINETUNE_FILE}"):
             recorded = json.loads((args.out / FINETUNE_FILE).read_text())
         settings = _finetune_settings(args)
@@ -626,6 +629,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
         args.out / FINAL_DIR, result.step, model=result.model, key=jr.key(args.seed), keep=1
     )
     save_json(summary, args.out / RESULT_FILE)
+    # Only a stopped run resumes from its checkpoints (a finished one is refused).
+    shutil.rmtree(args.out / CHECKPOINT_DIR, ignore_errors=True)
     print(f"fine-tuned model in {args.out / FINAL_DIR}, summary in {args.out / RESULT_FILE}")
     if result.model.encoder.routing == "ssm":
         length = max(args.length, 2 * KERNEL_RADIUS + 1)

@@ -1028,8 +1028,8 @@ def plot_metrics(
     **Arguments:**
 
     - `history`: a list of records ([`lineax_seq.TrainResult`][]`.history`: each a
-        dict with `"step"`, `"split"` (`"train"` or `"eval"`) and metrics) or the path of
-        a `metrics.jsonl` file.
+        dict with `"step"`, `"split"` and metrics; the `"train"` and `"eval"` splits are
+        drawn) or the path of a `metrics.jsonl` file.
     - `path`: the file to save the figure to (PNG unless its suffix names another
         format), leaving pyplot's backend and figures alone; `None` only returns it, as
         a pyplot figure (for `plt.show()`).
@@ -1050,10 +1050,10 @@ def plot_metrics(
             f"{str(pathlib.Path(path) / 'curves.png')!r}."
         )
     for i, record in enumerate(history):
-        if record.get("split") not in ("train", "eval") or "step" not in record:
+        if "step" not in record or "split" not in record:
             raise ValueError(
-                f"history[{i}] needs a 'step' and a 'split' ('train' or 'eval'), got "
-                f"step={record.get('step')!r}, split={record.get('split')!r}."
+                f"history[{i}] needs a 'step' and a 'split' (the curves drawn are 'train' "
+                f"and 'eval'), got the keys {sorted(record)}."
             )
     available = list(dict.fromkeys(k for r in history for k in r if k not in ("step", "split")))
     if isinstance(keys, str):  # one metric, not its letters
