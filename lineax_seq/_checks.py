@@ -157,7 +157,7 @@ def _first(name: str, bad: np.ndarray | np.bool_) -> tuple[tuple[int, ...], str]
     return index, f"{name}[{', '.join(map(str, index))}]"
 
 
-def _raise(pred: np.ndarray, *, message: str) -> None:
+def _raise(pred: Array | np.ndarray, *, message: str) -> None:
     if np.any(pred):
         raise ValueError(message)
 
@@ -178,7 +178,9 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     it raises, the other devices wait in their next collective until XLA aborts the
     process. Here `pred` is reduced over `vmap`, `shard_map` and mesh axes first, and
     every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
-    whose message ends with `message`.
+    whose message ends with `ValueError: message`. Where dispatch is asynchronous (GPU,
+    TPU), it is raised once the result is read or awaited: a `jax.jit` call returns
+    before the check runs (`eqx.filter_jit` awaits its results, so its call raises).
 
     A traced check is a host callback, which `jax.export` cannot serialise: see
     `TRACED_CHECKS` (concrete checks always raise)."""

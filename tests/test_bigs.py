@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 import scipy.special
+from _devices import assert_check_fails
 from jax.test_util import check_grads
 
 import lineax_seq as ls
@@ -628,8 +629,9 @@ def test_narrow_token_dtypes_and_masked_mean_mask(mods):
     tokens = jnp.array([97, 98, 250, 255], jnp.uint8)
     both = eqx.filter_jit(lambda m, *tokens: [m(t, inference=True) for t in tokens])
     np.testing.assert_allclose(*both(model, tokens, tokens.astype(jnp.int32)))
-    with pytest.raises(Exception, match=r"token_types: ids must be in \[0, num_token_types=2\)"):
-        model(tokens, token_types=jnp.array([0, 1, 2, 0], jnp.uint8), inference=True)
+    types = jnp.array([0, 1, 2, 0], jnp.uint8)
+    typed = lambda: model(tokens, token_types=types, inference=True)
+    assert_check_fails(r"token_types: ids must be in \[0, num_token_types=2\)", typed)
     x = jnp.arange(12.0).reshape(6, 2)
     for mask in (jnp.full(6, 0.5), jnp.array([2, 2, 0, 0, 0, 0])):
         with pytest.raises(TypeError, match="mask must be boolean"):
@@ -663,8 +665,7 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         padded = tokens.at[5:].set(pad)
         np.testing.assert_allclose(eager(padded, mask), want, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(encode(model, padded, mask), want)
-    with pytest.raises(Exception, match=r"ids must be in"):  # a real token, under jit
-        encode(model, tokens.at[2].set(-100), mask)
+    assert_check_fails("ids must be in", encode, model, tokens.at[2].set(-100), mask)  # jitted
     # NumPy int64 ids are checked before JAX's 32-bit conversion (2**32 + 1 would wrap to 1).
     wide = np.asarray(tokens, np.int64)
     with pytest.raises(ValueError, match=r"got id 4294967297 at tokens\[1\]"):
@@ -680,8 +681,8 @@ def test_token_errors_name_the_id_and_pads_may_hold_any_id(mods, no_jaxtyping):
         check_ids("t", ids, 5, "V", where[:2])
     with pytest.raises(ValueError, match=r"got id 9 at t\[2\]"):
         check_ids("t", ids, 5, "V", where)
-    with pytest.raises(Exception, match=r"t: ids must be in \[0, V=5\)"):
-        eqx.filter_jit(lambda i, w: check_ids("t", i, 5, "V", w))(ids, where)
+    traced = eqx.filter_jit(lambda i, w: check_ids("t", i, 5, "V", w))
+    assert_check_fails(r"t: ids must be in \[0, V=5\)", traced, ids, where)
     with pytest.raises(ValueError, match=r"got id 18446744073709551615 at t\[1\]"):
         check_ids("t", np.array([1, 2**64 - 1], np.uint64), 5, "V")
     with pytest.raises(ValueError, match=r"got id 9$"):
@@ -719,10 +720,8 @@ def test_bad_inputs(mods):
     tokens = jnp.arange(9)
     with pytest.raises(Exception, match="mask"):
         encode(model, tokens, jnp.ones(7, bool))
-    with pytest.raises(Exception, match=r"ids must be in \[0, vocab_size=50\)"):
-        encode(model, tokens.at[3].set(VOCAB))
-    with pytest.raises(Exception, match=r"vocab_size=50"):
-        encode(model, tokens.at[0].set(-1))
+    assert_check_fails(r"ids must be in \[0, vocab_size=50\)", encode, model, tokens.at[3].set(50))
+    assert_check_fails("vocab_size=50", encode, model, tokens.at[0].set(-1))
     with pytest.raises(ValueError, match="length 0"):
         encode(model, jnp.zeros((0,), jnp.int32))
     with pytest.raises(ValueError, match="key is required"):
@@ -957,7 +956,9 @@ def test_init_std(getkey):
                 out[routing, dim, init_std] = jnp.linalg.norm(y - x) / jnp.linalg.norm(x)
         return out
 
-    with jax.enable_x64(True):
+    # On the CPU: on an H200 (jax 0.11.2) XLA fused the d = 1024 float64 products into a
+    # Triton GEMM that asked for more shared memory than the GPU has (RESOURCE_EXHAUSTED).
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         rel = {case: float(v) for case, v in updates(getkey()).items()}
     # The figures of `BiGS`'s docstring: ~1e-7 (SSM) and ~1e-10 (attention) at d = 64,
     # against ~5e-3 and ~1e-4 at d = 1024, which 0.08 restores at d = 64.
@@ -1024,9 +1025,9 @@ def test_encoder_after_device_put_and_under_plain_jit():
     # dropout is on, a run-time error says so (it was skipped silently); where it is
     # off, nothing is wrong.
     for inference in (None, False):
-        with pytest.raises(Exception, match="not the model's dropout_rate=0 .*changed with"):
-            run = jax.jit(lambda m, t, k: m(t, key=k, inference=inference))  # noqa: B023
-            jax.block_until_ready(run(noisy, tokens, jr.key(2)))
+        run = jax.jit(lambda m, t, k: m(t, key=k, inference=inference))  # noqa: B023
+        message = "not the model's dropout_rate=0 .*changed with"
+        assert_check_fails(message, run, noisy, tokens, jr.key(2))
     for off in (jax.jit(lambda m, t: m(t, inference=True))(noisy, tokens),
                 jax.jit(lambda m, t: m(t))(eqx.nn.inference_mode(noisy), tokens)):  # fmt: skip
         np.testing.assert_allclose(off, want, rtol=1e-6, atol=1e-6)

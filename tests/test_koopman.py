@@ -13,6 +13,7 @@ import jaxtyping
 import numpy as np
 import pytest
 from _compiles import compilations
+from _devices import assert_check_fails
 
 import lineax_seq as ls
 
@@ -106,7 +107,8 @@ def test_long_unroll_without_reencoding_chains_chunks(model):
     # 300 steps > the internal chunk of 128: chunks must chain exactly.
     x0 = jnp.array([0.2, 0.1])
     expected = reference_unroll(model, x0, None, 300, None)
-    np.testing.assert_allclose(ls.unroll(model, x0, steps=300), expected, rtol=1e-3, atol=1e-5)
+    # (atol: float32 over 300 steps, 2e-4 of the states' scale; on an H200 1.6e-5 apart.)
+    np.testing.assert_allclose(ls.unroll(model, x0, steps=300), expected, rtol=1e-3, atol=5e-5)
 
 
 def _shapes(jaxpr) -> set[tuple[int, ...]]:
@@ -313,8 +315,8 @@ def test_bad_inputs(model, controlled):
             ls.unroll(model, x0, steps=5, reencode_every=k)
     with pytest.raises(ValueError, match="NaN"):
         ls.unroll(model, jnp.array([jnp.nan, 0.0]), steps=5)
-    with pytest.raises(Exception, match="NaN"):
-        jax.jit(lambda x: ls.unroll(model, x, steps=5))(jnp.array([jnp.nan, 0.0]))
+    traced = jax.jit(lambda x: ls.unroll(model, x, steps=5))
+    assert_check_fails("NaN", traced, jnp.array([jnp.nan, 0.0]))
     with pytest.raises(ValueError, match="strictly increasing"):
         ls.unroll_continuous(model, x0, jnp.array([0.0, 0.2, 0.1]))
     with pytest.raises(ValueError, match="strictly increasing"):
@@ -480,8 +482,8 @@ def test_more_bad_inputs(model):
         ls.unroll_continuous(model, jnp.array([0.0, jnp.inf]), ts)
     with pytest.raises(ValueError, match="traced ts .*build it with NumPy.*pass num_segments"):
         jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05))(ts)
-    with pytest.raises(Exception, match="strictly increasing"):
-        jax.jit(lambda t: ls.unroll_continuous(model, x0, t, exact=True))(ts[::-1])
+    exact = jax.jit(lambda t: ls.unroll_continuous(model, x0, t, exact=True))
+    assert_check_fails("strictly increasing", exact, ts[::-1])
     with pytest.raises(ValueError, match="reencode_dt"):
         ls.unroll_continuous(model, x0, ts, reencode_dt=0.0)
     mlp = ls.KoopmanAutoencoder(2, 4, dynamics="mlp", width=4, key=jr.key(0))
@@ -567,8 +569,8 @@ def test_continuous_and_loss_bad_inputs(model, controlled):
         ls.unroll_continuous(model, x0, ts, reencode_dt=0.05, num_segments=1)
     with pytest.raises(ValueError, match="num_segments=3 must be 1"):
         ls.unroll_continuous(model, x0, ts, num_segments=3)
-    with pytest.raises(Exception, match="num_segments=1 is fewer"):
-        jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05, num_segments=1))(ts)
+    one = jax.jit(lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.05, num_segments=1))
+    assert_check_fails("num_segments=1 is fewer", one, ts)
     with pytest.raises(ValueError, match="reencode_dt=inf"):
         ls.unroll_continuous(model, x0, ts, reencode_dt=float("inf"))
     # Half precision: 0.1 is 0.09998 in float16, which reencoded at 0.7 before 0.71.
@@ -860,13 +862,13 @@ def test_dynamics_and_models_check_their_arguments(model, controlled, mlp_dynami
 def test_nan_checks_name_the_argument(model, controlled):
     x0 = jnp.array([0.1, 0.2])
     # Traced actions are checked at run time, like x0.
-    with pytest.raises(Exception, match="actions contains NaN or inf values"):
-        eqx.filter_jit(lambda u: ls.unroll(controlled, x0, u, steps=3))(jnp.full((3, 1), jnp.nan))
+    driven = eqx.filter_jit(lambda u: ls.unroll(controlled, x0, u, steps=3))
+    assert_check_fails("actions contains NaN or inf values", driven, jnp.full((3, 1), jnp.nan))
     xs = jnp.zeros((5, 2)).at[0, 1].set(jnp.nan)
     with pytest.raises(ValueError, match=r"xs contains NaN .*\(1 of 10; the first is xs\[0, 1\]"):
         ls.koopman_loss(model, xs)
-    with pytest.raises(Exception, match="xs contains NaN or inf values"):
-        eqx.filter_jit(lambda xs: ls.koopman_loss(model, xs))(xs)
+    loss = eqx.filter_jit(lambda xs: ls.koopman_loss(model, xs))
+    assert_check_fails("xs contains NaN or inf values", loss, xs)
 
 
 def _flow(model, t, z):
@@ -1026,8 +1028,7 @@ def test_unroll_continuous_far_from_zero_and_whole_euler_segments(model):
     traced = jax.jit(
         lambda t: ls.unroll_continuous(model, x0, t, reencode_dt=0.25, num_segments=64)
     )
-    with pytest.raises(Exception, match=message):
-        traced(ts).block_until_ready()
+    assert_check_fails(message, traced, ts)
     assert traced(ts - ts[0]).shape == (17, 2)
     for short in (ts[:1], ts[0] + jnp.array([0.0, 0.125])):  # one time; two, 0.125 apart
         assert ls.unroll_continuous(model, x0, short, reencode_dt=0.25).shape == (len(short), 2)
@@ -1254,8 +1255,7 @@ def test_unroll_continuous_traced_dt0(model):
     for got, want in zip(batched, concrete, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not np.allclose(batched[0], batched[1], rtol=0, atol=1e-7)
-    with pytest.raises(Exception, match="dt0 must be a positive, finite real number"):
-        jax.jit(run)(-0.01)
+    assert_check_fails("dt0 must be a positive, finite real number", jax.jit(run), -0.01)
 
 
 def test_unroll_continuous_throw_false(model):
