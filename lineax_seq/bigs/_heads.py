@@ -287,7 +287,9 @@ class SpanExtractionHead(eqx.Module):
 
 class MultipleChoiceHead(eqx.Module):
     """Multiple-choice head: each choice (encoded separately) is pooled and scored by a
-    one-output [`lineax_seq.SequenceClassificationHead`][]; softmax over choices."""
+    one-output [`lineax_seq.SequenceClassificationHead`][]. Returns the choices' logits:
+    train with a softmax cross-entropy over them (e.g.
+    `optax.softmax_cross_entropy_with_integer_labels`)."""
 
     scorer: SequenceClassificationHead
 

@@ -453,7 +453,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     ignored = [f"--{k.replace('_', '-')}" for k in _MODEL_OPTIONS if k in given]
     if ignored and (args.resume or args.init_from is not None):
         flag = "--resume" if args.resume else "--init-from"
-        print(f"note: {flag} uses the checkpoint's model; ignored: {', '.join(ignored)}")
+        print(
+            f"note: {flag} uses the checkpoint's model; ignored: {', '.join(ignored)}", flush=True
+        )
     if args.resume:
         args = _resume_options(args)
         _check(args)

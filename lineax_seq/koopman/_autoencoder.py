@@ -387,8 +387,10 @@ class KoopmanAutoencoder(eqx.Module):
 class MLPBaseline(eqx.Module):
     """Single-step state-space model `x_{t+1} = x_t + mlp([x_t, u_t])`, unrolled autoregressively.
 
-    The paper's baseline column ("MLP"); choose `width` / `layers` so its size is
-    comparable to the autoencoder's encoder.
+    The paper's baseline column ("MLP", a standard MLP for single-step prediction). The
+    MLP predicts the increment (residual form): at initialisation the model is close to
+    the identity map, which the paper does not specify. Choose `width` / `layers` so its
+    size is comparable to the autoencoder's encoder.
     """
 
     mlp: eqx.nn.MLP

@@ -92,7 +92,8 @@ def koopman_loss(
     - sparsity `sum_{i=0..T} ||z_i||_1` (weight 1e-3),
     - action `sum_i ||u_{t+i} - head(z_i)||_2` when the model has an action head.
 
-    Norms are Euclidean, not squared, as in the paper. Batch with `jax.vmap` and average.
+    Norms are Euclidean, not squared, as in the paper (`sqrt(|r|^2 + 1e-12)`: a safe
+    gradient at zero, 1e-6 for a zero residual). Batch with `jax.vmap` and average.
 
     **Arguments:**
 
