@@ -387,6 +387,9 @@ class BlockStateTransformerLayer(eqx.Module):
       with the same causal mask. Each stream has its own S4D kernel (`A`, `B`, `C` and
       step size), as in the paper's Pseudocode 2.3; section 2.3.3's text describes one
       state read by separate `C_h`, which would share `A`, `B` and the step size.
+      Each head lifts its own `ssm_features`-wide stream, so MH has SH's projection
+      parameters plus its kernels' (0.1% more at the paper's LM size); the paper's MH has
+      8% more parameters (section 2.4.1), from a layout its text does not give.
     - `"mf"` Multi-Filter: `num_filters` streams; block `b` attends to the `S` outputs at
       the last position of block `b - 1` (a learned initial context for block 0), lifted
       to `dim` plus learned context IDs. No mask needed.

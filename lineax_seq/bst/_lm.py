@@ -351,7 +351,10 @@ class BlockStateTransformerLM(eqx.Module):
 
         **Returns:**
 
-        Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`.
+        Logits of shape `(length, vocab_size)`; row `t` depends on `tokens[: t + 1]`:
+        exactly for SLIDE, BRECT and S4 SH / MF layers; through the FFT convolutions of
+        `ssm="unstruct"` and `context="mh"`, later tokens move earlier rows by rounding
+        (~1e-7 in float32), as [`lineax_seq.fft_conv`][] documents.
         """
         (tokens,) = host_arrays(tokens)
         _check_rank(tokens)
