@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from _compiles import compilations
+from _compiles import compilations, traces
 from _devices import assert_check_fails, needs_cuda
 from jax.flatten_util import ravel_pytree
 
@@ -356,6 +356,22 @@ def test_eager_prefill_compiles_once(stack, getkey):
     with compilations() as compiled:
         stack.prefill(tokens, L)
     assert compiled == []
+
+
+def test_decoding_steps_trace_nothing_and_prefill_is_one_program(stack, getkey):
+    """After its first call, `step` traces nothing (it traced `init_cache` on every token
+    to check the cache against it: 9x a small model's step), and a `prefill` is one
+    compiled program (op by op it was 10x the jitted forward)."""
+    tokens = jr.randint(getkey(), (2 * W,), 0, VOCAB)
+    first, *later = list(tokens[:4])  # (a weakly typed first token, as jnp.asarray(3))
+    cache, _ = stack.step(stack.init_cache(L), jnp.asarray(int(first)))
+    with traces() as traced:
+        for token in later:
+            cache, _ = stack.step(cache, token)
+    assert traced == []
+    with compilations() as compiled:
+        stack.prefill(tokens, 3 * W)  # a capacity no other test uses
+    assert compiled == ["jit(_jitted_prefill)"]
 
 
 def test_decoding_with_mixed_precision_parameters(stack, getkey):

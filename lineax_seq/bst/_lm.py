@@ -391,8 +391,7 @@ class BlockStateTransformerLM(eqx.Module):
                 f"{tokens.shape[0]}."
             )
         blocks = jnp.asarray(tokens.shape[0] // self.window, jnp.int32)
-        cache, x = self._prefill(self._check_tokens(tokens), blocks, max_length)
-        return cache, self._logits(x)
+        return _jitted_prefill(self, self._check_tokens(tokens), blocks, max_length)
 
     def _prefill(
         self, tokens: Integer[Array, " length"], blocks: Int[Array, ""], max_length: int
@@ -456,7 +455,10 @@ class BlockStateTransformerLM(eqx.Module):
         held = held_positions(cache)
         check_cache("cache", cache, self.init_cache, held)
         check_position("cache['t']", cache["t"], held)
-        return _jitted_step(self, cache, self._check_tokens(token, "token"))
+        # One compilation whatever the token's integer type (and weak type: a first
+        # `jnp.asarray(bos)`, then `argmax`'s int32) once it is in range.
+        token = self._check_tokens(token, "token").astype(jnp.int32)
+        return _jitted_step(self, cache, token)
 
     def _step(self, cache: dict, token: Integer[Array, ""]) -> tuple[dict, Float[Array, " vocab"]]:
         """`step` for a token known to be in range (as `generate`'s are)."""
@@ -472,6 +474,13 @@ class BlockStateTransformerLM(eqx.Module):
 # Jitted, so that `step` called eagerly (a Python decoding loop) compiles once per model
 # structure: its layers' `lax.cond` branches are fresh closures, compiled anew otherwise.
 _jitted_step = eqx.filter_jit(lambda lm, cache, token: lm._step(cache, token))
+
+
+@eqx.filter_jit
+def _jitted_prefill(lm: BlockStateTransformerLM, tokens, blocks, max_length: int):
+    # Eagerly, op by op, a prefill cost 10x the jitted forward.
+    cache, x = lm._prefill(tokens, blocks, max_length)
+    return cache, lm._logits(x)
 
 
 def _parallel_pass_runs(lm: BlockStateTransformerLM) -> bool:
