@@ -29,7 +29,10 @@
 # tokens); `LINEAX_SEQ_SMALL=1` gives a run of well under a minute, and
 # `LINEAX_SEQ_LRA=1` the Long Range Arena's setting (expressions of 500-2,000 tokens,
 # 20,000 steps, twice over: a crashed-and-resumed run and a reference run), which needs
-# an accelerator: on a 2-core CPU one step takes 4-7 seconds. The runs go to
+# an accelerator: on a 2-core CPU one step takes 4-7 seconds. There, generating the
+# expressions (in Python, ~3 ms each: ~100 ms a batch of 32) may bound the step rate;
+# `classification_dataset(..., num_workers=N)` generates them in N processes (grain's,
+# so run it from a script under `if __name__ == "__main__":`). The runs go to
 # `outputs/02_listops` (`LINEAX_SEQ_OUT=DIR`: `DIR/02_listops`), which each run of the
 # tutorial deletes first.
 
