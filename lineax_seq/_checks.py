@@ -179,8 +179,9 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     process. Here `pred` is reduced over `vmap`, `shard_map` and mesh axes first, and
     every device raises. Under `jit` the error surfaces as a `jax.errors.JaxRuntimeError`
     whose message ends with `ValueError: message`. Where dispatch is asynchronous (GPU,
-    TPU), it is raised once the result is read or awaited: a `jax.jit` call returns
-    before the check runs (`eqx.filter_jit` awaits its results, so its call raises).
+    TPU), a `jax.jit` call may return before the check runs: the error is raised once
+    the result is read or awaited, or else by a later call that waits on the device (a
+    top-level `eqx.filter_jit` call awaits its results, so it raises itself).
 
     A traced check is a host callback, which `jax.export` cannot serialise: see
     `TRACED_CHECKS` (concrete checks always raise)."""

@@ -720,7 +720,8 @@ def test_bad_inputs(mods):
     tokens = jnp.arange(9)
     with pytest.raises(Exception, match="mask"):
         encode(model, tokens, jnp.ones(7, bool))
-    assert_check_fails(r"ids must be in \[0, vocab_size=50\)", encode, model, tokens.at[3].set(50))
+    too_large = tokens.at[3].set(VOCAB)
+    assert_check_fails(r"ids must be in \[0, vocab_size=50\)", encode, model, too_large)
     assert_check_fails("vocab_size=50", encode, model, tokens.at[0].set(-1))
     with pytest.raises(ValueError, match="length 0"):
         encode(model, jnp.zeros((0,), jnp.int32))

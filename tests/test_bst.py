@@ -349,8 +349,8 @@ def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
 
 
 def test_eager_prefill_compiles_once(stack, getkey):
-    """An eager `prefill` of a model with a BRECT layer compiles its scan over blocks
-    once, as `__call__` does (it compiled it anew on every call: ~0.4 s each here)."""
+    """A `prefill` of a model with a BRECT layer compiles once (it compiled its scan over
+    blocks anew on every call: ~0.4 s each here)."""
     tokens = jr.randint(getkey(), (L,), 0, VOCAB)
     stack.prefill(tokens, L)
     with compilations() as compiled:
@@ -358,19 +358,28 @@ def test_eager_prefill_compiles_once(stack, getkey):
     assert compiled == []
 
 
-def test_decoding_steps_trace_nothing_and_prefill_is_one_program(stack, getkey):
+def test_decoding_steps_trace_nothing_and_prefill_is_one_program(stack, sh_lm, getkey):
     """After its first call, `step` traces nothing (it traced `init_cache` on every token
-    to check the cache against it: 9x a small model's step), and a `prefill` is one
-    compiled program (op by op it was 10x the jitted forward)."""
-    tokens = jr.randint(getkey(), (2 * W,), 0, VOCAB)
-    first, *later = list(tokens[:4])  # (a weakly typed first token, as jnp.asarray(3))
-    cache, _ = stack.step(stack.init_cache(L), jnp.asarray(int(first)))
+    to check the cache against it: 9x a small model's step; and a weakly typed first
+    token compiled the step twice), and a `prefill` is one compiled program (op by op it
+    was 10x the jitted forward), whose capacity recompiles nothing where every cache has
+    a fixed size. Capacities and lengths no other test uses."""
+    tokens = jr.randint(getkey(), (3 * W,), 0, VOCAB)
+    first, *later = list(tokens[:4])
+    with traces() as traced:  # (what `traces` records: a first step traces)
+        cache, _ = stack.step(stack.init_cache(5 * W), jnp.asarray(int(first)))
+    assert traced
     with traces() as traced:
         for token in later:
             cache, _ = stack.step(cache, token)
     assert traced == []
+    prompt = tokens[: 2 * W]
     with compilations() as compiled:
-        stack.prefill(tokens, 3 * W)  # a capacity no other test uses
+        stack.prefill(prompt, 7 * W)
+    assert compiled == ["jit(_jitted_prefill)"]
+    with compilations() as compiled:  # SH:S4 caches have a fixed size
+        for capacity in (7 * W, 9 * W):
+            sh_lm.prefill(tokens, capacity)
     assert compiled == ["jit(_jitted_prefill)"]
 
 

@@ -563,6 +563,20 @@ def test_unroll_continuous_backsolve_adjoint_and_fixed_steps(model):
     np.testing.assert_allclose(*euler_and_exact(model, x0), atol=1e-3)
 
 
+def test_loss_norms_in_half_precision():
+    """The loss's norms carry 1e-12 under the root for a safe gradient at zero, summed in
+    at least float32: in float16 the 1e-12 was 0 (a zero residual's gradient NaN) and a
+    row of 300s overflowed to inf."""
+    from lineax_seq.koopman._losses import _norms
+
+    for dtype in (jnp.float16, jnp.bfloat16):
+        rows = jnp.zeros((2, 3), dtype).at[1].set(300.0)
+        norms = _norms(rows)
+        grad = jax.grad(lambda a: _norms(a)[0].astype(jnp.float32))(rows)
+        assert norms.dtype == dtype and np.isfinite(np.asarray(grad, np.float32)).all()
+        np.testing.assert_allclose(np.asarray(norms, np.float32), [1e-6, 519.6], rtol=2e-2)
+
+
 def test_continuous_and_loss_bad_inputs(model, controlled):
     x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 5)
     with pytest.raises(ValueError, match="num_segments=1, but ts spans 0.1 = 2 segments"):

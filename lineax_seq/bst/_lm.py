@@ -36,7 +36,7 @@ from ._layers import (
     SlidingWindowLayer,
     _norm,
 )
-from ._ssm import SSMS, check_cache, check_position, held_positions
+from ._ssm import SSMS, check_cache, check_position, expected_cache, held_positions
 
 PAPER_BST_LAYERS = (1, 7, 9)
 VARIANTS = (
@@ -384,14 +384,16 @@ class BlockStateTransformerLM(eqx.Module):
         (tokens,) = host_arrays(tokens)
         _check_rank(tokens)
         check_blocks(tokens.shape[0], self.window, "tokens")
-        max_length = check_int("max_length", max_length)
-        if max_length < tokens.shape[0]:
+        capacity = check_int("max_length", max_length)
+        if capacity < tokens.shape[0]:
             raise ValueError(
-                f"`max_length`={max_length} must be at least the number of tokens, "
+                f"`max_length`={capacity} must be at least the number of tokens, "
                 f"{tokens.shape[0]}."
             )
         blocks = jnp.asarray(tokens.shape[0] // self.window, jnp.int32)
-        return _jitted_prefill(self, self._check_tokens(tokens), blocks, max_length)
+        if held_positions(expected_cache(self.init_cache, capacity)) is None:
+            capacity = tokens.shape[0]  # unused by fixed-size caches: compile once
+        return _jitted_prefill(self, self._check_tokens(tokens), blocks, capacity)
 
     def _prefill(
         self, tokens: Integer[Array, " length"], blocks: Int[Array, ""], max_length: int

@@ -57,20 +57,27 @@ def held_positions(cache: object) -> int | None:
     return None
 
 
-def _expected_cache(init: BoundInit, held: int) -> object:
+def expected_cache(init: BoundInit, held: int) -> object:
     """`eqx.filter_eval_shape(init, held)`, traced once per module structure (its tree,
     static fields, array shapes and dtypes) and `held`: `step` checks its cache on every
     token, and tracing `init_cache` each time cost a 2-layer LM's step 9x its compute."""
     leaves, treedef = jax.tree.flatten(init.__self__)
-    spec = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) if eqx.is_array(a) else a for a in leaves)
+    spec = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
+        if eqx.is_array(a)
+        else a
+        for a in leaves
+    )
+    x64 = jax.config.read("jax_enable_x64")
     try:
-        return _abstract_cache(init.__func__, treedef, spec, held)
+        return _abstract_cache(init.__func__, treedef, spec, held, x64)
     except TypeError:  # an unhashable non-array leaf: trace it every time
         return eqx.filter_eval_shape(init, held)
 
 
 @functools.lru_cache(maxsize=64)
-def _abstract_cache(init: Callable, treedef: Hashable, spec: tuple, held: int) -> object:
+def _abstract_cache(init: Callable, treedef: Hashable, spec: tuple, held: int, x64: bool) -> object:
+    del x64  # (a key: a cache's dtypes may depend on it)
     return eqx.filter_eval_shape(init, jax.tree.unflatten(treedef, spec), held)
 
 
@@ -83,7 +90,7 @@ def check_cache(name: str, cache: object, init: BoundInit, held: int | None) -> 
         f"{name}{jax.tree_util.keystr(path)}": leaf
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
     }
-    want, got = flat(_expected_cache(init, held or 1)), flat(cache)
+    want, got = flat(expected_cache(init, held or 1)), flat(cache)
     source = f"{type(init.__self__).__name__}.{init.__func__.__name__}"
     if want.keys() != got.keys():
         listed = lambda keys: ", ".join(keys[:3]) + (f" ({len(keys)} in all)" if keys[3:] else "")

@@ -25,8 +25,10 @@ _Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 
 
 def _norms(a: Array) -> Array:
-    # Euclidean norm of each row, with a safe gradient at zero.
-    return jnp.sqrt(jnp.sum(a**2, axis=-1) + 1e-12)
+    # Euclidean norm of each row, with a safe gradient at zero; summed in at least float32
+    # (in float16, 1e-12 is 0 and the gradient at zero NaN; large rows overflowed).
+    wide = a.astype(jnp.float32) if jnp.finfo(a.dtype).bits < 32 else a
+    return jnp.sqrt(jnp.sum(wide**2, axis=-1) + 1e-12).astype(a.dtype)
 
 
 def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
