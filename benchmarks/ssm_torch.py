@@ -25,13 +25,17 @@ with the issue's figures for the reference instead.
 
 import argparse
 import math
+import os
 import pathlib
 import statistics
 import sys
 
-import equinox as eqx
-import jax
-import jax.random as jr
+# JAX and PyTorch share one GPU here: JAX must not take 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.random as jr  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _common import (  # noqa: E402

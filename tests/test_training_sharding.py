@@ -107,9 +107,12 @@ def test_devices_and_mesh_arguments_named(no_jaxtyping):
 def test_param_sharding_rule():
     mesh = ls.make_mesh(4, 2)
     tree = {"w": jnp.zeros((8, 6)), "odd": jnp.zeros((3, 5)), "b": jnp.zeros(8), "i": 3}
+    tree |= {"stacked": jnp.zeros((4, 3, 5)), "heads": jnp.zeros((4, 4, 3))}
     specs = ls.param_sharding(tree, mesh, min_shard_size=1)
     assert specs["w"].spec == P(None, "model")  # last divisible dimension
     assert specs["odd"].spec == P()  # nothing divisible: replicated
+    # Never the leading axis of 3 or more (stacked layers: it was ("model", None, None)).
+    assert specs["stacked"].spec == P() and specs["heads"].spec == P(None, "model", None)
     assert specs["b"].spec == P()  # vectors replicated
     assert specs["i"] is None
     assert ls.param_sharding(tree, mesh)["w"].spec == P()  # below default min_shard_size

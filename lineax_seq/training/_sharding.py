@@ -164,10 +164,12 @@ def param_sharding(
     """Shardings for a model (or optimiser state): large matrices over `axis`.
 
     Every array with at least two dimensions and `min_shard_size` elements is split over
-    the mesh axis `axis` along its last dimension divisible by the axis size;
-    everything else is replicated. For an `eqx.nn.Linear` weight `(out, in)` that is
-    the input features when they divide evenly (Megatron's row-parallel split: XLA
-    completes each product with an all-reduce of partial sums), else the output ones.
+    the mesh axis `axis` along its last dimension divisible by the axis size, never the
+    first of three or more (the layer axis of stacked layers, e.g. BiGS's: a scan over
+    layers would gather it whole on every device); everything else is replicated. For
+    an `eqx.nn.Linear` weight `(out, in)` that is the input features when they divide
+    evenly (Megatron's row-parallel split: XLA completes each product with an
+    all-reduce of partial sums), else the output ones.
     The rule depends on shapes only, so it gives the same answer for a model and for
     Adam's moment estimates of it.
 
@@ -192,7 +194,7 @@ def param_sharding(
 
     def rule(x):
         if n > 1 and x.ndim >= 2 and x.size >= min_shard_size:
-            for d in reversed(range(x.ndim)):
+            for d in reversed(range(x.ndim >= 3, x.ndim)):
                 if x.shape[d] % n == 0:
                     spec = [None] * x.ndim
                     spec[d] = axis
