@@ -387,8 +387,7 @@ class BlockStateTransformerLM(eqx.Module):
         capacity = check_int("max_length", max_length)
         if capacity < tokens.shape[0]:
             raise ValueError(
-                f"`max_length`={capacity} must be at least the number of tokens, "
-                f"{tokens.shape[0]}."
+                f"`max_length`={capacity} must be at least the number of tokens, {tokens.shape[0]}."
             )
         blocks = jnp.asarray(tokens.shape[0] // self.window, jnp.int32)
         if held_positions(expected_cache(self.init_cache, capacity)) is None:

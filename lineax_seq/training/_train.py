@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import equinox as eqx
+import equinox.internal as eqxi
 import grain
 import jax
 import jax.numpy as jnp
@@ -165,8 +166,34 @@ def _train_step_impl(inputs: _StepInputs, model, opt_state):
     return model, opt_state, metrics
 
 
-_train_step = eqx.filter_jit(_train_step_impl, donate="all-except-first")
-_train_step_no_donation = eqx.filter_jit(_train_step_impl)
+def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
+    """`eqx.filter_jit(fun, donate="all-except-first" if donate else "none")` for
+    `fun(inputs, model, opt_state)`, without its wait for the result: a filter-jitted
+    call blocks until the device has finished (to report Equinox's run-time errors), so
+    a train loop could not load its next batch while a step runs. Errors of run-time
+    checks surface where the results are read (the loop's metric flushes)."""
+
+    @ft.partial(jax.jit, static_argnums=0, donate_argnums=2 if donate else ())
+    def run(static, kept, donated):
+        inputs_static, state_static = static
+        inputs = eqxi.hashable_combine(kept, inputs_static)
+        model, opt_state = eqxi.hashable_combine(donated, state_static)
+        dynamic, out_static = eqx.partition(fun(inputs, model, opt_state), eqx.is_array)
+        return dynamic, eqxi.Static(out_static)
+
+    def call(inputs, model, opt_state):
+        kept, inputs_static = eqxi.hashable_partition(inputs, eqx.is_array)
+        donated, state_static = eqxi.hashable_partition((model, opt_state), eqx.is_array)
+        with warnings.catch_warnings():  # (as eqx.filter_jit: e.g. donated int scalars)
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            dynamic, out_static = run((inputs_static, state_static), kept, donated)
+        return eqx.combine(dynamic, out_static.value)
+
+    return call
+
+
+_train_step = _jit_without_waiting(_train_step_impl, donate=True)
+_train_step_no_donation = _jit_without_waiting(_train_step_impl, donate=False)
 
 
 @eqx.filter_jit
@@ -220,7 +247,10 @@ def make_train_step(
 
     `step(model, opt_state, batch, key) -> (model, opt_state, metrics)`, where
     `metrics` holds `"loss"`, `"grad_norm"` (before clipping) and the aux metrics,
-    all as scalar arrays.
+    all as scalar arrays. Where dispatch is asynchronous (GPU, TPU) the step returns
+    before the device has run it (an `eqx.filter_jit` call would wait), so the next
+    batch loads meanwhile; reading `metrics` waits, and raises any run-time check's
+    error.
     """
 
     _check_callable("loss_fn", loss_fn)
