@@ -204,8 +204,11 @@ def _eval_step(loss_fn, model, batch, key):
 
 
 @eqx.filter_jit
-def _init(optimizer, params):
-    return optimizer.init(params)
+def _init(optimizer, params, mesh, min_shard_size):
+    opt_state = optimizer.init(params)
+    if mesh is not None:  # laid out by the program: never whole on one device
+        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
+    return opt_state
 
 
 def make_train_step(
@@ -596,7 +599,11 @@ def _loss_first(names: Iterable[str]) -> list[str]:
 def _copy_arrays(tree: PyTree) -> PyTree:
     """`tree` with copies of its arrays, which donation to the train step leaves alone."""
     dynamic, static = eqx.partition(tree, eqx.is_array)
-    return eqx.combine(jax.device_put(dynamic, may_alias=False), static)
+    # On each array's own sharding: without one, `device_put` refuses arrays that span
+    # several processes.
+    copy = lambda a: jax.device_put(a, a.sharding, may_alias=False)
+    dynamic = jax.tree.map(lambda a: copy(a) if isinstance(a, jax.Array) else jnp.array(a), dynamic)
+    return eqx.combine(dynamic, static)
 
 
 def _prepare_state(
@@ -607,15 +614,19 @@ def _prepare_state(
     min_shard_size: int,
 ) -> tuple[PyTree, PyTree]:
     """The run's own `model` and `opt_state` (copies, or `optimizer.init` on the model's
-    inexact arrays), placed on `mesh` if given."""
+    inexact arrays), placed on `mesh` if given: before they are copied or the optimiser
+    state is made (a model on one device, with its copy and Adam's two moments, took 4x
+    its size there), and before a checkpoint is read (its arrays load sharded)."""
+    if mesh is not None:
+        model = shard_params(model, mesh, min_shard_size=min_shard_size)
+        if opt_state is not None:
+            opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
     model = _copy_arrays(model)
     if opt_state is None:
-        opt_state = _init(optimizer, eqx.filter(model, eqx.is_inexact_array))
+        params = eqx.filter(model, eqx.is_inexact_array)
+        opt_state = _init(optimizer, params, mesh, min_shard_size)
     else:
         opt_state = _copy_arrays(opt_state)
-    if mesh is not None:  # before a checkpoint is read: its arrays are loaded sharded
-        model = shard_params(model, mesh, min_shard_size=min_shard_size)
-        opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
     return model, opt_state
 
 
