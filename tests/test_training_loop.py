@@ -18,6 +18,7 @@ import jax.random as jr
 import numpy as np
 import optax
 import pytest
+from _compiles import compilations
 
 import lineax_seq as ls
 from lineax_seq.training import _checkpoint, _train
@@ -83,6 +84,20 @@ def test_train_writes_metrics_checkpoints_and_plot(full_run):
     ]
     assert (out / "curves.png").stat().st_size > 1000
     assert result.step == 12 and result.resumed_from is None
+
+
+def test_train_step_compiles_once_per_run_and_not_again(data):
+    """The train step is one compiled program for every step of a run, and a second run
+    with the same loss and optimiser compiles it no more (its own jit, without
+    `eqx.filter_jit`'s wait for each result, hashes the same static parts)."""
+    optimizer = common.optimizer()
+    model = common.make_model()
+    run = lambda: ls.train(model, optimizer, common.loss_fn, data[:3], steps=3, key=jr.key(0))
+    with compilations() as first:
+        run()
+    with compilations() as second:
+        run()
+    assert first.count("jit(train_step)") == 1 and "jit(train_step)" not in second
 
 
 def test_progress_bar_shows_loss_and_throughput(data, capsys):

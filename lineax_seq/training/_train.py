@@ -174,7 +174,7 @@ def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
     checks surface where the results are read (the loop's metric flushes)."""
 
     @ft.partial(jax.jit, static_argnums=0, donate_argnums=2 if donate else ())
-    def run(static, kept, donated):
+    def train_step(static, kept, donated):
         inputs_static, state_static = static
         inputs = eqxi.hashable_combine(kept, inputs_static)
         model, opt_state = eqxi.hashable_combine(donated, state_static)
@@ -186,7 +186,7 @@ def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
         donated, state_static = eqxi.hashable_partition((model, opt_state), eqx.is_array)
         with warnings.catch_warnings():  # (as eqx.filter_jit: e.g. donated int scalars)
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            dynamic, out_static = run((inputs_static, state_static), kept, donated)
+            dynamic, out_static = train_step((inputs_static, state_static), kept, donated)
         return eqx.combine(dynamic, out_static.value)
 
     return call
@@ -624,10 +624,18 @@ def _prepare_state(
     model = _copy_arrays(model)
     if opt_state is None:
         params = eqx.filter(model, eqx.is_inexact_array)
-        opt_state = _init(optimizer, params, mesh, min_shard_size)
+        # Committed to its devices, as the step's outputs are: an uncommitted input
+        # compiled the step a second time, for step 2.
+        opt_state = _committed(_init(optimizer, params, mesh, min_shard_size))
     else:
         opt_state = _copy_arrays(opt_state)
     return model, opt_state
+
+
+def _committed(tree: PyTree) -> PyTree:
+    """`tree` with its JAX arrays committed to their shardings (no copy)."""
+    commit = lambda a: jax.device_put(a, a.sharding) if isinstance(a, jax.Array) else a
+    return jax.tree.map(commit, tree)
 
 
 def _last_eval(history: list[dict], start: int, resumed_from: int | None) -> int:
