@@ -596,14 +596,18 @@ def _loss_first(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda k: (k != "loss", k))
 
 
-def _copy_arrays(tree: PyTree) -> PyTree:
-    """`tree` with copies of its arrays, which donation to the train step leaves alone."""
+def _own_arrays(tree: PyTree, *, copy: bool = True) -> PyTree:
+    """`tree` with its arrays as JAX arrays committed to their own shardings, as the
+    train step's outputs are (an uncommitted input compiled the step again at step 2);
+    with `copy`, copies, which donation to the train step leaves alone. (Each array's
+    own sharding: without one, `device_put` refuses arrays that span processes.)"""
+
+    def place(a):
+        a = jnp.asarray(a)
+        return jax.device_put(a, a.sharding, may_alias=False if copy else None)
+
     dynamic, static = eqx.partition(tree, eqx.is_array)
-    # On each array's own sharding: without one, `device_put` refuses arrays that span
-    # several processes.
-    copy = lambda a: jax.device_put(a, a.sharding, may_alias=False)
-    dynamic = jax.tree.map(lambda a: copy(a) if isinstance(a, jax.Array) else jnp.array(a), dynamic)
-    return eqx.combine(dynamic, static)
+    return eqx.combine(jax.tree.map(place, dynamic), static)
 
 
 def _prepare_state(
@@ -621,21 +625,13 @@ def _prepare_state(
         model = shard_params(model, mesh, min_shard_size=min_shard_size)
         if opt_state is not None:
             opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
-    model = _copy_arrays(model)
+    model = _own_arrays(model)
     if opt_state is None:
         params = eqx.filter(model, eqx.is_inexact_array)
-        # Committed to its devices, as the step's outputs are: an uncommitted input
-        # compiled the step a second time, for step 2.
-        opt_state = _committed(_init(optimizer, params, mesh, min_shard_size))
+        opt_state = _own_arrays(_init(optimizer, params, mesh, min_shard_size), copy=False)
     else:
-        opt_state = _copy_arrays(opt_state)
+        opt_state = _own_arrays(opt_state)
     return model, opt_state
-
-
-def _committed(tree: PyTree) -> PyTree:
-    """`tree` with its JAX arrays committed to their shardings (no copy)."""
-    commit = lambda a: jax.device_put(a, a.sharding) if isinstance(a, jax.Array) else a
-    return jax.tree.map(commit, tree)
 
 
 def _last_eval(history: list[dict], start: int, resumed_from: int | None) -> int:
