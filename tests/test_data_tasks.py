@@ -675,3 +675,16 @@ def test_trajectory_integer_and_real_arguments(trajectories):
             split(bad, "train", valid_fraction=0.1, test_fraction=0.1)
     with pytest.raises(ValueError, match="split_seed must be an integer >= 0, got split_seed=-1"):
         split(10, "train", valid_fraction=0.1, test_fraction=0.1, split_seed=-1)
+
+
+def test_trajectory_windows_are_copies(trajectories):
+    """Neither later changes to the caller's arrays nor in-place edits of an example
+    reach the dataset (nor, so, skip its finiteness check)."""
+    states, actions = (x.copy() for x in trajectories)
+    ds = ls.trajectory_windows(states, actions, length=3, split="all")
+    first = ds[0]["states"].copy()
+    states[:] = np.nan
+    actions[:] = np.nan
+    ds[0]["states"][:] = 0
+    np.testing.assert_array_equal(ds[0]["states"], first)
+    assert np.isfinite(ds[0]["actions"]).all()

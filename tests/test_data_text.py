@@ -772,3 +772,44 @@ def test_bpe_training_documents_must_be_strings(no_jaxtyping):
     ):
         with pytest.raises(TypeError, match=got):
             ls.BPETokenizer.train(texts, vocab_size=270)
+
+
+def test_in_place_transforms_leave_the_sources_intact():
+    """Examples are the pipeline's own: a `random_transform` (or any code) that edits an
+    example in place changes neither the window's other array nor later reads."""
+    tok = ls.ByteTokenizer()
+    windows = ls.lm_windows(DOCS, tok, length=4)
+    before = [(w["inputs"].copy(), w["targets"].copy()) for w in windows]
+
+    def dropout(example, rng):  # writes into the example it is given
+        example["inputs"][:] = tok.mask_id
+        return example
+
+    records = grain.MapDataset.source([{"tokens": np.arange(3)} for _ in range(4)])
+
+    def bump(example, rng):
+        example["tokens"] += 1
+        return example
+
+    for ds, fn in ((windows, dropout), (records, bump)):
+        for _ in ls.batch_examples(ds, batch_size=2, num_epochs=2, random_transform=fn):
+            pass
+    for w, (inputs, targets) in zip(windows, before, strict=True):
+        np.testing.assert_array_equal(w["inputs"], inputs)
+        np.testing.assert_array_equal(w["targets"], targets)
+    assert all((r["tokens"] == np.arange(3)).all() for r in records)
+    example = windows[0]
+    example["inputs"][:] = 0
+    np.testing.assert_array_equal(example["targets"], before[0][1])
+
+
+def test_bpe_tokenizer_needs_contiguous_ids():
+    from tokenizers import Tokenizer, models
+
+    specials = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
+    vocab = {t: i for i, t in enumerate(specials)}
+    ok = Tokenizer(models.WordLevel({**vocab, "hello": 7}, unk_token="<unk>"))
+    assert ls.BPETokenizer(ok).vocab_size == 8
+    gap = Tokenizer(models.WordLevel({**vocab, "hello": 1000}, unk_token="<unk>"))
+    with pytest.raises(ValueError, match=r"8 tokens must have the ids 0..7, but ids \[7\] are"):
+        ls.BPETokenizer(gap)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import grain
+import jax
 import numpy as np
 
 from .._checks import (
@@ -42,6 +43,22 @@ def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
     return int(np.random.SeedSequence([seed, shard.shard_index]).generate_state(1)[0])
 
 
+class _OnCopy:
+    """Picklable `(example, rng) -> example` calling `fn` on a copy of the example's
+    containers and arrays, so that a transform editing them in place cannot change what
+    the source hands out next."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, example, rng):
+        return self.fn(jax.tree.map(_copy, example), rng)
+
+
+def _copy(x):
+    return x.copy() if isinstance(x, np.ndarray) else x
+
+
 def batch_examples(
     examples: grain.MapDataset,
     *,
@@ -68,7 +85,8 @@ def batch_examples(
         that every process draws its own permutations and random transforms);
     3. **repeat** for `num_epochs` (`None`: forever);
     4. apply `random_transform(example, rng)` (a per-position `np.random.Generator`,
-        so a transform applied here, like dynamic MLM masking, differs every epoch);
+        so a transform applied here, like dynamic MLM masking, differs every epoch) to a
+        copy of the example, which it may edit in place;
     5. **batch** `batch_size` examples (per process) into stacked NumPy arrays;
     6. read with `num_threads` threads, and with `num_workers > 0` prefetch in that many
         worker processes (`IterDataset.mp_prefetch`).
@@ -90,7 +108,9 @@ def batch_examples(
         ([`lineax_seq.train`][] weights a shorter last batch by its size).
     - `shard_options`: a `grain.sharding.ShardOptions`; `grain.sharding.NoSharding()`
         disables sharding.
-    - `num_workers`: worker processes for `mp_prefetch` (0: in this process).
+    - `num_workers`: worker processes for `mp_prefetch` (0: in this process). grain
+        reads absl flags; outside an absl app (flags not yet parsed) `num_workers > 0`
+        marks them parsed, so they keep their defaults.
     - `num_threads`: reader threads (`grain.ReadOptions`; 0: read in the calling thread).
     - `random_transform`: optional `fn(example, rng) -> example`, picklable if
         `num_workers > 0`.
@@ -138,7 +158,7 @@ def batch_examples(
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
     if random_transform is not None:
-        ds = ds.random_map(random_transform)
+        ds = ds.random_map(_OnCopy(random_transform))
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     it = ds.to_iter_dataset(
         grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(num_threads, 1) * 4)

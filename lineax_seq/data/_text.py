@@ -57,7 +57,8 @@ def tokenize_documents(
 
 
 class _LMWindows:
-    """Random-access source: window `i` is `tokens[starts[i] : starts[i] + length + 1]`."""
+    """Random-access source: window `i` is `tokens[starts[i] : starts[i] + length + 1]`,
+    as fresh arrays (a transform that edits them in place leaves the source intact)."""
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, length: int):
         self.tokens, self.starts, self.length = tokens, starts, length
@@ -68,7 +69,7 @@ class _LMWindows:
     def __getitem__(self, index):
         s = int(self.starts[index])
         w = self.tokens[s : s + self.length + 1]
-        return {"inputs": w[:-1], "targets": w[1:]}
+        return {"inputs": w[:-1].copy(), "targets": w[1:].copy()}
 
 
 def _lm_starts(offsets: np.ndarray, length: int, stride: int) -> np.ndarray:
@@ -118,7 +119,8 @@ def lm_windows(
 
     **Returns:**
 
-    A `grain.MapDataset` of `{"inputs": int32 (L,), "targets": int32 (L,)}`.
+    A `grain.MapDataset` of `{"inputs": int32 (L,), "targets": int32 (L,)}`, fresh
+    arrays for every read (editing one in place changes nothing else).
 
     **Raises:**
 

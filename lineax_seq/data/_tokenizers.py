@@ -250,15 +250,15 @@ class BPETokenizer(_SpecialIds):
 
         - `tokenizer`: a `tokenizers.Tokenizer` with the special tokens `<pad>`, `<bos>`,
           `<eos>`, `<unk>`, `<cls>`, `<sep>`, `<mask>` at ids 0-6 (as `train` makes
-          them); it is copied, without its truncation and padding (documents are
-          encoded whole; the pipelines pad). Its normalizer and pre-tokenizer are kept:
-          one that changes the text (lowercasing, an added prefix space) breaks
-          `decode(encode(text)) == text`.
+          them), and ids `0 .. vocab_size - 1` without gaps; it is copied, without its
+          truncation and padding (documents are encoded whole; the pipelines pad). Its
+          normalizer and pre-tokenizer are kept: one that changes the text (lowercasing,
+          an added prefix space) breaks `decode(encode(text)) == text`.
 
         **Raises:**
 
         `TypeError` for anything else than a `tokenizers.Tokenizer`; `ValueError` if a
-        special token is missing or at another id.
+        special token is missing or at another id, or an id is missing.
         """
         from tokenizers import Tokenizer as _HFTokenizer
 
@@ -272,6 +272,12 @@ class BPETokenizer(_SpecialIds):
                     f"tokenizer must have special token {tok!r} at id {i}, "
                     f"got id {tokenizer.token_to_id(tok)}"
                 )
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        if unused := sorted(set(range(len(vocab))) - set(vocab.values())):
+            raise ValueError(
+                f"tokenizer's {len(vocab)} tokens must have the ids 0..{len(vocab) - 1}, "
+                f"but ids {unused[:5]} are unused (largest id {max(vocab.values())})"
+            )
         # A copy: special ids come from the pipelines only, and the caller's tokenizer
         # keeps its own `encode_special_tokens`. Without truncation or padding: a
         # document is encoded whole, and the pipelines pad.

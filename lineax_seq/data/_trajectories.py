@@ -28,9 +28,9 @@ class _TrajectoryWindows:
         i = int(index)
         n = int(self.trajectories[i // self.per_trajectory])
         s = (i % self.per_trajectory) * self.stride
-        out = {"states": self.states[n, s : s + self.length + 1]}
+        out = {"states": self.states[n, s : s + self.length + 1].copy()}
         if self.actions is not None:
-            out["actions"] = self.actions[n, s : s + self.length]
+            out["actions"] = self.actions[n, s : s + self.length].copy()
         return out
 
 
@@ -81,10 +81,11 @@ def split_trajectories(
 
 
 def _as_finite(name, x, num: int | None = None):
-    """`x` as a NumPy array, or a `ValueError` naming it unless it holds finite floats of
-    shape `(num, time, features)` (checked here as well as by the hints, which
+    """`x` as a NumPy array of its own (later changes to the caller's array do not reach
+    it), or a `ValueError` naming it unless it holds finite floats of shape
+    `(num, time, features)` (checked here as well as by the hints, which
     `JAXTYPING_DISABLE=1` turns off)."""
-    x = np.asarray(jax.device_get(x))
+    x = np.array(jax.device_get(x))
     if x.ndim != 3 or not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(
             f"{name} must be a floating array of shape (num, time, features), got shape "
@@ -137,7 +138,9 @@ def trajectory_windows(
     **Returns:**
 
     A `grain.MapDataset` of `{"states": (T + 1, d)}` (plus `"actions": (T, m)`), in the
-    arrays' dtype.
+    arrays' dtype: fresh arrays cut from a copy of `states` / `actions` taken here, so
+    neither later changes to those arrays nor in-place edits of an example reach the
+    dataset.
 
     **Raises:**
 
