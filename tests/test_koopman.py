@@ -332,18 +332,23 @@ def test_bad_inputs(model, controlled):
 
 
 def test_unroll_continuous_times_laid_out_anew_compile_nothing(model):
-    """Concrete `ts` of one length spread differently over the reencoding segments (at
-    most 5 and 7 times in one: its solve saves at 8 a segment either way) reuse the
-    compiled solve; each new layout compiled one. Both still equal the exact path."""
+    """Concrete `ts` spread differently over the reencoding segments (at most 5, 7 and 6
+    times in one: its solve saves at 8 a segment either way) reuse the compiled solve,
+    whether or not the number of times changes (10, 10, 8); only the small programs that
+    pick and decode the states at `ts` follow that number. All equal the exact path."""
     x0 = jnp.array([-0.6, 0.3])
     layouts = [
         np.array([0.0, 0.01, 0.02, 0.03, 0.04, 0.11, 0.12, 0.13, 0.14, 0.15], np.float32),
         np.array([0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.11, 0.12, 0.15], np.float32),
+        np.array([0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.11, 0.15], np.float32),
     ]
     got = [ls.unroll_continuous(model, x0, layouts[0], reencode_dt=0.1)]
     with compilations() as compiled:
         got.append(ls.unroll_continuous(model, x0, layouts[1], reencode_dt=0.1))
     assert compiled == []
+    with compilations() as compiled:
+        got.append(ls.unroll_continuous(model, x0, layouts[2], reencode_dt=0.1))
+    assert "jit(_decode_at)" in compiled and not any("_solve" in name for name in compiled)
     for ts, xs in zip(layouts, got, strict=True):
         exact = ls.unroll_continuous(model, x0, ts, reencode_dt=0.1, exact=True)
         np.testing.assert_allclose(xs, exact, rtol=1e-4, atol=1e-5)

@@ -519,7 +519,7 @@ def _segment_times(
     Returns `save_ts` `(num, width + 1)` and the position of every `ts[i]` in the row of
     its segment. `width`, the most times in one segment rounded up to a power of two, is
     what the compiled solve's shape depends on, with the number of segments: other `ts`
-    with the same two compile nothing new.
+    with the same two compile no new solve.
     """
     num = taus.shape[0] - 1
     counts = np.bincount(seg, minlength=num)
@@ -658,9 +658,11 @@ def unroll_continuous(
 
     Compilation: with concrete `ts` the solve is compiled for the number of reencoding
     segments and the most output times in one segment (rounded up to a power of two);
-    a grid that changes either compiles anew (about a second on a CPU). To solve many
-    grids with one compilation, call it inside `jax.jit` with the grids traced and
-    `num_segments` given (every segment then saves at all of `ts`).
+    a grid that changes either compiles anew (about a second on a CPU). A new number of
+    output times otherwise compiles only the small programs that pick and decode the
+    states at `ts`. To solve many grids with one compilation, call it inside `jax.jit`
+    with the grids traced and `num_segments` given (every segment then saves at all of
+    `ts`).
 
     **Arguments:**
 
@@ -869,7 +871,15 @@ def _ode_path(model, x0, grid: _Grid, reencode: bool, *options) -> Array:
         save_ts, host_position = _segment_times(grid.host.taus, grid.host.seg, grid.host.ts)
         save_ts = jnp.asarray(save_ts, grid.ts.dtype)
         position = jnp.asarray(host_position)
-    return _solve(model, x0, grid.taus, save_ts, grid.seg, position, reencode, *options)
+    zs = _solve(model, x0, grid.taus, save_ts, reencode, *options)
+    # Apart from the solve: its compilation then depends on the shape of `save_ts` only.
+    return _decode_at(model, zs, grid.seg, position)
+
+
+@eqx.filter_jit
+def _decode_at(model, zs, seg, position) -> Array:
+    """The decoded states at `ts[i]`, which is `save_ts[seg[i], position[i]]`."""
+    return jax.vmap(model.decode)(zs[seg, position])
 
 
 @eqx.filter_jit  # as `_latents`
@@ -914,8 +924,6 @@ def _solve(
     x0,
     taus,
     save_ts,
-    seg,
-    position,
     reencode: bool,
     solver,
     stepsize_controller,
@@ -926,8 +934,8 @@ def _solve(
     throw: bool,
 ) -> Array:
     """`unroll_continuous`'s ODE path from its grid: segment `j` is solved from
-    `taus[j]` to `taus[j + 1]`, saving at `save_ts[j]`; `ts[i]` is `save_ts[seg[i],
-    position[i]]`."""
+    `taus[j]` to `taus[j + 1]`; returns the latents at `save_ts[j]`, `(num, saves,
+    latent_dim)`."""
     # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
     # sees them as inputs to differentiate.
     term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
@@ -991,5 +999,4 @@ def _solve(
         return z_next, zs
 
     _, zs = jax.lax.scan(segment, model.encode(x0), (taus[:-1], taus[1:], save_ts))
-    z_at_ts = zs[seg, position]
-    return jax.vmap(model.decode)(z_at_ts)
+    return zs
