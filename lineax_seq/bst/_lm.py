@@ -3,6 +3,7 @@
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -28,6 +29,7 @@ from .._numerics import work_dtype
 from ..attention import MultiHeadAttention
 from ..attention._core import check_implementation
 from ..attention._window import check_blocks, check_window
+from ..ssm import HyenaFilter
 from ..ssm._kernel import check_kernel_options
 from ._layers import (
     CONTEXTS,
@@ -143,6 +145,8 @@ class BlockStateTransformerLM(eqx.Module):
     head: eqx.nn.Linear | None
     dim: int = eqx.field(static=True)
     window: int = eqx.field(static=True)
+    dt_min: float = eqx.field(static=True)
+    dt_max: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -219,7 +223,7 @@ class BlockStateTransformerLM(eqx.Module):
         check_choice("ssm", ssm, SSMS)
         if ssm == "unstruct" and max_length is None and (bst_layers is None or len(bst_layers)):
             raise ValueError('`max_length` (the training length) is required for ssm="unstruct".')
-        check_kernel_options(state_size, "lin", "zoh", dt_min, dt_max)
+        dt_min, dt_max = check_kernel_options(state_size, "lin", "zoh", dt_min, dt_max)
         check_int("num_filters", num_filters)
         for name, size in [
             ("mlp_dim", mlp_dim),
@@ -284,12 +288,59 @@ class BlockStateTransformerLM(eqx.Module):
         self.head = None if tie_embeddings else eqx.nn.Linear(dim, vocab_size, key=kh)
         self.dim = dim
         self.window = window
+        self.dt_min, self.dt_max = dt_min, dt_max
 
     @property
     def vocab_size(self) -> int:
         """The number of tokens: the embedding's rows (so it follows an `eqx.tree_at`
         that resizes the vocabulary; with an untied `head`, resize that too)."""
         return self.embedding.weight.shape[-2]
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (plain ints/floats/strings/bools and lists of ints,
+        JSON-serialisable), read off the model's layers, so that
+        `BlockStateTransformerLM(**model.config(), key=key)` rebuilds its structure (with
+        new weights): e.g. a template for [`lineax_seq.load_checkpoint`][]. Options of a
+        kind of layer the model has none of are their defaults."""
+        layers = self.layers
+        first = layers[0]
+        attention = (
+            first.attention if isinstance(first, SlidingWindowLayer) else first.self_attention
+        ).attention
+        bst = {i: x for i, x in enumerate(layers) if isinstance(x, BlockStateTransformerLayer)}
+        rec = {i: x for i, x in enumerate(layers) if isinstance(x, BlockRecurrentTransformerLayer)}
+        out = dict(
+            vocab_size=self.vocab_size,
+            dim=self.dim,
+            num_layers=len(layers),
+            num_heads=attention.num_heads,
+            window=self.window,
+            mlp_dim=first.mlp.up.out_features,
+            bst_layers=list(bst),
+            context="sh",
+            ssm="s4",
+            state_size=16,
+            dt_min=self.dt_min,
+            dt_max=self.dt_max,
+            ssm_features=None,
+            num_filters=32,
+            recurrent_layers=list(rec),
+            num_states=next(iter(rec.values())).initial_state.shape[0] if rec else None,
+            max_length=None,
+            tie_embeddings=self.head is None,
+            attention_implementation=attention.implementation,
+        )
+        if bst:
+            layer = next(iter(bst.values()))
+            ssm, kernel = layer.ssm, layer.ssm.kernel
+            out |= dict(context=layer.context_kind, ssm=ssm.ssm, ssm_features=ssm.features)
+            if isinstance(kernel, HyenaFilter):
+                out["max_length"] = kernel.max_length
+            else:
+                out["state_size"] = kernel.state_size
+            if layer.context_kind == "mf":
+                out["num_filters"] = ssm.streams
+        return out
 
     @classmethod
     def from_variant(

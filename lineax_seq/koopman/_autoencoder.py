@@ -1,6 +1,6 @@
 """Koopman autoencoder (encoder, dynamics, decoder, action encoder / head), MLP baseline."""
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -383,6 +383,33 @@ class KoopmanAutoencoder(eqx.Module):
         """
         return self.decode(self.encode(x))
 
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (plain ints/floats/strings/bools, JSON-serialisable),
+        read off the model's structure, so that `KoopmanAutoencoder(**model.config(),
+        key=key)` rebuilds it (with new weights): e.g. a template for
+        [`lineax_seq.load_checkpoint`][]."""
+        dynamics, decoder = self.dynamics, self.decoder
+        linear = isinstance(dynamics, LinearKoopmanDynamics)
+        mlp_dynamics = isinstance(dynamics, MLPDynamics)
+        mlp_decoder = isinstance(decoder, eqx.nn.MLP)
+        autonomous_head = self.head_action_dim > 0 and self.action_dim == 0
+        return dict(
+            state_dim=self.state_dim,
+            latent_dim=self.latent_dim,
+            action_dim=self.action_dim,
+            action_latent_dim=dynamics.action_latent_dim if self.action_dim else None,
+            decoder="mlp" if mlp_decoder else "linear",
+            dynamics="koopman" if linear else "mlp",
+            width=self.encoder.width_size,
+            encoder_layers=self.encoder.depth + 1,
+            decoder_layers=decoder.depth + 1 if mlp_decoder else None,
+            dynamics_width=dynamics.mlp.width_size if mlp_dynamics else None,
+            action_head=self.action_head is not None,
+            head_action_dim=self.head_action_dim if autonomous_head else None,
+            dt=dynamics.dt,
+            discretization=dynamics.discretization if linear else "bilinear",
+        )
+
 
 class MLPBaseline(eqx.Module):
     """Single-step state-space model `x_{t+1} = x_t + mlp([x_t, u_t])`, unrolled autoregressively.
@@ -439,3 +466,13 @@ class MLPBaseline(eqx.Module):
         x, u = check_state_control(("x", x, self.state_dim), ("u", u, self.action_dim), "model")
         inp = x if u is None else jnp.concatenate([x, u])
         return x + self.mlp(inp)
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (plain ints), so that `MLPBaseline(**model.config(),
+        key=key)` rebuilds the model's structure (with new weights)."""
+        return dict(
+            state_dim=self.state_dim,
+            action_dim=self.action_dim,
+            width=self.mlp.width_size,
+            layers=self.mlp.depth + 1,
+        )
