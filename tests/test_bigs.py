@@ -1002,7 +1002,8 @@ def test_numpy_and_jax_step_sizes_are_floats(no_jaxtyping):
 def test_encoder_after_device_put_and_under_plain_jit():
     """`jax.device_put(model, ...)` and `jax.jit` over the model turn the stacked layers'
     dropout rate into 0-d arrays, which the layer scan took for stacked ones (IndexError),
-    and a rate of 0 became 'key is required for dropout'."""
+    and a rate of 0 became 'key is required for dropout'. Whether dropout runs is decided
+    on the rates of all the dropout modules."""
     model = ls.BiGS(50, 8, 2, state_size=4, key=jr.key(0))
     tokens = jnp.arange(12)
     want = model(tokens, inference=True)
@@ -1029,6 +1030,13 @@ def test_encoder_after_device_put_and_under_plain_jit():
         run = jax.jit(lambda m, t, k: m(t, key=k, inference=inference))  # noqa: B023
         message = "not the model's dropout_rate=0 .*changed with"
         assert_check_fails(message, run, noisy, tokens, jr.key(2))
+    # A rate set on the layers alone counts as well (the embedding's rate of 0 decided
+    # for every layer, and their dropout was skipped silently: the output was `want`
+    # bit for bit; at this width and init the layers move it by ~1e-10).
+    layers_only = eqx.tree_at(lambda m: m.layers.dropout.p, model, 0.5)
+    assert not np.array_equal(layers_only(tokens, key=jr.key(2), inference=False), want)
+    assert layers_only.config()["dropout"] == 0.5
+    assert_check_fails(message, run, layers_only, tokens, jr.key(2))
     for off in (jax.jit(lambda m, t: m(t, inference=True))(noisy, tokens),
                 jax.jit(lambda m, t: m(t))(eqx.nn.inference_mode(noisy), tokens)):  # fmt: skip
         np.testing.assert_allclose(off, want, rtol=1e-6, atol=1e-6)

@@ -31,11 +31,11 @@ from ._layers import (
     ROUTINGS,
     GatedLayer,
     StackLayer,
-    _known_rate,
     apply_dropout,
     apply_norm,
     check_dropout,
     check_init_std,
+    largest_rate,
     resolve_inference,
 )
 
@@ -370,7 +370,8 @@ class BiGS(eqx.Module):
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments (plain ints/floats/strings, JSON-serialisable), so
-        that `BiGS(**model.config(), key=key)` rebuilds the same structure."""
+        that `BiGS(**model.config(), key=key)` rebuilds the same structure; `dropout` is
+        the largest rate of the model's dropout modules (as `eqx.tree_at` left them)."""
         return dict(
             vocab_size=self.vocab_size,
             dim=self.dim,
@@ -386,10 +387,15 @@ class BiGS(eqx.Module):
             ssm_init=self.ssm_init,
             dt_min=self.dt_min,
             dt_max=self.dt_max,
-            dropout=_known_rate(self.dropout, self.dropout_rate),  # as `tree_at` left it
+            dropout=largest_rate(self._dropouts(), self.dropout_rate),  # as `tree_at` left it
             final_norm=self.final_norm is not None,
             init_std=self.init_std,
         )
+
+    def _dropouts(self) -> list[eqx.nn.Dropout]:
+        """The model's dropout modules, the embedding's first."""
+        is_dropout = lambda x: isinstance(x, eqx.nn.Dropout)
+        return [x for x in jax.tree.leaves(self, is_leaf=is_dropout) if is_dropout(x)]
 
     def layer(self, i: SupportsIndex) -> GatedLayer | StackLayer:
         """The `i`-th layer as an ordinary module (`-num_layers <= i < num_layers`;
@@ -460,9 +466,9 @@ class BiGS(eqx.Module):
                 f"tokens has length {length} > max_length={self.max_length} "
                 "(the absolute position embeddings)"
             )
-        # The encoder's flag decides for every layer (`None`: the embedding dropout's own);
-        # its static rate stands in for one that `jax.jit` has traced.
-        inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
+        # One decision for every layer (`None`: the embedding dropout's own flag), on the
+        # rates of all the dropout modules; the static rate stands in for traced ones.
+        inference = resolve_inference(self._dropouts(), key, inference, rate=self.dropout_rate)
         # Padded positions may hold any id (their outputs are zeroed): only real tokens
         # are range-checked, and pads are read as id 0.
         tokens = check_ids("tokens", tokens, self.vocab_size, "vocab_size", where=mask)

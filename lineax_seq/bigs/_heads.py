@@ -232,7 +232,7 @@ class SequenceClassificationHead(eqx.Module):
         """
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.pooler.in_features, ("length",), mask)
-        inference = resolve_inference(self.dropout, key, inference, rate=self.dropout_rate)
+        inference = resolve_inference((self.dropout,), key, inference, rate=self.dropout_rate)
         pooled = jnp.tanh(self.pooler(masked_mean(x, mask)))
         pooled = apply_dropout(self.dropout, pooled, key, inference)
         return self.classifier(pooled)
@@ -339,7 +339,7 @@ class MultipleChoiceHead(eqx.Module):
         x, mask = as_arrays(x, mask)
         _check_hidden(x, self.scorer.pooler.in_features, ("choices", "length"), mask)
         scorer = self.scorer
-        inference = resolve_inference(scorer.dropout, key, inference, rate=scorer.dropout_rate)
+        inference = resolve_inference((scorer.dropout,), key, inference, rate=scorer.dropout_rate)
         n = x.shape[0]
         keys = None if key is None else jr.split(key, n)
         score = lambda xi, mi, ki: scorer(xi, mi, key=ki, inference=inference)[0]

@@ -1,9 +1,11 @@
 """The four layers of the BiGS ablation: {GATED, STACK} x {SSM, attention} routing."""
 
 import abc
+import functools
 import itertools
 import math
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, cast
 
 import equinox as eqx
 import jax
@@ -77,26 +79,37 @@ def apply_dropout(
     return dropout(x, key=key, inference=inference)
 
 
+def largest_rate(dropouts: Sequence[eqx.nn.Dropout], rate: float | None = None) -> float | None:
+    """The largest of the `dropouts`' rates, each as `_known_rate` gives it (`rate`
+    standing in for a traced one), or `None` if one is unknown."""
+    rates = [_known_rate(d, rate) for d in dropouts]
+    return None if None in rates else max(cast(list[float], rates))
+
+
 def resolve_inference(
-    dropout: eqx.nn.Dropout,
+    dropouts: Sequence[eqx.nn.Dropout],
     key: PRNGKeyArray | None,
     inference: bool | None,
     *,
     rate: float | None = None,
 ) -> bool:
-    """Whether dropout is off: `True` at a known rate of 0 (`rate`: a static copy of it,
-    for a `dropout` traced by `jax.jit`: then a run-time error if the traced rate is not
-    0 and dropout is on), else `inference`, or (`None`) `dropout`'s own flag, as a Python
-    bool (`jax.device_put` makes the flag a 0-d array). A `ValueError`
-    if dropout would run (not in inference) without a `key` (Equinox's own error names
+    """Whether dropout is off in a module holding `dropouts` (its own and its
+    sublayers'; the first one's flag stands for all, as `eqx.nn.inference_mode` sets
+    them together): `True` when every known rate is 0 (`rate`: a static copy of the
+    rate, for one traced by `jax.jit`: then a run-time error if a traced rate is not 0
+    and dropout is on), else `inference`, or (`None`) the first module's own flag, as a
+    Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if
+    dropout would run (not in inference) without a `key` (Equinox's own error names
     neither the argument nor the way out); a `TypeError` if the flag is traced."""
-    known = _known_rate(dropout, rate)
+    dropout = dropouts[0]
+    known = largest_rate(dropouts, rate)
     if known == 0:
-        if isinstance(dropout.p, jax.core.Tracer) and inference is not True:
-            # `rate` stands in for the traced rate (to need no key): check that it may.
+        traced = [d.p for d in dropouts if isinstance(d.p, jax.core.Tracer)]
+        if traced and inference is not True:
+            # `rate` stands in for the traced rates (to need no key): check that it may.
             on = ~jnp.asarray(dropout.inference) if inference is None else True
             fail_if(
-                (dropout.p != 0) & on,
+                functools.reduce(jnp.logical_or, [jnp.any(p != 0) for p in traced]) & on,
                 "the dropout rate is not the model's dropout_rate=0 (changed with "
                 "eqx.tree_at?), which stands in for it under jax.jit: dropout would be "
                 "skipped; jit with eqx.filter_jit, or build the model with that rate",
@@ -355,7 +368,7 @@ class _AbstractLayer(eqx.Module):
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
-        inference = resolve_inference(self.dropout, key, inference)
+        inference = resolve_inference((self.dropout,), key, inference)
         if mask is not None:  # any padding, NaN too, is read as 0 (BiGS pads with zeros)
             x = jnp.where(mask[:, None], x, 0)
         return self._masked_apply(x, mask, key, inference)
