@@ -4,6 +4,7 @@ import functools
 import math
 import numbers
 import os
+import pathlib
 from typing import Literal, TypeGuard, overload
 
 import equinox.internal as eqxi
@@ -323,6 +324,14 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {name}={value!r}")
     return value
+
+
+def check_path(name: str, value: object) -> pathlib.Path:
+    """`value` as a `pathlib.Path` if it is a `str` or `os.PathLike`, else a `TypeError`
+    naming it (`pathlib` names neither the argument nor its value)."""
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {name}={value!r}")
+    return pathlib.Path(value)
 
 
 def check_optional_int(name: str, value: object, minimum: int = 1) -> int | None:

@@ -813,3 +813,15 @@ def test_bpe_tokenizer_needs_contiguous_ids():
     gap = Tokenizer(models.WordLevel({**vocab, "hello": 1000}, unk_token="<unk>"))
     with pytest.raises(ValueError, match=r"8 tokens must have the ids 0..7, but ids \[7\] are"):
         ls.BPETokenizer(gap)
+
+
+def test_paths_that_are_not_paths_are_named(no_jaxtyping):
+    """pathlib's own error named neither the argument nor its value."""
+    bpe = ls.BPETokenizer.train(DOCS, vocab_size=270)
+    for call, name, value in (
+        (lambda: ls.text_corpus(3), "source", "3"),
+        (lambda: ls.BPETokenizer.load(None), "path", "None"),
+        (lambda: bpe.save(None), "path", "None"),
+    ):
+        with pytest.raises(TypeError, match=f"{name} must be a path .*, got {name}={value}"):
+            call()

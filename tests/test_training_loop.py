@@ -482,6 +482,17 @@ def test_train_bad_input(data, tmp_path):
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
         ls.train(*args, steps=1, key=jr.key(0), mesh=mesh)
+    with pytest.raises(ValueError, match=r"mesh must have the axes \('data', 'model'\)"):
+        ls.make_train_step(common.loss_fn, common.optimizer(), mesh=mesh)  # not at step 1
+    # An optimiser state of another optimiser or model: optax's own error named neither.
+    params = eqx.filter(args[0], eqx.is_inexact_array)
+    wider = eqx.filter(eqx.nn.MLP(4, 2, 9, 2, key=jr.key(0)), eqx.is_inexact_array)
+    for state, problem in (
+        (optax.sgd(0.1).init(params), r"it lacks the leaf opt_state\["),
+        (common.optimizer().init(wider), r"opt_state\[.*weight has shape \(9, 4\), not \(8, 4\)"),
+    ):
+        with pytest.raises(ValueError, match=r"opt_state does not fit .* but " + problem):
+            ls.train(*args, steps=1, key=jr.key(0), opt_state=state, progress=False)
     scalar_loss = lambda model, batch, key: common.loss_fn(model, batch, key)[0]
     with pytest.raises(ValueError, match=r"loss_fn must return a pair \(loss, aux\).*shape \(\)"):
         ls.train(args[0], args[1], scalar_loss, data, steps=1, key=jr.key(0), progress=False)
@@ -631,6 +642,17 @@ def test_save_checkpoint_bad_input(tmp_path):
         ):
             save(tmp_path, 1, model=model, extra=bad)
     assert list(tmp_path.iterdir()) == []  # nothing written
+    # pathlib's own error named neither the argument nor its value (without jaxtyping's
+    # import hook, which names the parameter itself).
+    unwrap = inspect.unwrap
+    for call, name in (
+        (lambda: save(None, 1, model=model), "directory"),
+        (lambda: unwrap(ls.load_checkpoint)(None, model=model), "path"),
+        (lambda: unwrap(ls.load_latest_checkpoint)(3, model=model), "directory"),
+        (lambda: unwrap(ls.list_checkpoints)(3), "directory"),
+    ):
+        with pytest.raises(TypeError, match=f"{name} must be a path .*, got {name}="):
+            call()
 
 
 def test_checkpoint_names_changed_static_fields_and_reads_a_run_dir(tmp_path):
@@ -833,6 +855,11 @@ def test_plot_metrics_bad_records_and_path(full_run, tmp_path):
         ls.plot_metrics(result.history, tmp_path)
     assert list(tmp_path.parent.glob(f"{tmp_path.name}*")) == [tmp_path]
     assert not any(tmp_path.iterdir())
+    plot = inspect.unwrap(ls.plot_metrics)  # as called without jaxtyping's import hook
+    with pytest.raises(TypeError, match="keys must be a metric name or a tuple of them"):
+        plot(result.history, keys=3)
+    with pytest.raises(TypeError, match="history must be a path .* got history=None"):
+        plot(None)
 
 
 class _Noisy(eqx.Module):

@@ -297,6 +297,10 @@ def test_param_group_that_selects_nothing_is_an_error(toy):
             ls.ParamGroup(match=r"\.dynamic$"),
             r" \(match=.*\) matches no parameter path \(the paths: '.encoder.weight', ",
         ),
+        (  # a compiled pattern is a pattern, not a predicate
+            ls.ParamGroup(match=re.compile(r"\.dynamic$")),
+            r" \(match=re.compile.*\) matches no parameter path \(the paths: '.encoder.weight'",
+        ),
         (
             ls.ParamGroup(match=lambda path, leaf: leaf.ndim == 3),
             r" .*is false for every parameter",

@@ -14,7 +14,7 @@ import grain
 import numpy as np
 from beartype import beartype
 
-from .._checks import IntLike, RealLike, check_choice, check_int
+from .._checks import IntLike, RealLike, check_choice, check_int, check_path
 from ._corpus import LONE_SURROGATE
 from ._loader import batch_examples
 from ._tokenizers import (
@@ -99,7 +99,7 @@ def _read_rows(f, path: pathlib.Path):
 
 def check_table_path(path: str | os.PathLike) -> pathlib.Path:
     """`path` as a `Path`, if it is a `.csv` or `.jsonl` file; else the error that says so."""
-    p = pathlib.Path(path)
+    p = check_path("path", path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(path)!r} is not a file")
     if p.suffix.lower() not in (".csv", ".jsonl"):

@@ -12,7 +12,7 @@ import sysconfig
 
 import grain
 
-from .._checks import RealLike
+from .._checks import RealLike, check_path
 from ._loader import check_split
 
 _SUFFIXES = (".txt", ".py", ".jsonl")
@@ -162,6 +162,7 @@ def _read_documents_uncached(source, text_field):
         if not files:
             raise ValueError(f"source=None: found no .py files under the stdlib path {root}")
     else:
+        check_path("source", source)
         if not os.fspath(source):  # pathlib reads "" as ".", the working directory
             raise ValueError(
                 "source='' is not a path: give a file or directory (\".\" for the working "

@@ -25,7 +25,7 @@ import numpy as np
 import tokenizers
 from jaxtyping import Array, Int, Integer
 
-from .._checks import IntLike, check_int, short_repr
+from .._checks import IntLike, check_int, check_path, short_repr
 from ._corpus import LONE_SURROGATE
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>")
@@ -359,7 +359,7 @@ class BPETokenizer(_SpecialIds):
         `FileNotFoundError` for a missing file, `ValueError` naming it for one that is not
         a tokenizer saved by `save`.
         """
-        if not os.path.isfile(path):
+        if not check_path("path", path).is_file():
             raise FileNotFoundError(f"path {str(path)!r} is not a tokenizer JSON file")
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -367,7 +367,7 @@ class BPETokenizer(_SpecialIds):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer to `path` as JSON (atomically: temporary file + rename)."""
-        if os.path.isdir(path):
+        if check_path("path", path).is_dir():
             raise IsADirectoryError(f"path {str(path)!r} is a directory, expected a file name")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):

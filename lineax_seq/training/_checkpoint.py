@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jaxtyping import PRNGKeyArray, PyTree
 
-from .._checks import IntLike, check_int, check_optional_int, short_repr
+from .._checks import IntLike, check_int, check_optional_int, check_path, short_repr
 
 FORMAT = "lineax_seq.checkpoint/1"
 ARRAYS = "arrays.eqx"
@@ -275,7 +275,7 @@ def list_checkpoints(directory: str | pathlib.Path) -> list[pathlib.Path]:
 
     A list of paths, sorted by step (empty if there are none).
     """
-    directory = pathlib.Path(directory)
+    directory = check_path("directory", directory)
     found = _step_dirs(directory)
     if not found:
         found = _step_dirs(directory / CHECKPOINT_DIR)
@@ -345,7 +345,7 @@ def save_checkpoint(
         )
     _check_json("data_state", _to_json(data_state))
     _check_json("extra", extra or {})
-    directory = pathlib.Path(directory)
+    directory = check_path("directory", directory)
     tree, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key})
     key_impl = typed_keys.pop(_KEY_PATH, None)
     tree = _host_tree(tree)
@@ -636,7 +636,7 @@ def load_checkpoint(
     [`lineax_seq.CheckpointError`][] naming the file and the problem when the
     checkpoint is missing, truncated, corrupt or of a different model shape.
     """
-    path = pathlib.Path(path)
+    path = check_path("path", path)
     if not _STEP_DIR.match(path.name):
         dirs = list_checkpoints(path)
         if not dirs:
@@ -731,7 +731,7 @@ def load_latest_checkpoint(
 
     A [`lineax_seq.Checkpoint`][], or `None` if the directory holds none.
     """
-    for path in reversed(list_checkpoints(directory)):
+    for path in reversed(list_checkpoints(check_path("directory", directory))):
         try:
             manifest = _read_manifest(path)
             apath = _verify_arrays(path, manifest)

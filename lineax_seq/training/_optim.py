@@ -334,7 +334,7 @@ def _selects_nothing(name: str, group: ParamGroup, model: PyTree, paths: list[st
         )
     elif group.instance_of is not None:
         what = f" (instance_of={group.instance_of!r}) selects no inexact array of the model"
-    elif isinstance(group.match, str):
+    elif isinstance(group.match, str | re.Pattern):
         what = f" (match={group.match!r}) matches no parameter path (the paths: {shown})"
     else:
         what = (

@@ -19,6 +19,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import jax.tree_util as jtu
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
@@ -36,6 +37,7 @@ from .._checks import (
     check_int,
     check_key,
     check_optional_int,
+    check_path,
     short_repr,
 )
 from ._checkpoint import (
@@ -158,12 +160,38 @@ def _train_step_impl(inputs: _StepInputs, model, opt_state):
     params = eqx.filter(model, eqx.is_inexact_array)
     # The loss, for optimisers that take it (optax.contrib.reduce_on_plateau).
     extra = {"value": loss} if isinstance(optimizer, optax.GradientTransformationExtraArgs) else {}
+    _check_opt_state(opt_state, optimizer, params)
     updates, opt_state = optimizer.update(grads, opt_state, params, **extra)
     model = eqx.apply_updates(model, updates)
     if mesh is not None:
         model = shard_params(model, mesh, min_shard_size=min_shard_size)
         opt_state = shard_params(opt_state, mesh, min_shard_size=min_shard_size)
     return model, opt_state, metrics
+
+
+def _check_opt_state(opt_state: PyTree, optimizer: optax.GradientTransformation, params) -> None:
+    """A `ValueError` naming `opt_state` and its first leaf at fault unless it has the
+    leaves (paths and shapes) of `optimizer.init(params)`: optax's own error names
+    neither. Run when the step is traced, so it costs the step nothing."""
+    want = jtu.tree_flatten_with_path(jax.eval_shape(optimizer.init, params))[0]
+    got = jtu.tree_flatten_with_path(opt_state)[0]
+    problem = None
+    for (pw, w), (pg, g) in zip(want, got, strict=False):  # the first leaf at fault
+        if pg != pw:
+            problem = f"it has opt_state{jtu.keystr(pg)} where {jtu.keystr(pw)} belongs"
+        elif np.shape(g) != np.shape(w):
+            problem = f"opt_state{jtu.keystr(pg)} has shape {np.shape(g)}, not {np.shape(w)}"
+        if problem is not None:
+            break
+    if problem is None and len(got) < len(want):
+        problem = f"it lacks the leaf opt_state{jtu.keystr(want[len(got)][0])}"
+    elif problem is None and len(got) > len(want):
+        problem = f"it has an extra leaf opt_state{jtu.keystr(got[len(want)][0])}"
+    if problem is not None:
+        raise ValueError(
+            "opt_state does not fit the optimizer and model: it must be (a state like) "
+            f"optimizer.init(eqx.filter(model, eqx.is_inexact_array)), but {problem}"
+        )
 
 
 def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
@@ -259,7 +287,7 @@ def make_train_step(
     _check_callable("loss_fn", loss_fn)
     _check_optimizer(optimizer)
     if mesh is not None:
-        check_mesh(mesh)
+        _check_train_mesh(mesh)
     donate = check_bool("donate", donate)
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
     indexed_step = _indexed_train_step(loss_fn, optimizer, mesh, min_shard_size, donate)
@@ -268,6 +296,17 @@ def make_train_step(
         return indexed_step(model, opt_state, batch, key, None)
 
     return step
+
+
+def _check_train_mesh(mesh: jax.sharding.Mesh) -> None:
+    """`check_mesh`, and a `ValueError` unless the mesh has the axes the train step
+    shards over: `"data"` (the batch) and `"model"` (the parameters)."""
+    check_mesh(mesh)
+    if not {"data", "model"} <= set(mesh.axis_names):
+        raise ValueError(
+            f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; "
+            "build it with lineax_seq.make_mesh (model=1 replicates the weights)."
+        )
 
 
 def _indexed_train_step(
@@ -561,12 +600,7 @@ def _check_train_args(
         )
     check_key("key", key)
     if mesh is not None:
-        check_mesh(mesh)
-        if not {"data", "model"} <= set(mesh.axis_names):
-            raise ValueError(
-                f"mesh must have the axes ('data', 'model'), got {tuple(mesh.axis_names)}; "
-                "build it with lineax_seq.make_mesh (model=1 replicates the weights)."
-            )
+        _check_train_mesh(mesh)
     if isinstance(eval_data, Iterator):
         raise ValueError(
             "eval_data must be re-iterable (a list, a grain dataset, ...): it is iterated "
@@ -1086,10 +1120,10 @@ def plot_metrics(
     The `matplotlib.figure.Figure`.
     """
     if not isinstance(history, list):
-        if not pathlib.Path(history).is_file():
+        if not check_path("history", history).is_file():
             raise FileNotFoundError(f"history={str(history)!r} is not a metrics.jsonl file.")
         history = _read_jsonl(pathlib.Path(history), math.inf)
-    if path is not None and pathlib.Path(path).is_dir():
+    if path is not None and check_path("path", path).is_dir():
         raise ValueError(
             f"path={str(path)!r} is a directory; expected a file name, e.g. "
             f"{str(pathlib.Path(path) / 'curves.png')!r}."
@@ -1103,6 +1137,10 @@ def plot_metrics(
     available = list(dict.fromkeys(k for r in history for k in r if k not in ("step", "split")))
     if isinstance(keys, str):  # one metric, not its letters
         keys = (keys,)
+    if keys is not None and not (
+        isinstance(keys, tuple | list) and all(isinstance(k, str) for k in keys)
+    ):
+        raise TypeError(f"keys must be a metric name or a tuple of them, got keys={keys!r}")
     if keys is None:
         found = [k for k in available if k != "lr" and not k.endswith("_per_s")]
         keys = tuple(_loss_first(found))
