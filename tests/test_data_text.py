@@ -785,9 +785,10 @@ def test_in_place_transforms_leave_the_sources_intact():
         example["inputs"][:] = tok.mask_id
         return example
 
-    records = grain.MapDataset.source([{"tokens": np.arange(3)} for _ in range(4)])
+    records = grain.MapDataset.source([{"tokens": np.arange(3), "id": i} for i in range(4)])
 
     def bump(example, rng):
+        assert list(example) == ["tokens", "id"]  # the copy keeps the example's own order
         example["tokens"] += 1
         return example
 

@@ -493,6 +493,11 @@ def test_train_bad_input(data, tmp_path):
     ):
         with pytest.raises(ValueError, match=r"opt_state does not fit .* but " + problem):
             ls.train(*args, steps=1, key=jr.key(0), opt_state=state, progress=False)
+    # A state with a leaf that is not an array (the step passes it through) fits.
+    named = optax.GradientTransformation(lambda p: {"name": "x"}, lambda u, s, p=None: (u, s))
+    chained = optax.chain(common.optimizer(), named)
+    state = chained.init(params)
+    ls.train(args[0], chained, common.loss_fn, data, steps=1, key=jr.key(0), opt_state=state)
     scalar_loss = lambda model, batch, key: common.loss_fn(model, batch, key)[0]
     with pytest.raises(ValueError, match=r"loss_fn must return a pair \(loss, aux\).*shape \(\)"):
         ls.train(args[0], args[1], scalar_loss, data, steps=1, key=jr.key(0), progress=False)

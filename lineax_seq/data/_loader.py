@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import grain
-import jax
 import numpy as np
 
 from .._checks import (
@@ -44,19 +44,15 @@ def _shard_seed(seed: int, shard: grain.sharding.ShardOptions) -> int:
 
 
 class _OnCopy:
-    """Picklable `(example, rng) -> example` calling `fn` on a copy of the example's
-    containers and arrays, so that a transform editing them in place cannot change what
-    the source hands out next."""
+    """Picklable `(example, rng) -> example` calling `fn` on a deep copy of the example,
+    so that a transform editing it in place cannot change what the source hands out
+    next."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
 
     def __call__(self, example, rng):
-        return self.fn(jax.tree.map(_copy, example), rng)
-
-
-def _copy(x):
-    return x.copy() if isinstance(x, np.ndarray) else x
+        return self.fn(copy.deepcopy(example), rng)
 
 
 def batch_examples(
@@ -86,7 +82,7 @@ def batch_examples(
     3. **repeat** for `num_epochs` (`None`: forever);
     4. apply `random_transform(example, rng)` (a per-position `np.random.Generator`,
         so a transform applied here, like dynamic MLM masking, differs every epoch) to a
-        copy of the example, which it may edit in place;
+        deep copy of the example, which it may edit in place;
     5. **batch** `batch_size` examples (per process) into stacked NumPy arrays;
     6. read with `num_threads` threads, and with `num_workers > 0` prefetch in that many
         worker processes (`IterDataset.mp_prefetch`).

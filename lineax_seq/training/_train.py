@@ -173,7 +173,7 @@ def _check_opt_state(opt_state: PyTree, optimizer: optax.GradientTransformation,
     """A `ValueError` naming `opt_state` and its first leaf at fault unless it has the
     leaves (paths and shapes) of `optimizer.init(params)`: optax's own error names
     neither. Run when the step is traced, so it costs the step nothing."""
-    want = jtu.tree_flatten_with_path(jax.eval_shape(optimizer.init, params))[0]
+    want = jtu.tree_flatten_with_path(eqx.filter_eval_shape(optimizer.init, params))[0]
     got = jtu.tree_flatten_with_path(opt_state)[0]
     problem = None
     for (pw, w), (pg, g) in zip(want, got, strict=False):  # the first leaf at fault
