@@ -113,7 +113,10 @@ def chunked_conv(
     with small steps (`|dt A|` near `1e-4`) give outputs about `1e-5` off (relative;
     `4e-5` to `7e-5` at 8,192 positions) where `fft_conv` with the kernel, whose powers
     come from `dt A` itself, is about `1e-6` off; the [`lineax_seq.S4D`][] layer hands
-    `dt A` to the same computation and keeps the kernel's accuracy.
+    `dt A` to the same computation and keeps the kernel's accuracy. A mode with
+    `abar == 0` exactly (`exp(dt A)` underflowed, or the bilinear map of `dt A = -2`)
+    contributes at lag 0 only, and its gradient with respect to `abar` is 0 (`log 0`
+    has none), not the lag-1 term's 1.
 
     **Arguments:**
 
