@@ -325,6 +325,34 @@ def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
     assert "Partial: 2 of 4 variants" in partial.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):
         _parse([*argv, "--variants", "gated/rnn"])
+    # Refused before any variant runs (they were found at the end, after all the
+    # training): an output name taken by a directory, a batch larger than the corpus.
+    ran.clear()
+    stop["after"] = None
+    finished.unlink()
+    finished.mkdir()
+    with pytest.raises(ValueError, match=f"--out {re.escape(str(finished))}: is a directory"):
+        _bigs_ablation.ablation(_parse(argv))
+    finished.rmdir()
+    big = ["ablation", "--max-files", "4", "--tokenizer", "byte", "--length", "4096"]
+    big += ["--batch-size", "64", "--finetune-examples", "16", "--out", str(tmp_path)]
+    with pytest.raises(ValueError, match=r"the stdlib corpus: batch_size=64 is larger than the"):
+        _bigs_ablation.ablation(_parse(big))
+    assert ran == []
+
+
+def test_kernels_out_may_be_any_existing_directory(tmp_path, monkeypatch):
+    """`kernels` writes `kernels.png` into an existing `--out` directory whatever its
+    name; the up-front check refused one named like a file (`maps.png`)."""
+    monkeypatch.setattr(_bigs, "_run_problem", lambda flag, run_dir: None)  # runs: fine
+    out = tmp_path / "maps.png"
+    out.mkdir()
+    check = lambda: _bigs._kernels_problem(
+        _parse(["kernels", "--checkpoint", "a", "--out", str(out)])
+    )
+    assert check() is None
+    (out / "kernels.png").mkdir()
+    assert re.search(r"--out .*kernels.png: is a directory", check())
 
 
 def test_ablation_default_out_is_the_checkouts_results(tmp_path):

@@ -210,9 +210,8 @@ def _kernels_problem(args: argparse.Namespace) -> str | None:
         again = next(d for i, d in enumerate(args.checkpoint) if runs[i] in runs[:i])
         return f"--checkpoint {again}: given twice (one panel per run)"
     problems = (_run_problem("--checkpoint", d) for d in args.checkpoint)
-    return next(filter(None, problems), None) or output_problem(
-        "--out", png_path(args.out), directory=False
-    )
+    out = args.out / "kernels.png" if args.out.is_dir() else png_path(args.out)  # as `kernels`
+    return next(filter(None, problems), None) or output_problem("--out", out, directory=False)
 
 
 def _ablation_problem(args: argparse.Namespace) -> str | None:

@@ -35,7 +35,7 @@ from ._bigs_train import (
     save_json,
     scaled_init_std,
 )
-from ._cli import corpus_errors, results_dir, settings_tag
+from ._cli import UsageError, corpus_errors, output_problem, results_dir, settings_tag
 
 VARIANTS = (("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention"))
 # `--variants` spells a variant as "architecture/routing".
@@ -479,6 +479,18 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     """
     cfg = effective_settings(args)
     start = time.perf_counter()
+    suffix = output_suffix(
+        cfg, quick=args.quick, backend=jax.default_backend(), others=_other_settings(args)
+    )
+    out = pathlib.Path(args.out)
+    for name in _OUTPUTS:  # before training: a name taken by a directory failed at the end
+        stem, ext = name.split(".")
+        for part in ("", "_partial"):
+            problem = output_problem(
+                "--out", out / f"bigs_{stem}{suffix}{part}.{ext}", directory=False
+            )
+            if problem is not None:
+                raise UsageError(problem)
     length, batch_size = cfg["length"], cfg["batch_size"]
     num_eval = batch_size * max(1, cfg["finetune_examples"] // (4 * batch_size))
     with corpus_errors(args.corpus):  # the corpus and the tasks made of it, before training
@@ -493,6 +505,10 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
             num_train=cfg["finetune_examples"],
             num_eval=num_eval,
             seed=cfg["seed"],
+        )
+        # Context-free reference points, first: every write of the results carries them.
+        uni_loss, uni_acc = unigram_reference(
+            train_texts, eval_texts, tok, length, batch_size, seed=cfg["seed"]
         )
     base: dict[str, Any] = dict(
         vocab_size=tok.vocab_size,
@@ -510,16 +526,9 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         f"{len(ft_eval)} held-out examples",
         flush=True,
     )
-    # Context-free reference points, first: every write of the results carries them.
-    uni_loss, uni_acc = unigram_reference(
-        train_texts, eval_texts, tok, length, batch_size, seed=cfg["seed"]
-    )
     train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
     eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
     majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
-    suffix = output_suffix(
-        cfg, quick=args.quick, backend=jax.default_backend(), others=_other_settings(args)
-    )
     variants = [tuple(v.split("/")) for v in cfg["variants"]]
     results, kernel_panels = [], {}
     payload: dict[str, Any] = {}
@@ -565,16 +574,18 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
         }
         # After every variant, so that a run stopped early keeps the finished ones; under
         # `_partial` names until the last (a stopped run replaces no finished table).
-        out = pathlib.Path(args.out)
         if payload["complete"]:
             _write_ablation(payload, kernel_panels, out, suffix)
-            for name in ("ablation.json", "ablation.png", "ablation.md", "kernels.png"):
+            for name in _OUTPUTS:
                 stem, ext = name.split(".")
                 (out / f"bigs_{stem}{suffix}_partial.{ext}").unlink(missing_ok=True)
         else:
             _write_ablation(payload, kernel_panels, out, suffix + "_partial")
     return payload
 
+
+# The files a run writes, as `bigs_<stem><suffix>[_partial].<ext>`.
+_OUTPUTS = ("ablation.json", "ablation.png", "ablation.md", "kernels.png")
 
 # The settings `output_suffix` spells out; `--quick` sets the others but seed, task.
 _NAMED = ("finetune_task", "steps", "finetune_steps", "seed")
