@@ -18,6 +18,7 @@ from .._checks import (
     check_optional_int,
     check_real,
 )
+from .._numerics import work_dtype
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
 from ._unroll import METHODS, check_model, promote, unroll, unroll_latents
 
@@ -27,7 +28,7 @@ _Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 def _norms(a: Array) -> Array:
     # Euclidean norm of each row, with a safe gradient at zero; summed in at least float32
     # (in float16, 1e-12 is 0 and the gradient at zero NaN; large rows overflowed).
-    wide = a.astype(jnp.float32) if jnp.finfo(a.dtype).bits < 32 else a
+    wide = a.astype(work_dtype(a.dtype))
     return jnp.sqrt(jnp.sum(wide**2, axis=-1) + 1e-12).astype(a.dtype)
 
 
