@@ -143,7 +143,9 @@ def test_tokens_throughput_counts_token_arrays(monkeypatch):
 
 
 def test_resume_rewinds_metrics_and_matches(full_run, data, tmp_path):
-    """A run cut after step 7, resumed from its step-5 checkpoint, replays exactly."""
+    """A run cut after step 7, resumed from its step-5 checkpoint, replays exactly, with
+    the steps the first run compiled (the restored arrays were uncommitted, which
+    compiled the train step again)."""
     out_ref, ref = full_run
     out = tmp_path / "run"
     kw = dict(
@@ -161,8 +163,10 @@ def test_resume_rewinds_metrics_and_matches(full_run, data, tmp_path):
     shutil.rmtree(out / "checkpoints/step_00000007")  # as if killed before that save
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "split": "tr')  # and mid-way through a write
-    result = ls.train(*args, steps=12, **kw)
+    with compilations() as compiled:
+        result = ls.train(*args, steps=12, **kw)
     assert result.resumed_from == 5
+    assert not [name for name in compiled if "step" in name], compiled
     records = _records(out)
     assert [r["step"] for r in records] == [r["step"] for r in _records(out_ref)]
     for r, s in zip(records, _records(out_ref), strict=True):

@@ -525,7 +525,8 @@ def _restore(
         )
     ckpt = load_latest_checkpoint(ckpt_dir, model=model, opt_state=opt_state)
     if ckpt is not None:
-        model, opt_state = ckpt.model, ckpt.opt_state
+        # Committed, as a fresh run's are: uncommitted ones compiled both steps again.
+        model, opt_state = _own_arrays((ckpt.model, ckpt.opt_state), copy=False)
         key = key if ckpt.key is None else ckpt.key
         start = resumed_from = ckpt.step
         if start > steps:
