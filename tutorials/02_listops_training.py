@@ -20,7 +20,7 @@
 # * the data are a grain pipeline whose iterator position is checkpointable;
 # * `ls.make_optimizer` is optax AdamW with warmup +
 #   cosine decay, gradient clipping and a **parameter group** for the SSM kernels
-#   (smaller learning rate, no weight decay, as in the S4 papers);
+#   (its own learning rate, no weight decay, as in the S4 papers);
 # * `ls.train` runs a jitted, buffer-donating step, shows a
 #   progress bar, writes `metrics.jsonl`, evaluates, checkpoints atomically and
 #   resumes exactly.
@@ -139,6 +139,7 @@ valid_data = ls.classification_dataset(
     add_special_tokens=False,
     shuffle=False,
     num_epochs=1,
+    drop_remainder=False,  # every example (`ls.train` weights a short last batch)
 )
 labels = np.array([valid_records[i]["label"] for i in range(cfg["num_valid"])])
 majority = np.bincount(labels, minlength=10).max() / len(labels)
@@ -287,7 +288,8 @@ print(f"validation: loss {final['loss']:.3f}, accuracy {final['accuracy']:.3f}")
 #
 # Train once more without interruption and compare every logged training loss:
 # on CPU they agree bit for bit, because every step's PRNG key is
-# `fold_in(key, step)` and the data iterator restarts exactly where it stopped. (On a
+# `fold_in(train_key, step)` (`train_key` being split from `key`) and the data
+# iterator restarts exactly where it stopped. (On a
 # GPU, XLA's reductions need not be bitwise deterministic, so there the losses agree
 # to rounding.)
 

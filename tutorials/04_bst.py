@@ -60,8 +60,8 @@ STEPS, BATCH = (25, 2) if SMALL else (400, 4)
 #   block, plus learned context IDs; no mask needed.
 
 # %%
-key = jr.key(0)
-x = jr.normal(key, (4 * WINDOW, DIM))
+key, x_key = jr.split(jr.key(0))
+x = jr.normal(x_key, (4 * WINDOW, DIM))
 
 
 def shapes(context, key):

@@ -82,6 +82,7 @@ mlm_valid = ls.mlm_dataset(
     masking="fixed",
     shuffle=False,
     num_epochs=1,
+    drop_remainder=False,  # every example (`ls.train` weights a short last batch)
 )
 batch = next(iter(mlm_train))
 print({k: (v.shape, v.dtype) for k, v in batch.items()})
@@ -230,7 +231,13 @@ records = {
 }
 cls_train = ls.classification_dataset(records["train"], tokenizer, length=LENGTH, batch_size=BATCH)
 cls_valid = ls.classification_dataset(
-    records["valid"], tokenizer, length=LENGTH, batch_size=BATCH, shuffle=False, num_epochs=1
+    records["valid"],
+    tokenizer,
+    length=LENGTH,
+    batch_size=BATCH,
+    shuffle=False,
+    num_epochs=1,
+    drop_remainder=False,
 )
 
 
