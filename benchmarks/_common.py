@@ -6,6 +6,7 @@ writes `benchmarks/results/<name>.json` plus a plot.
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -36,12 +37,18 @@ def calls_per_sample(
     1 for calls that take that long already (every CPU figure here); more for the
     sub-millisecond calls of an accelerator, whose samples then time a stream of
     asynchronous dispatches rather than one call's launch latency and clock ramp.
-    `fn` is called twice (a warm-up and a probe).
+    `fn` is called after a warm-up up to three times, and the fastest call counts (one
+    probe each gave two identical programs 24 and 35 calls); a call 10x longer than
+    `min_seconds` is probed once.
     """
     jax.block_until_ready(fn())
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    once = time.perf_counter() - start
+    once = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        once = min(once, time.perf_counter() - start)
+        if once >= 10 * min_seconds:
+            break
     return int(min(max_calls, max(1, math.ceil(min_seconds / max(once, 1e-9)))))
 
 
@@ -151,7 +158,8 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str | None:
-    """The checkout's commit (`+dirty` with uncommitted changes), or `None` outside git."""
+    """The checkout's commit (`+dirty` with uncommitted changes or untracked files
+    outside `benchmarks/results/`), or `None` outside git."""
     git = lambda *a: subprocess.run(
         ["git", *a], cwd=RESULTS.parent, capture_output=True, text=True, timeout=10
     )
@@ -159,14 +167,29 @@ def _commit() -> str | None:
         head = git("rev-parse", "HEAD")
         if head.returncode:
             return None
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        # New source files count; results, being written, do not.
+        status = git("status", "--porcelain").stdout.splitlines()
+        dirty = [s for s in status if not s[3:].startswith("benchmarks/results/")]
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def _versions() -> dict[str, str | None]:
+    """Versions of the packages the timed code runs on (`None`: not installed)."""
+    out = {}
+    for name in ("lineax_seq", "equinox", "optax", "diffrax", "numpy", "grain", "torch"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def environment() -> dict[str, Any]:
-    """Where the numbers were taken: backend, device and CPU, versions, commit."""
+    """Where the numbers were taken: backend, device and CPU, versions, commit, and the
+    settings that change compiled programs (`XLA_FLAGS`, `JAX_*` variables, matmul
+    precision)."""
     device = jax.devices()[0]
     return {
         "backend": jax.default_backend(),
@@ -179,6 +202,11 @@ def environment() -> dict[str, Any]:
         "machine": platform.machine(),
         "processor_count": os.cpu_count(),
         "commit": _commit(),
+        "versions": _versions(),
+        "matmul_precision": str(jax.config.jax_default_matmul_precision),
+        "variables": {
+            k: v for k, v in sorted(os.environ.items()) if k == "XLA_FLAGS" or k.startswith("JAX_")
+        },
     }
 
 
@@ -189,6 +217,7 @@ def save(
     args: argparse.Namespace | None = None,
     parser: argparse.ArgumentParser | None = None,
     named: Sequence[str] = ("quick",),
+    complete: bool = True,
 ) -> pathlib.Path:
     """Write `benchmarks/results/<name>.json` (suffixed with the backend off CPU), with
     the environment and the command line.
@@ -197,6 +226,10 @@ def save(
     `named` (which the script puts into `name` itself, e.g. `--quick`) gets a file of its
     own, `<name>_<tag>.json` with `tag` a hash of the changed options, so that a reduced
     rerun (fewer lengths, rounds...) never overwrites the committed results.
+
+    A script saving after each length passes `complete=False` until the last: those
+    results go to `<name>_partial...json` (never replacing a complete run's), which the
+    complete save then deletes with its plot. The record's `"complete"` says which.
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
     backend = jax.default_backend()
@@ -209,9 +242,17 @@ def save(
         text = json.dumps(changed, default=str, sort_keys=True)
         stem += "_" + hashlib.sha1(text.encode()).hexdigest()[:6]
     path = RESULTS / f"{stem}.json"
+    partial = path.with_name(path.name.replace(name, f"{name}_partial", 1))
     command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     record = {"environment": environment(), "command": command, "options": options}
-    path.write_text(json.dumps({**record, **payload}, indent=2, default=str) + "\n")
+    record["complete"] = complete
+    text = json.dumps({**record, **payload}, indent=2, default=str) + "\n"
+    if not complete:
+        path, partial = partial, None
+    path.write_text(text)
+    if partial is not None:  # this run's partial results, superseded
+        for superseded in (partial, partial.with_suffix(".png")):
+            superseded.unlink(missing_ok=True)
     if changed:
         print(f"options {changed} differ from the defaults: results in {path.name}")
     return path

@@ -337,11 +337,7 @@ def _report(
     # --no-flops changes the results (no FLOP counts): a tagged file, never bst.json.
     saving = dict(args=args, parser=parser, named=("quick", "dtype", "attention"))
     stem += "_quick" if quick else ""  # quick runs keep the full run's files
-    path = save(stem if complete else f"{stem}_partial", payload, **saving)
-    if complete:  # the partial files of this run, superseded
-        partial = path.with_name(path.name.replace(stem, f"{stem}_partial", 1))
-        for superseded in (partial, partial.with_suffix(".png")):
-            superseded.unlink(missing_ok=True)
+    path = save(stem, payload, **saving, complete=complete)
     print(f"wrote {path} and {plot_from_json(_plot, path).name}")
     return path
 

@@ -165,6 +165,18 @@ def main() -> None:
         "linear_scan": with_layer(lambda m, x: jax.lax.map(lambda u: _linear_scan(m, u), x)),
     }
 
+    config = {
+        "dim": dim,
+        "state_size": state_size,
+        "batch": batch,
+        "lengths": lengths,
+        "repeats": repeats,
+        "quick": args.quick,
+        "dtype": "float32",
+        "timing": f"median over interleaved rounds: {repeats} ({LONG_ROUNDS} at 64k), "
+        f"{SLOW_ROUNDS} for {sorted(SLOW)} from 16k (each row's `rounds`); a round "
+        "times each competitor over `calls_per_sample` back-to-back calls",
+    }
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
     previous: dict[str, float] = {}
@@ -258,26 +270,22 @@ def main() -> None:
             )
         if "kernel" in times and "kernel_vandermonde" in times:
             ratios["vandermonde_over_kernel"] = paired("kernel_vandermonde", "kernel")
+        if "kernel" in times and "layer_fft" in times:
             ratios["kernel_share_of_layer"] = paired("kernel", "layer_fft")
         row["ratios"] = ratios
         row["load_average_1min"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         print(f"L={length:6d} ratios {ratios}", flush=True)
         results.append(row)
+        # Saved after each length (an interrupted run keeps what it measured).
+        _save(results, config, load_before, args, parser)
 
+
+def _save(results: list[dict], config: dict, load_before, args, parser) -> None:
+    """The JSON and plot of the lengths measured so far: `ssm_partial...` until the last
+    length (see `save`)."""
     payload = {
         "targets": _targets(results),
-        "config": {
-            "dim": dim,
-            "state_size": state_size,
-            "batch": batch,
-            "lengths": lengths,
-            "repeats": repeats,
-            "quick": args.quick,
-            "dtype": "float32",
-            "timing": f"median over interleaved rounds: {repeats} ({LONG_ROUNDS} at 64k), "
-            f"{SLOW_ROUNDS} for {sorted(SLOW)} from 16k (each row's `rounds`); a round "
-            "times each competitor over `calls_per_sample` back-to-back calls",
-        },
+        "config": config,
         "results": results,
         # The machine is shared: the 1-minute load average before and after the run
         # says how much the absolute timings are inflated (ratios are within one run).
@@ -287,7 +295,8 @@ def main() -> None:
         },
     }
     name = "ssm_quick" if args.quick else "ssm"
-    path = save(name, payload, args=args, parser=parser)
+    complete = len(results) == len(config["lengths"])
+    path = save(name, payload, args=args, parser=parser, complete=complete)
     print(f"wrote {path} and {plot_from_json(_plot, path).name}")
 
 
