@@ -325,6 +325,7 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
     gemm = [_gemm_gflops()]
     seconds: dict = {n: {} for n in modules}
     memory: dict = {n: {} for n in modules}
+    flops: dict = {n: {} for n in modules}
     number: dict = {n: {} for n in modules}
     reps: dict = {}
     for length in lengths:
@@ -334,6 +335,8 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         for name, module in modules.items():
             p, fn = train_fn(module, num_layers if name in ("bigs", "bert") else 1)
             memory[name][length] = compiled_memory(fn, p, x, ct).get("peak_bytes", -1)
+            if num_layers == 1 or name not in ("bigs", "bert"):  # (a scan is counted once)
+                flops[name][length] = _xla_flops(fn, p, x, ct)
             jitted = jax.jit(fn)
             calls[name] = lambda jitted=jitted, p=p, x=x, ct=ct: jitted(p, x, ct)
         reps[length] = rounds if length <= 1024 else max(3, rounds // 2)
@@ -405,7 +408,13 @@ def speed_table(lengths, num_layers: int, rounds: int) -> dict:
         "parameters": params,
         "seconds": {n: str_keys(d) for n, d in seconds.items()},
         "peak_bytes": {n: str_keys(d) for n, d in memory.items()},
+        # XLA's count for the timed programs: time ratios far above the FLOP ratio are
+        # memory traffic (BERT's attention scores), not work.
+        "xla_flops": {n: str_keys(d) for n, d in flops.items() if d},
         "bert_over_bigs": str_keys(bert_over_bigs),
+        "bert_over_bigs_flops": str_keys(
+            {k: flops["bert"][k] / flops["bigs"][k] for k in flops["bert"]}
+        ),
         "reference_bigs_layer_ms": str_keys(REFERENCE_BIGS_LAYER_MS),
         "reference_bert_layer_ms": str_keys(REFERENCE_BERT_LAYER_MS),
         "reference_over_ours_one_layer": str_keys(ref_over_ours),

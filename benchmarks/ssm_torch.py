@@ -5,8 +5,8 @@ the reference layer's forward (state-spaces/s4, `models/s4/s4d.py`): the kernel 
 complex `exp` per (channel, mode, position), FFT convolution, D skip, GELU, then a 1x1
 convolution to 2 x dim and a GLU. Ours is `lineax_seq.S4D` both as the bare linear layer
 (the `layer` of `benchmarks/ssm.py`) and with the exact (erf) GELU the reference uses and
-`glu=True`, which does the reference's work. Ours are timed as `benchmarks/ssm.py` times them, `jax.jit`
-over the layers' pre-split arrays. Interleaved rounds after a warm-up, each timing a
+`glu=True`, which does the reference's work. Ours are timed as `benchmarks/ssm.py` times
+them, `jax.jit` over the layers' pre-split arrays. Interleaved rounds after a warm-up, each timing a
 competitor over `calls_per_sample` back-to-back calls (1 when a call lasts 20 ms);
 median times and the median of the per-round ratios.
 
