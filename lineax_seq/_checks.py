@@ -201,6 +201,19 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     jax.lax.cond(pred, lambda: jax.debug.callback(callback, pred, partitioned=True), lambda: None)
 
 
+def check_real_traced(name: str, value: Array, sign: str = "positive") -> None:
+    """`check_real` for a traced value (a parameter given as a `jit` argument, or a batch
+    of them under `vmap`): a real dtype now, and finite, of that sign, at run time
+    (`fail_if`), every entry of an array."""
+    if not any(jnp.issubdtype(value.dtype, kind) for kind in (jnp.floating, jnp.integer)):
+        raise ValueError(
+            f"{name} must be {_SIGNS[sign]} real number, got a traced array of dtype {value.dtype}"
+        )
+    signed = {"positive": value > 0, "nonnegative": value >= 0, "finite": True}[sign]
+    bad = ~(jnp.isfinite(value) & signed)
+    fail_if(bad, f"{name} must be {_SIGNS[sign]} real number (a traced {name} is not)")
+
+
 def check_mask_dtype(mask: Array | np.ndarray | None) -> None:
     """A `TypeError` unless `mask` (if given) is boolean: a float mask, e.g. an additive
     one (0 where tokens are kept), would be read as `True` wherever it is non-zero."""

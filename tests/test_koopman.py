@@ -2,6 +2,7 @@
 the diffrax path against the matrix exponential, gradients, losses and bad inputs."""
 
 import json
+import math
 import pickle
 import warnings
 
@@ -703,9 +704,12 @@ def test_half_precision_models(model, single_precision_predictions, dtype):
 
 
 def test_loss_weights_may_be_traced(model, no_jaxtyping):
-    """Weights are data (e.g. a schedule under `jit`); every term is reported."""
+    """Weights are data (e.g. a schedule under `jit`); every term is reported. A traced
+    weight is checked at run time (a negative one gave a finite loss, NaN a NaN loss)."""
     xs = jr.normal(jr.key(10), (5, 2))
     loss = eqx.filter_jit(lambda w: ls.koopman_loss(model, xs, prediction=w))
+    for bad in (-5.0, math.nan):
+        assert_check_fails("prediction must be a finite, non-negative", loss, jnp.asarray(bad))
     traced, terms = loss(jnp.asarray(0.5))
     expected, _ = ls.koopman_loss(model, xs, prediction=0.5)
     np.testing.assert_allclose(traced, expected, rtol=1e-6)
@@ -1163,8 +1167,10 @@ def test_scalar_arguments_are_checked(model):
         ls.LinearKoopmanDynamics(4, init_scale=float("nan"), key=jr.key(0))
     dynamics = ls.LinearKoopmanDynamics(4, dt=np.float32(0.1), init_scale=0, key=jr.key(0))
     assert type(dynamics.dt) is float and not jnp.any(dynamics.K)
-    # An ensemble over init_scale under filter_vmap (traced, so not checked there).
+    # An ensemble over init_scale under filter_vmap (traced: each entry checked).
     make = lambda s: ls.LinearKoopmanDynamics(4, init_scale=s, key=jr.key(0))
+    with pytest.raises(ValueError, match="init_scale must be a finite, non-negative"):
+        eqx.filter_vmap(make)(jnp.array([0.0, jnp.nan]))
     ensemble = eqx.filter_vmap(make)(jnp.array([0.0, 2.0]))
     np.testing.assert_allclose(ensemble.K[1], make(2.0).K, rtol=1e-6)
     assert not jnp.any(ensemble.K[0])

@@ -317,6 +317,9 @@ def test_hyena_filter_bad_inputs(getkey, no_jaxtyping):
         ls.HyenaFilter(2, max_length=8, depth=True, key=getkey())
     with pytest.raises(ValueError, match="frequency=nan"):
         ls.HyenaFilter(2, max_length=8, frequency=float("nan"), key=getkey())
+    make = lambda f: ls.HyenaFilter(2, max_length=8, frequency=f, key=getkey())
+    with pytest.raises(ValueError, match="frequency must be a finite real number"):
+        eqx.filter_vmap(make)(jnp.array([1.0, jnp.inf]))  # an ensemble: every entry
     hyena = ls.HyenaFilter(2, max_length=8, key=getkey())
     for length in (0, -3, 2.5):
         with pytest.raises(ValueError, match=f"length={length}"):

@@ -11,6 +11,7 @@ import jax.random as jr
 import numpy as np
 import pytest
 from _compiles import compilations
+from _devices import assert_check_fails
 
 import lineax_seq as ls
 
@@ -272,7 +273,8 @@ def test_get_system_overrides_parameters(no_jaxtyping):
 def test_system_parameters_are_checked(key):
     """Parameters are checked at construction: finite, and positive (or >= 0) where
     the physics needs it; NumPy and JAX scalars are parameters too, and a system built
-    under `vmap` (traced parameters, which cannot be checked) works."""
+    under `vmap` or `jit` (traced parameters) works, its parameters checked at run time
+    (a negative traced `dt` ran time backwards)."""
     bad = [
         (lambda: ls.Pendulum(length=0.0), "Pendulum.length must be a positive, finite"),
         (lambda: ls.ControlledPendulum(damping=-0.1), "damping must be a finite, non-negative"),
@@ -292,6 +294,14 @@ def test_system_parameters_are_checked(key):
     gs = jnp.array([2.0, 4.0])
     fields = jax.vmap(lambda g: ls.Pendulum(g=g).vector_field(0.0, x, None))(gs)
     np.testing.assert_allclose(fields[:, 1], -gs * jnp.sin(1.0), rtol=1e-6)
+    with pytest.raises(ValueError, match="Pendulum.g must be a positive, finite"):
+        jax.vmap(lambda g: ls.Pendulum(g=g).vector_field(0.0, x, None))(-gs)
+    run = eqx.filter_jit(lambda dt: ls.simulate(ls.Pendulum(dt=dt), x, 3))
+    np.testing.assert_allclose(
+        run(jnp.asarray(0.1)), ls.simulate(ls.Pendulum(dt=0.1), x, 3), rtol=1e-5
+    )
+    for bad in (-0.1, math.nan):
+        assert_check_fails("Pendulum.dt must be a positive, finite", run, jnp.asarray(bad))
     # Counts: a NumPy integer or 0 is a count, -1 is not.
     assert ls.Duffing().sample_initial(key, np.int64(3)).shape == (3, 2)
     assert ls.Lorenz63().sample_initial(key, 0).shape == (0, 3)

@@ -17,6 +17,7 @@ from .._checks import (
     check_finite,
     check_optional_int,
     check_real,
+    check_real_traced,
 )
 from .._numerics import work_dtype
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
@@ -46,7 +47,9 @@ def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
         raise ValueError(
             f"{name} must be a real number or a scalar float array, got {name}={value!r}"
         )
-    if not isinstance(value, jax.core.Tracer):
+    if isinstance(value, jax.core.Tracer):
+        check_real_traced(name, value, "nonnegative")
+    else:
         check_real(name, value, "nonnegative")
     if isinstance(value, np.generic):
         return float(value)

@@ -23,6 +23,7 @@ from .._checks import (
     check_option,
     check_optional_int,
     check_real,
+    check_real_traced,
     fail_if,
 )
 from .._numerics import work_dtype
@@ -588,8 +589,7 @@ def _check_dt0(dt0: object) -> float | Array | None:
             f"dt0 must be a positive, finite real number, got a traced array of shape "
             f"{dt0.shape} and dtype {dt0.dtype}"
         )
-    bad = ~(jnp.isfinite(dt0) & (dt0 > 0))
-    fail_if(bad, "dt0 must be a positive, finite real number")
+    check_real_traced("dt0", dt0)
     return dt0
 
 

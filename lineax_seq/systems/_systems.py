@@ -22,6 +22,7 @@ from .._checks import (
     check_int,
     check_key,
     check_real,
+    check_real_traced,
     check_state_control,
 )
 
@@ -39,8 +40,8 @@ class DynamicalSystem(eqx.Module):
 
     The parameters named in the class variable `constraints` (`{name: sign}`, `sign`
     one of `"positive"`, `"nonnegative"`, `"finite"`; by default `{"dt": "positive"}`)
-    are checked at construction to be real and finite, of that sign; a value traced
-    inside a JAX transform (a system built under `vmap`) cannot be, and is not.
+    are checked at construction to be real and finite, of that sign: a value traced
+    inside a JAX transform (a system built under `jit` or `vmap`) at run time.
 
     Parameters given as Python numbers (the defaults) are static, as in Equinox:
     `eqx.filter_jit` compiles once per value and `eqx.filter_grad` does not
@@ -56,7 +57,8 @@ class DynamicalSystem(eqx.Module):
     def __check_init__(self):
         for name, sign in self.constraints.items():
             value = getattr(self, name)
-            if isinstance(value, jax.core.Tracer):  # built under vmap: unknown here
+            if isinstance(value, jax.core.Tracer):  # a jit argument, or under vmap
+                check_real_traced(f"{type(self).__name__}.{name}", value, sign)
                 continue
             # An array of parameters (a batch of systems, for vmap): every entry.
             for v in np.ravel(np.asarray(value)) if np.ndim(value) else (value,):
