@@ -1,6 +1,8 @@
 """Attention building blocks: oracles against plain softmax attention and direct T5 buckets."""
 
+import functools
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -439,6 +441,30 @@ def test_attention_layers_name_a_batched_input(key, no_jaxtyping):
         ls.SlidingWindowAttention(4, 2, 4, key=key)(jnp.ones((4, 8, 4)))
 
 
+def test_projections_one_by_one_check_their_inputs(key, no_jaxtyping):
+    """`queries`, `keys_values`, `merge_heads` and `heads` check shapes and dtypes as the
+    layers' `__call__` does (a wrong size was a `dot_general` error, integers passed)."""
+    mha = ls.MultiHeadAttention(8, 2, kv_dim=6, key=key)
+    assert mha.queries(jnp.ones((5, 8))).shape == (5, 2, 4)
+    assert mha.keys_values(np.ones((3, 6), np.float32))[0].shape == (3, 2, 4)
+    assert mha.merge_heads(jnp.ones((5, 2, 4))).shape == (5, 8)
+    bad = [
+        (mha.queries, jnp.ones((5, 7)), ValueError, r"`x` must have shape \(length, dim=8\)"),
+        (mha.queries, jnp.ones(8), ValueError, r"`x` must have shape .*got shape \(8,\)"),
+        (mha.queries, jnp.ones((5, 8), int), TypeError, "x must have a real floating dtype"),
+        (mha.keys_values, jnp.ones((3, 8)), ValueError, r"`context` .*\(length, kv_dim=6\)"),
+        (mha.merge_heads, jnp.ones((5, 8)), ValueError, r"`out` must have shape \(q, 2, 4\)"),
+    ]
+    for fn, arg, error, match in bad:
+        with pytest.raises(error, match=match):
+            fn(arg)
+    swa = ls.SlidingWindowAttention(8, 2, 4, key=key)
+    assert swa.heads(jnp.ones((8, 8))).shape == (8, 2, 4)
+    for arg in (jnp.ones((8, 7)), jnp.ones((6, 8))):
+        with pytest.raises(ValueError, match="`x` must"):
+            swa.heads(arg)
+
+
 def test_attention_arguments_checked(key, no_jaxtyping):
     """Sizes, flags and positions are checked where they enter (not by XLA later)."""
     for bad in (True, 2.0):
@@ -552,3 +578,19 @@ def test_relative_position_bucket_names_a_list(no_jaxtyping):
     """A list failed in `jnp.result_type` ("Cannot determine dtype"), naming nothing."""
     with pytest.raises(TypeError, match=r"relative_position must be a JAX or NumPy array"):
         ls.relative_position_bucket([1, -2, 3], bidirectional=False)
+
+
+def test_positions_beyond_int32_are_named_not_wrapped(key, no_jaxtyping):
+    """int64 host positions were cast to int32 silently: 2**33 took the bucket of 0, an
+    offset of 2**32 + 1 that of 1; a Python offset of 2**31 failed inside JAX."""
+    bucket = functools.partial(ls.relative_position_bucket, bidirectional=True)
+    np.testing.assert_array_equal(bucket(np.array([200, -200, 5])), [31, 15, 21])
+    with pytest.raises(ValueError, match=r"relative_position.*int32.*\[-8589934592, 8589934592\]"):
+        bucket(np.array([2**33, -(2**33), 5]))
+    rb = ls.RelativePositionBias(2, key=key)
+    np.testing.assert_array_equal(
+        rb.buckets(2, 3, query_offset=np.int64(5)), rb.buckets(2, 3, query_offset=5)
+    )
+    for offset in (np.int64(2**32 + 1), 2**31):
+        with pytest.raises(ValueError, match=re.escape(f"query_offset={offset!r}")):
+            rb.buckets(2, 3, query_offset=offset)

@@ -36,6 +36,17 @@ def _check_buckets(
     return num_buckets, max_distance
 
 
+def _check_range(name: str, low: int, high: int, dtype: object, got: str) -> None:
+    """A `ValueError` naming `name` unless relative positions `[low, high]` fit `dtype`
+    as JAX holds it (int32 unless x64 is on), negated too: JAX would wrap them."""
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(dtype))
+    if low <= info.min or high > info.max:
+        raise ValueError(
+            f"`{name}` must give relative positions in ({info.min}, {info.max}] (JAX "
+            f"computes them in {info.dtype}), got {got}."
+        )
+
+
 def relative_position_bucket(
     relative_position: Int[Array | np.ndarray, "*shape"],
     *,
@@ -66,6 +77,12 @@ def relative_position_bucket(
     int32 (int64 for int64 positions).
     """
     num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
+    if not isinstance(relative_position, jax.Array):  # host values, which JAX would wrap
+        host = np.asarray(relative_position)
+        if host.size and np.issubdtype(host.dtype, np.integer):
+            low, high = int(host.min()), int(host.max())
+            got = f"values in [{low}, {high}]"
+            _check_range("relative_position", low, high, host.dtype, got)
     relative_position = as_array("relative_position", relative_position)
     dtype = jnp.result_type(relative_position)
     if not jnp.issubdtype(dtype, jnp.signedinteger):
@@ -159,7 +176,8 @@ class RelativePositionBias(eqx.Module):
         *,
         query_offset: IntLike | Int[Array, ""] = 0,
     ) -> Int[Array, "query_length key_length"]:
-        """Bucket index of every (query, key) pair; see `__call__` for the positions.
+        """Bucket index of every (query, key) pair: `query_length` queries from position
+        `query_offset` on, `key_length` keys from 0 (see `__call__`).
 
         Returns an integer array `(query_length, key_length)`.
         """
@@ -183,6 +201,11 @@ class RelativePositionBias(eqx.Module):
             if isinstance(query_offset, jax.Array | np.ndarray)
             else jnp.int32
         )
+        if not isinstance(query_offset, jax.Array):  # a host value, which JAX would wrap
+            last = int(query_offset) + query_length - 1  # the last query's position
+            low, high = min(-last, int(query_offset)), max(last, key_length - 1)
+            got = f"query_offset={query_offset!r} (positions in [{low}, {high}])"
+            _check_range("query_offset", low, high, dtype, got)
         q_pos = query_offset + jnp.arange(query_length, dtype=dtype)
         k_pos = jnp.arange(key_length, dtype=dtype)
         return relative_position_bucket(

@@ -1,13 +1,14 @@
 """Multi-head (self- and cross-) attention on `jax.nn.dot_product_attention`."""
 
 import equinox as eqx
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from beartype import beartype
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, jaxtyped
 
-from .._checks import IntLike, as_arrays, check_bool, check_int, check_key
+from .._checks import IntLike, as_arrays, check_bool, check_float_dtype, check_int, check_key
 from .._nn import apply_linear
 from ._core import attend, check_implementation, clip_bias
 
@@ -92,18 +93,24 @@ class MultiHeadAttention(eqx.Module):
 
     def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
         """Project `x` `(q, dim)` to per-head queries `(q, heads, head_dim)`."""
+        x = _checked("x", x, (self.dim,), f"length, dim={self.dim}")
         return rearrange(apply_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
 
     def keys_values(
         self, context: Float[Array, "k kv_dim"]
     ) -> tuple[Float[Array, "k heads head_dim"], Float[Array, "k heads head_dim"]]:
         """Project `context` `(k, kv_dim)` to keys and values, each `(k, heads, head_dim)`."""
+        context = _checked("context", context, (self.kv_dim,), f"length, kv_dim={self.kv_dim}")
         k = rearrange(apply_linear(self.key_proj, context), "k (h d) -> k h d", h=self.num_heads)
         v = rearrange(apply_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
         return k, v
 
     def merge_heads(self, out: Float[Array, "q heads head_dim"]) -> Float[Array, "q dim"]:
-        """Concatenate heads `(q, heads, head_dim)`, apply the output projection: `(q, dim)`."""
+        """Concatenate heads `out` `(q, heads, head_dim)` and apply the output projection:
+        `(q, dim)`."""
+        out = _checked(
+            "out", out, (self.num_heads, self.head_dim), f"q, {self.num_heads}, {self.head_dim}"
+        )
         out = rearrange(out, "q h d -> q (h d)")
         return out if self.output_proj is None else apply_linear(self.output_proj, out)
 
@@ -142,15 +149,8 @@ class MultiHeadAttention(eqx.Module):
         `eqx.nn.Linear`'s output: float32 for bfloat16 inputs to float32 weights).
         """
         x, context, mask, bias = as_arrays(x, context, mask, bias)
-        for name, value in (("x", x), ("context", context)):
-            if value is not None and value.ndim != 2:
-                raise ValueError(
-                    f"`{name}` must have shape (length, features) (one example: jax.vmap "
-                    f"over a batch), got shape {value.shape}."
-                )
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"`x` must have {self.dim} features, got shape {x.shape}.")
-        if context is not None and context.shape[0] == 0 and x.shape[0] > 0:
+        x = _checked("x", x, (self.dim,), f"length, dim={self.dim}")
+        if context is not None and context.ndim == 2 and context.shape[0] == 0 and x.shape[0]:
             raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
         if context is None and self.kv_dim != self.dim:
             raise ValueError(
@@ -158,11 +158,11 @@ class MultiHeadAttention(eqx.Module):
                 f"kv_dim={self.kv_dim} and dim={self.dim}: pass the keys' and values' "
                 "`context`."
             )
-        context = x if context is None else context
-        if context.shape[-1] != self.kv_dim:
-            raise ValueError(
-                f"`context` must have kv_dim={self.kv_dim} features, got shape {context.shape}."
-            )
+        context = (
+            x
+            if context is None
+            else _checked("context", context, (self.kv_dim,), f"length, kv_dim={self.kv_dim}")
+        )
         if mask is not None and mask.dtype != bool:
             # (Other dtypes would be read as truthy: an additive 0 / -inf mask, inverted.)
             raise TypeError(
@@ -188,3 +188,16 @@ class MultiHeadAttention(eqx.Module):
         k, v = self.keys_values(context)
         out = attend(q, k, v, bias=bias, mask=mask, implementation=self.implementation)
         return self.merge_heads(out)
+
+
+def _checked(name: str, a: object, features: tuple[int, ...], shape: str) -> Array:
+    """`a` as an array of shape `(length, *features)` (described by `shape`) with a
+    floating dtype, or an error naming `name` (one example: a batch is `jax.vmap`'s)."""
+    a = jnp.asarray(a)
+    if a.shape[1:] != features:
+        raise ValueError(
+            f"`{name}` must have shape ({shape}) (one example: jax.vmap over a batch), got "
+            f"shape {a.shape}."
+        )
+    check_float_dtype(name, a)
+    return a

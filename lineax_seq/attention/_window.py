@@ -261,7 +261,10 @@ class SlidingWindowAttention(eqx.Module):
         self.window = window
 
     def heads(self, x: Float[Array, "length dim"]) -> Float[Array, "length heads head_dim"]:
-        """Per-head outputs `(length, heads, head_dim)` of `x` `(length, dim)`, before merging."""
+        """Per-head outputs `(length, heads, head_dim)` of `x` `(length, dim)`, before
+        merging; `length` a multiple of `window`."""
+        x = jnp.asarray(x)
+        check_sequence(x, self.window, self.attention.dim)
         k, v = self.attention.keys_values(x)
         return self.attend(self.attention.queries(x), k, v)
 
@@ -294,6 +297,4 @@ class SlidingWindowAttention(eqx.Module):
 
         Shape `(length, dim)`.
         """
-        x = jnp.asarray(x)
-        check_sequence(x, self.window, self.attention.dim)
         return self.attention.merge_heads(self.heads(x))
