@@ -116,6 +116,15 @@ def check_key(name: str, key: object) -> None:
     )
 
 
+def check_instance(name: str, value: object, *classes: type) -> None:
+    """A `TypeError` naming `name` unless `value` is an instance of one of `classes`."""
+    if not isinstance(value, classes):
+        expected = " or ".join(cls.__name__ for cls in classes)
+        raise TypeError(
+            f"{name} must be an instance of {expected}, got an instance of {type(value).__name__}"
+        )
+
+
 def check_option(name: str, value: object, cls: type) -> None:
     """A `TypeError` naming the option `name` (a diffrax solver, controller...) unless it
     is `None` or an instance of `cls`."""

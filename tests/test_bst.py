@@ -326,6 +326,16 @@ def test_generate_arguments(sh_lm, getkey):
                 ls.generate(sh_lm, prompt, steps, key=getkey(), **kw)
 
 
+def test_generate_names_its_model_and_steps(sh_lm, getkey, no_jaxtyping):
+    """A model of another type was an AttributeError (`_check_tokens`), and steps past
+    int32's positions an OverflowError from NumPy."""
+    prompt = jnp.array([1, 2, 3])
+    with pytest.raises(TypeError, match="lm must be an instance of BlockStateTransformerLM, got"):
+        ls.generate("lm", prompt, 3, key=getkey())
+    with pytest.raises(ValueError, match=r"steps=2147483645 after a prompt of 3"):
+        ls.generate(sh_lm, prompt, 2**31 - 3, key=getkey())
+
+
 @pytest.mark.parametrize("variant", ["BST:SH:S4", "BST:MF:UNSTRUCT"])
 def test_decoding_in_bfloat16_and_under_x64(variant, getkey):
     """The decoding caches take the model's dtype: a model cast to bfloat16 decodes in

@@ -509,6 +509,13 @@ def test_train_bad_input(data, tmp_path):
     vector_loss = lambda model, batch, key: (jax.vmap(model)(batch[0]).sum(-1), None)
     with pytest.raises(ValueError, match=r"loss_fn: the loss has shape \(8,\); it must be a"):
         ls.train(args[0], args[1], vector_loss, data, steps=1, key=jr.key(0), progress=False)
+    int_loss = lambda model, batch, key: (jnp.sum(batch[1] > 0), None)  # (grad's error)
+    with pytest.raises(ValueError, match=r"loss_fn: the loss has dtype int32; it must be a"):
+        ls.train(args[0], args[1], int_loss, data, steps=1, key=jr.key(0), progress=False)
+    # An out_dir that is a file (it was a bare FileExistsError).
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"out_dir=.*file' is a file, not a directory"):
+        ls.train(*args, steps=1, key=jr.key(0), out_dir=tmp_path / "file", progress=False)
     old = '{"step": 3, "split": "train", "loss": 1.0}\n'
     (tmp_path / "metrics.jsonl").write_text(old)
     with pytest.raises(ValueError, match=r"already holds a run .* resume=False"):
@@ -651,6 +658,10 @@ def test_save_checkpoint_bad_input(tmp_path):
         ):
             save(tmp_path, 1, model=model, extra=bad)
     assert list(tmp_path.iterdir()) == []  # nothing written
+    (tmp_path / "file").write_text("x")  # (a bare FileExistsError)
+    with pytest.raises(ValueError, match=r"directory=.*file' is a file, not a checkpoint"):
+        save(tmp_path / "file", 1, model=model)
+    (tmp_path / "file").unlink()
     # pathlib's own error named neither the argument nor its value (without jaxtyping's
     # import hook, which names the parameter itself).
     unwrap = inspect.unwrap
@@ -962,3 +973,18 @@ def test_aux_metrics_may_not_take_the_names_the_loop_records(name):
         step(model, ls.make_optimizer(1e-2).init(model), batch, jr.key(0))
     with pytest.raises(ValueError, match=f"eval_fn: aux metric name '{name}' is reserved"):
         ls.make_eval_step(loss_fn)(model, batch, jr.key(0))
+
+
+def test_a_donated_model_given_again_is_named():
+    """The step donates the model's and optimiser state's buffers: passing the old ones
+    again was XLA's "Buffer has been deleted or donated", naming neither."""
+    batch = np.ones((4, 3), np.float32)
+    loss_fn = lambda w, b, key: (jnp.mean((b @ w) ** 2), None)
+    opt = ls.make_optimizer(1e-2)
+    step = ls.make_train_step(loss_fn, opt)
+    model = jnp.ones(3)
+    state = opt.init(model)
+    new_model, new_state, _ = step(model, state, batch, jr.key(0))
+    with pytest.raises(ValueError, match="already donated to a train step.*donate=False"):
+        step(model, state, batch, jr.key(0))
+    step(new_model, new_state, batch, jr.key(0))  # the returned ones go on

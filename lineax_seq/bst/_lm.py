@@ -19,6 +19,7 @@ from .._checks import (
     check_bool,
     check_choice,
     check_ids,
+    check_instance,
     check_int,
     check_key,
     check_real,
@@ -636,6 +637,7 @@ def generate(
     (int64 for an int64 prompt when `jax_enable_x64` is on; without it JAX holds int64
     as int32).
     """
+    check_instance("lm", lm, BlockStateTransformerLM)
     (prompt,) = host_arrays(prompt)
     if not jnp.issubdtype(prompt.dtype, jnp.integer):
         raise TypeError(f"`prompt` must hold integer tokens, got dtype {prompt.dtype}.")
@@ -645,6 +647,11 @@ def generate(
     if prompt.dtype not in (jnp.int32, jnp.int64):  # narrow types cannot hold the samples
         prompt = prompt.astype(jnp.int32)
     steps = check_int("steps", steps, minimum=0)
+    if prompt.shape[0] + steps >= 2**31:  # positions are int32
+        raise ValueError(
+            f"`steps` must keep prompt + steps below 2**31 positions, got steps={steps} "
+            f"after a prompt of {prompt.shape[0]}."
+        )
     check_key("key", key)
     temperature = check_real("temperature", temperature, "nonnegative")
     if top_k is not None:

@@ -15,13 +15,14 @@ from .._checks import (
     as_float_array,
     check_choice,
     check_finite,
+    check_instance,
     check_optional_int,
     check_real,
     check_real_traced,
 )
 from .._numerics import work_dtype
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
-from ._unroll import METHODS, check_model, promote, unroll, unroll_latents
+from ._unroll import METHODS, promote, unroll, unroll_latents
 
 _Weight = RealLike | np.integer | np.floating | Float[Array, ""]
 
@@ -121,7 +122,7 @@ def koopman_loss(
     `(loss, terms)`: the weighted scalar loss and a dict of the unweighted terms
     (every term, whatever its weight; `"action"` only with an action head and actions).
     """
-    check_model(model, KoopmanAutoencoder)
+    check_instance("model", model, KoopmanAutoencoder)
     # Checked here, not by `unroll_latents`'s type checker: its error names a function
     # the caller never called.
     reencode_every = check_optional_int("reencode_every", reencode_every)
@@ -191,7 +192,7 @@ def mlp_baseline_loss(
     `(loss, terms)`: the scalar loss and a dict of its one term, `{"prediction": loss}`
     (the key of the same term in `koopman_loss`).
     """
-    check_model(model, MLPBaseline)
+    check_instance("model", model, MLPBaseline)
     xs, actions, steps = _check_window(model, xs, actions)
     pred = unroll(model, xs[0], actions, steps=steps)
     loss = jnp.sum(_norms(xs[1:] - pred))

@@ -19,6 +19,7 @@ from .._checks import (
     RealScalar,
     check_bool,
     check_choice,
+    check_instance,
     check_int,
     check_option,
     check_optional_int,
@@ -58,15 +59,6 @@ def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...
     params = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
     dtype = jnp.result_type(*params, *(a for a in arrays if a is not None))
     return tuple(None if a is None else a.astype(dtype) for a in arrays)
-
-
-def check_model(model: object, *classes: type) -> None:
-    """A `TypeError` naming `model` unless it is an instance of one of `classes`."""
-    if not isinstance(model, classes):
-        expected = " or ".join(cls.__name__ for cls in classes)
-        raise TypeError(
-            f"model must be an instance of {expected}, got an instance of {type(model).__name__}"
-        )
 
 
 def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
@@ -268,7 +260,7 @@ def unroll_latents(
 
     The latents `zhat_1 .. zhat_steps`, shape `(steps, latent_dim)`.
     """
-    check_model(model, KoopmanAutoencoder)
+    check_instance("model", model, KoopmanAutoencoder)
     checked = _check_unroll(model, x0, actions, steps, reencode_every, method)
     return _latents(model, *checked, method)
 
@@ -321,7 +313,7 @@ def unroll(
 
     The predicted states `x_1 .. x_steps`, shape `(steps, state_dim)`.
     """
-    check_model(model, KoopmanAutoencoder, MLPBaseline)
+    check_instance("model", model, KoopmanAutoencoder, MLPBaseline)
     x0, actions, steps, reencode_every = _check_unroll(
         model, x0, actions, steps, reencode_every, method
     )
@@ -706,7 +698,7 @@ def unroll_continuous(
     inputs together. A float16 / bfloat16 model with half-precision times is integrated in
     float32.
     """
-    check_model(model, KoopmanAutoencoder)
+    check_instance("model", model, KoopmanAutoencoder)
     if model.action_dim != 0:
         raise ValueError(
             f"unroll_continuous supports autonomous models only; this model has "

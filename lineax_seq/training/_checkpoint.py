@@ -346,6 +346,8 @@ def save_checkpoint(
     _check_json("data_state", _to_json(data_state))
     _check_json("extra", extra or {})
     directory = check_path("directory", directory)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"directory={str(directory)!r} is a file, not a checkpoint directory.")
     tree, typed_keys = _unwrap_keys({"model": model, "opt_state": opt_state, "key": key})
     key_impl = typed_keys.pop(_KEY_PATH, None)
     tree = _host_tree(tree)

@@ -108,6 +108,11 @@ def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, An
         )
     if jnp.ndim(out[0]) != 0:  # checked here, before the gradient's own error
         raise ValueError(f"{name}: the loss has shape {jnp.shape(out[0])}; it must be a scalar.")
+    if not jnp.issubdtype(jnp.result_type(out[0]), jnp.floating):
+        raise ValueError(
+            f"{name}: the loss has dtype {jnp.result_type(out[0])}; it must be a real "
+            "floating scalar (a gradient needs one)."
+        )
     return out
 
 
@@ -194,6 +199,10 @@ def _check_opt_state(opt_state: PyTree, optimizer: optax.GradientTransformation,
         )
 
 
+def _is_deleted(x: object) -> bool:
+    return isinstance(x, jax.Array) and x.is_deleted()
+
+
 def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
     """`eqx.filter_jit(fun, donate="all-except-first" if donate else "none")` for
     `fun(inputs, model, opt_state)`, without its wait for the result: a filter-jitted
@@ -212,9 +221,19 @@ def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
     def call(inputs, model, opt_state):
         kept, inputs_static = eqxi.hashable_partition(inputs, eqx.is_array)
         donated, state_static = eqxi.hashable_partition((model, opt_state), eqx.is_array)
-        with warnings.catch_warnings():  # (as eqx.filter_jit: e.g. donated int scalars)
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            dynamic, out_static = train_step((inputs_static, state_static), kept, donated)
+        try:
+            with warnings.catch_warnings():  # (as eqx.filter_jit: e.g. donated int scalars)
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                dynamic, out_static = train_step((inputs_static, state_static), kept, donated)
+        except ValueError as e:  # XLA's "Buffer has been deleted or donated", named
+            if not any(_is_deleted(x) for x in jax.tree.leaves(donated)):
+                raise
+            raise ValueError(
+                "model or opt_state holds arrays already donated to a train step (its "
+                "buffers are reused for the step's outputs): pass the model and opt_state "
+                "the last step returned, copy what you keep, or build the step with "
+                "donate=False."
+            ) from e
         return eqx.combine(dynamic, out_static.value)
 
     return call
@@ -875,18 +894,19 @@ def train(
     """Train a model: jitted steps, progress bar, JSONL metrics, eval, checkpoints.
 
     With `train_key, eval_key = jax.random.split(key)`, step `s` (0-based) uses the PRNG
-    key `jr.fold_in(train_key, s)` and batch `i` of the evaluation after step `s`
-    `jr.fold_in(jr.fold_in(eval_key, s), i)`, so a resumed run draws exactly the keys an
-    uninterrupted one would. Before the first step, `eval_data`'s first batch is traced
-    through `eval_fn` (nothing runs), so that an empty `eval_data` or a failing `eval_fn`
-    stops the run at its start, not after it. With `out_dir` set, metrics go
-    to `out_dir/metrics.jsonl` (one JSON record per line), checkpoints to
-    `out_dir/checkpoints/step_XXXXXXXX` (atomic, last `keep_checkpoints` kept) and, with
-    `plot=True`, the curves to `out_dir/curves.png`. With `resume=True` (default) a
-    run finding a checkpoint there restores model, optimiser state, key and the data
-    iterator's position, rewinds `metrics.jsonl` to that step and continues exactly (an
-    `out_dir` holding metrics but no checkpoint starts again from step 0, moving the old
-    metrics to `metrics.jsonl.prev`, or `.prev.1`, `.prev.2`... if that exists).
+    key `jr.fold_in(train_key, s)` and batch `i` of the evaluation after `n` steps (the
+    `"step"` `metrics.jsonl` records) `jr.fold_in(jr.fold_in(eval_key, n), i)`, so a
+    resumed run draws exactly the keys an uninterrupted one would. Before the first
+    step, `eval_data`'s first batch is traced through `eval_fn` (nothing runs), so that
+    an empty `eval_data` or a failing `eval_fn` stops the run at its start, not after it.
+    With `out_dir` set, metrics go to `out_dir/metrics.jsonl` (one JSON record per line),
+    checkpoints to `out_dir/checkpoints/step_XXXXXXXX` (atomic, last `keep_checkpoints`
+    kept) and, with `plot=True`, the curves to `out_dir/curves.png`. With `resume=True`
+    (default) a run finding a checkpoint there restores model, optimiser state, key and
+    the data iterator's position, rewinds `metrics.jsonl` to that step and continues
+    exactly (an `out_dir` holding metrics but no checkpoint starts again from step 0,
+    moving the old metrics to `metrics.jsonl.prev`, or `.prev.1`, `.prev.2`... if that
+    exists).
 
     The train and evaluation steps are compiled once per `loss_fn`, `eval_fn` and
     `optimizer`, compared by identity (and per shape of the model and batches): a later
@@ -991,6 +1011,8 @@ def train(
 
     is_main = jax.process_index() == 0
     out = None if out_dir is None else pathlib.Path(out_dir)
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir={str(out)!r} is a file, not a directory for the run.")
     if out is not None and is_main:
         out.mkdir(parents=True, exist_ok=True)
     metrics_path = None if out is None or not is_main else out / METRICS_FILE
