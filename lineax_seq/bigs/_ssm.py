@@ -186,8 +186,9 @@ class DirectionalSSM(eqx.Module):
         return self.kernel_fn(length)
 
     def impulse_response(self, length: IntLike) -> Float[Array, "kc {length}"]:
-        """`K` with the skip `D` added at lag 0: `y = conv(impulse_response, u)`, in
-        `K`'s dtype (float32 also for bfloat16 or float16 parameters)."""
+        """`K` for `length` lags with the skip `D` added at lag 0, shape `(kc, length)`:
+        `y = conv(impulse_response, u)`, in `K`'s dtype (float32 also for bfloat16 or
+        float16 parameters)."""
         k = self.kernel_fn(length)
         return k.at[:, 0].add(self.d.astype(k.dtype))
 

@@ -226,7 +226,8 @@ class SlidingWindowLayer(eqx.Module):
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:
-        """Empty decoding cache (the attention frame; `O(window)` memory)."""
+        """Empty decoding cache (the attention frame; `O(window)` memory) for sequences of
+        up to `max_length` positions (checked; the frame's size does not depend on it)."""
         check_int("max_length", max_length)
         return {"frame": _init_frame(self.attention)}
 
@@ -536,7 +537,8 @@ class BlockStateTransformerLayer(eqx.Module):
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:
-        """Empty decoding cache: attention frame, SSM state and current-block context."""
+        """Empty decoding cache for sequences of up to `max_length` positions: attention
+        frame, SSM state and current-block context."""
         max_length = check_int("max_length", max_length)
         return {
             "frame": _init_frame(self.self_attention),
@@ -761,8 +763,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         return x + self.mlp(_norm(self.mlp_norm, x))
 
     def init_cache(self, max_length: IntLike) -> Cache:
-        """Empty decoding cache: attention frame, the recurrent states, and the states'
-        normalised form and keys/values (they change once a block)."""
+        """Empty decoding cache for sequences of up to `max_length` positions (checked;
+        the cache's size does not depend on it): attention frame, the recurrent states,
+        and the states' normalised form and keys/values (they change once a block)."""
         check_int("max_length", max_length)
         s, (ks, vs) = self._state_kv(self.initial_state)
         states = {"states": self.initial_state, "s": s, "ks": ks, "vs": vs}

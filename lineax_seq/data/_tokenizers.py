@@ -156,7 +156,7 @@ class Tokenizer(Protocol):
         ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`encode` of every text: a list of int32 arrays of shape `(n_i,)`."""
+        """`encode` of every text of `texts`: a list of int32 arrays of shape `(n_i,)`."""
         ...
 
     def decode(self, ids: TokenIds) -> str:

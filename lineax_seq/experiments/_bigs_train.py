@@ -345,7 +345,8 @@ def mlm_data(
     train: bool,
 ) -> Any:
     """Masked-LM batches: shuffled with dynamic masking, forever (`train`), or one
-    ordered pass with fixed masking (held-out data: the same batches for every model)."""
+    ordered pass with fixed masking (held-out data: the same batches for every model;
+    a last incomplete batch is left out, as in the committed ablation results)."""
     if train:
         return ls.mlm_dataset(
             texts, tok, length=length, batch_size=batch_size, mask_prob=mask_rate, seed=seed

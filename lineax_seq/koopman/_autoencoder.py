@@ -349,7 +349,7 @@ class KoopmanAutoencoder(eqx.Module):
     def predict_action(
         self, z: Float[Array | np.ndarray, " latent_dim"]
     ) -> Float[Array, " head_action_dim"]:
-        """The action head: latent `(latent_dim,)` -> action `(head_action_dim,)`."""
+        """The action head: the action `(head_action_dim,)` of latent `z` `(latent_dim,)`."""
         if self.action_head is None:
             raise ValueError("this model was built with action_head=False")
         z = as_float_array("z", z)
@@ -362,8 +362,9 @@ class KoopmanAutoencoder(eqx.Module):
         z: Float[Array | np.ndarray, " latent_dim"],
         v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent_dim"]:
-        """One latent step `z_{t+1}` `(latent_dim,)` from `z_t` `(latent_dim,)` and the
-        encoded control `v_t` `(action_latent,)` (`None` for an autonomous model)."""
+        """One latent step `z_{t+1}` `(latent_dim,)` from `z` = `z_t` `(latent_dim,)` and
+        the encoded control `v` = `v_t` `(action_latent,)` (`None` for an autonomous
+        model)."""
         return self.dynamics(z, v)
 
     def __call__(

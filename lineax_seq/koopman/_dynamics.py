@@ -104,8 +104,8 @@ class AbstractLatentDynamics(eqx.Module):
         z: Float[Array | np.ndarray, " latent"],
         v: Float[Array | np.ndarray, " action_latent"] | None = None,
     ) -> Float[Array, " latent"]:
-        """One discrete step `z_{t+1}` `(latent,)` from `z_t` `(latent,)` and the encoded
-        control `v_t` `(action_latent,)` (or `None`)."""
+        """One discrete step `z_{t+1}` `(latent,)` from `z` = `z_t` `(latent,)` and the
+        encoded control `v` = `v_t` `(action_latent,)` (or `None`)."""
 
     def _check(self, z: object, v: object) -> tuple[Array, Array | None]:
         """`z` and `v` as JAX arrays of a real floating dtype: `z` of shape

@@ -105,6 +105,11 @@ class ParabolicAttractor(DynamicalSystem):
 
     Admits the closed-form Koopman embedding `(x1, x2, x1^2)`. Initial conditions
     `x1, x2 ~ U[-1, 1]` (section 1.4.1).
+
+    **Fields:**
+
+    - `mu`, `lam`: the two rates (default -0.1 and -1), finite.
+    - `dt`: the sampling interval of trajectories (default 0.01), positive.
     """
 
     state_dim: ClassVar[int] = 2
@@ -135,6 +140,10 @@ class Duffing(DynamicalSystem):
 
     Two centres at `(+-1, 0)` and a saddle at the origin. Initial conditions
     `x ~ U[-2, 2]`, `x' ~ U[-1, 1]`. The energy `v^2/2 - x^2/2 + x^4/4` is conserved.
+
+    **Fields:**
+
+    - `dt`: the sampling interval of trajectories (default 0.01), positive.
     """
 
     state_dim: ClassVar[int] = 2
@@ -163,6 +172,11 @@ class LotkaVolterra(DynamicalSystem):
 
     All four rates default to 0.2; initial conditions `x1, x2 ~ U[0.02, 3]`. The
     quantity `delta x1 - gamma log x1 + beta x2 - alpha log x2` is conserved.
+
+    **Fields:**
+
+    - `alpha`, `beta`, `gamma`, `delta`: the rates (default 0.2 each), positive.
+    - `dt`: the sampling interval of trajectories (default 0.01), positive.
     """
 
     state_dim: ClassVar[int] = 2
@@ -216,6 +230,15 @@ class Pendulum(DynamicalSystem):
     `theta = pi` (180 degrees; section 1.4.1). `release_deg=0` releases it near the
     bottom instead, where it swings as an almost linear oscillator. `energy` is
     conserved.
+
+    **Fields:**
+
+    - `g`: gravitational acceleration (default 9.81), positive.
+    - `length`: the pole's length (default 1), positive.
+    - `max_offset_deg`: the largest release offset from `release_deg`, in degrees
+        (default 10), `>= 0`.
+    - `release_deg`: the centre of the release angles, in degrees (default 180), finite.
+    - `dt`: the sampling interval of trajectories (default 0.01), positive.
     """
 
     state_dim: ClassVar[int] = 2
@@ -264,6 +287,14 @@ class ControlledPendulum(DynamicalSystem):
     `vector_field` (`None`: no torque). Initial
     conditions: `theta ~ U[-pi, pi]`, `omega ~ U[-1, 1]`; `sample_actions` draws torques
     `U[-max_torque, max_torque]`, held constant over each sampling interval.
+
+    **Fields:**
+
+    - `g`: gravitational acceleration (default 9.81), positive.
+    - `length`: the pole's length `l` (default 1), positive.
+    - `damping`: the friction coefficient `b` (default 0.1), `>= 0`.
+    - `max_torque`: the bound of `sample_actions`' torques (default 2), `>= 0`.
+    - `dt`: the sampling interval of trajectories (default 0.01), positive.
     """
 
     state_dim: ClassVar[int] = 2
@@ -316,7 +347,12 @@ class Lorenz63(DynamicalSystem):
     """Lorenz '63 `x' = sigma (y - x)`, `y' = x (rho - z) - y`, `z' = x y - beta z`.
 
     Chaotic at the original parameters (10, 28, 8/3); initial conditions
-    `(0, 1, 1.05) + N(0, 1)`; sampled every `dt = 0.02`.
+    `(0, 1, 1.05) + N(0, 1)`.
+
+    **Fields:**
+
+    - `sigma`, `rho`, `beta`: the parameters (default 10, 28 and 8/3), positive.
+    - `dt`: the sampling interval of trajectories (default 0.02), positive.
     """
 
     state_dim: ClassVar[int] = 3
