@@ -91,13 +91,13 @@ class MultiHeadAttention(eqx.Module):
         self.head_dim = dim // num_heads
         self.implementation = implementation
 
-    def queries(self, x: Float[Array, "q dim"]) -> Float[Array, "q heads head_dim"]:
+    def queries(self, x: Float[Array | np.ndarray, "q dim"]) -> Float[Array, "q heads head_dim"]:
         """Project `x` `(q, dim)` to per-head queries `(q, heads, head_dim)`."""
         x = _checked("x", x, (self.dim,), f"length, dim={self.dim}")
         return rearrange(apply_linear(self.query_proj, x), "q (h d) -> q h d", h=self.num_heads)
 
     def keys_values(
-        self, context: Float[Array, "k kv_dim"]
+        self, context: Float[Array | np.ndarray, "k kv_dim"]
     ) -> tuple[Float[Array, "k heads head_dim"], Float[Array, "k heads head_dim"]]:
         """Project `context` `(k, kv_dim)` to keys and values, each `(k, heads, head_dim)`."""
         context = _checked("context", context, (self.kv_dim,), f"length, kv_dim={self.kv_dim}")
@@ -105,7 +105,9 @@ class MultiHeadAttention(eqx.Module):
         v = rearrange(apply_linear(self.value_proj, context), "k (h d) -> k h d", h=self.num_heads)
         return k, v
 
-    def merge_heads(self, out: Float[Array, "q heads head_dim"]) -> Float[Array, "q dim"]:
+    def merge_heads(
+        self, out: Float[Array | np.ndarray, "q heads head_dim"]
+    ) -> Float[Array, "q dim"]:
         """Concatenate heads `out` `(q, heads, head_dim)` and apply the output projection:
         `(q, dim)`."""
         out = _checked(

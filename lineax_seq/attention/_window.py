@@ -260,7 +260,9 @@ class SlidingWindowAttention(eqx.Module):
         )
         self.window = window
 
-    def heads(self, x: Float[Array, "length dim"]) -> Float[Array, "length heads head_dim"]:
+    def heads(
+        self, x: Float[Array | np.ndarray, "length dim"]
+    ) -> Float[Array, "length heads head_dim"]:
         """Per-head outputs `(length, heads, head_dim)` of `x` `(length, dim)`, before
         merging; `length` a multiple of `window`."""
         x = jnp.asarray(x)
