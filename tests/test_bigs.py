@@ -447,6 +447,29 @@ def test_inference_mode_disables_dropout(mods, getkey):
     assert out.shape == (3,) and bool(jnp.all(jnp.isfinite(out)))
 
 
+def test_edits_with_tree_at_are_followed(getkey):
+    """`num_layers` and a head's `num_outputs` are read off the arrays, so cutting the
+    stacked layers or swapping the classifier keeps the model working (they were static
+    copies: a keyed call failed in `scan`, `layer(2)` returned layer 1 as JAX clamps,
+    and the head's output failed its own type check). Dropout flags set apart, which one
+    decision for the model would overrule, are an error."""
+    tokens = jnp.arange(6) % VOCAB
+    model = ls.BiGS(VOCAB, DIM, 3, dropout=0.1, state_size=4, key=getkey())
+    cut = lambda x: x[:2] if eqx.is_array(x) and x.ndim else x
+    two = eqx.tree_at(lambda m: m.layers, model, jax.tree.map(cut, model.layers))
+    assert two.num_layers == two.config()["num_layers"] == 2
+    assert two(tokens, key=getkey()).shape == (6, DIM)
+    with pytest.raises(ValueError, match=r"i must be an integer in \[-2, 2\), got i=2"):
+        two.layer(2)
+    head = ls.SequenceClassificationHead(DIM, 3, key=getkey())
+    five = eqx.tree_at(lambda h: h.classifier, head, eqx.nn.Linear(DIM, 5, key=getkey()))
+    assert five.num_outputs == 5 and five(jnp.ones((4, DIM))).shape == (5,)
+    mixed = eqx.tree_at(lambda m: m.dropout, model, eqx.nn.inference_mode(model.dropout))
+    with pytest.raises(ValueError, match="dropout modules' `inference` flags differ"):
+        mixed(tokens, key=getkey())
+    np.testing.assert_array_equal(mixed(tokens, inference=True), model(tokens, inference=True))
+
+
 def test_dropout_is_off_by_default():
     """Built without `dropout=`, the encoder and heads need no key (as Equinox's layers);
     the named configurations carry the paper's 0.1."""

@@ -196,7 +196,6 @@ class BiGS(eqx.Module):
     layers: GatedLayer | StackLayer
     final_norm: eqx.nn.LayerNorm | None
     dim: int = eqx.field(static=True)
-    num_layers: int = eqx.field(static=True)
     architecture: str = eqx.field(static=True)
     routing: str = eqx.field(static=True)
     inner_dim: int = eqx.field(static=True)
@@ -314,7 +313,6 @@ class BiGS(eqx.Module):
         )
         self.dropout = eqx.nn.Dropout(dropout)
         self.dim = dim
-        self.num_layers = num_layers
         self.architecture = architecture
         self.routing = routing
         self.inner_dim = inner_dim
@@ -361,6 +359,14 @@ class BiGS(eqx.Module):
         """
         check_choice("name", name, tuple(sorted(BIGS_CONFIGS)))
         return cls(vocab_size, key=key, **{**BIGS_CONFIGS[name], **overrides})
+
+    @property
+    def num_layers(self) -> int:
+        """The number of layers: the stacked layers' leading axis (so it follows an
+        `eqx.tree_at` that cuts or stacks layers)."""
+        return next(
+            x.shape[0] for x in jax.tree.leaves(self.layers) if len(getattr(x, "shape", ()))
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -449,7 +455,7 @@ class BiGS(eqx.Module):
         - `token_types`: optional segment ids in `[0, num_token_types)`, shape `(length,)`.
         - `key`: dropout key (needed when `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
-          own flag, which `eqx.nn.inference_mode` sets.
+          own flag, which `eqx.nn.inference_mode` sets (the flags of one model must agree).
 
         **Returns:**
 

@@ -174,7 +174,6 @@ class SequenceClassificationHead(eqx.Module):
     pooler: eqx.nn.Linear
     dropout: eqx.nn.Dropout
     classifier: eqx.nn.Linear
-    num_outputs: int = eqx.field(static=True)
     dropout_rate: float = eqx.field(static=True)
 
     def __init__(
@@ -204,8 +203,13 @@ class SequenceClassificationHead(eqx.Module):
         self.pooler = dense(dim, dim, std=init_std, key=pool_key)
         self.dropout = eqx.nn.Dropout(dropout)
         self.classifier = dense(dim, num_outputs, std=init_std, key=cls_key)
-        self.num_outputs = num_outputs
         self.dropout_rate = dropout
+
+    @property
+    def num_outputs(self) -> int:
+        """The number of outputs: the classifier's (so it follows an `eqx.tree_at` that
+        swaps the classifier)."""
+        return self.classifier.weight.shape[0]
 
     @jaxtyped(typechecker=beartype)
     def __call__(

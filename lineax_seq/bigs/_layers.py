@@ -94,8 +94,8 @@ def resolve_inference(
     rate: float | None = None,
 ) -> bool:
     """Whether dropout is off in a module holding `dropouts` (its own and its
-    sublayers'; the first one's flag stands for all, as `eqx.nn.inference_mode` sets
-    them together): `True` when every known rate is 0 (`rate`: a static copy of the
+    sublayers'; their flags must agree, as `eqx.nn.inference_mode` sets them together,
+    else a `ValueError`): `True` when every known rate is 0 (`rate`: a static copy of the
     rate, for one traced by `jax.jit`: then a run-time error if a traced rate is not 0
     and dropout is on), else `inference`, or (`None`) the first module's own flag, as a
     Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if
@@ -116,6 +116,15 @@ def resolve_inference(
             )
         return True
     if inference is None:
+        flags = {
+            bool(d.inference) for d in dropouts if not isinstance(d.inference, jax.core.Tracer)
+        }
+        if len(flags) > 1:  # one decision for all: a module's own flag would be overruled
+            raise ValueError(
+                "the dropout modules' `inference` flags differ (one changed with "
+                "eqx.tree_at?), and one decision covers the whole model: set them together "
+                "with eqx.nn.inference_mode(model, value), or pass inference=True or False"
+            )
         inference = dropout.inference
     if isinstance(inference, jax.core.Tracer):
         raise TypeError(
@@ -359,7 +368,7 @@ class _AbstractLayer(eqx.Module):
           `jax.vmap`); padded rows of `x` are read as 0, whatever they hold.
         - `key`: dropout key (needed if `dropout > 0` and not `inference`).
         - `inference`: disable dropout; `None` (default) defers to the dropout modules'
-          own flag, which `eqx.nn.inference_mode` sets.
+          own flag, which `eqx.nn.inference_mode` sets (the flags of one model must agree).
 
         **Returns:**
 
