@@ -210,17 +210,22 @@ def fail_if(pred: ArrayLike, message: str) -> None:
     jax.lax.cond(pred, lambda: jax.debug.callback(callback, pred, partitioned=True), lambda: None)
 
 
-def check_real_traced(name: str, value: Array, sign: str = "positive") -> None:
-    """`check_real` for a traced value (a parameter given as a `jit` argument, or a batch
-    of them under `vmap`): a real dtype now, and finite, of that sign, at run time
-    (`fail_if`), every entry of an array."""
-    if not any(jnp.issubdtype(value.dtype, kind) for kind in (jnp.floating, jnp.integer)):
-        raise ValueError(
-            f"{name} must be {_SIGNS[sign]} real number, got a traced array of dtype {value.dtype}"
-        )
-    signed = {"positive": value > 0, "nonnegative": value >= 0, "finite": True}[sign]
-    bad = ~(jnp.isfinite(value) & signed)
-    fail_if(bad, f"{name} must be {_SIGNS[sign]} real number (a traced {name} is not)")
+def check_real_traced(*checks: tuple[str, Array, str]) -> None:
+    """`check_real` for traced values (parameters given as `jit` arguments, or batches of
+    them under `vmap`), each a `(name, value, sign)`: a real dtype now, and finite, of
+    that sign, at run time, every entry of an array; one `fail_if` for all of them."""
+    bad = []
+    for name, value, sign in checks:
+        if not any(jnp.issubdtype(value.dtype, kind) for kind in (jnp.floating, jnp.integer)):
+            raise ValueError(
+                f"{name} must be {_SIGNS[sign]} real number, got a traced array of dtype "
+                f"{value.dtype}"
+            )
+        signed = {"positive": value > 0, "nonnegative": value >= 0, "finite": True}[sign]
+        bad.append(jnp.any(~(jnp.isfinite(value) & signed)))
+    if bad:
+        wanted = "; ".join(f"{name} must be {_SIGNS[sign]} real number" for name, _, sign in checks)
+        fail_if(functools.reduce(jnp.logical_or, bad), f"{wanted} (traced, checked at run time)")
 
 
 def check_mask_dtype(mask: Array | np.ndarray | None) -> None:

@@ -594,3 +594,9 @@ def test_positions_beyond_int32_are_named_not_wrapped(key, no_jaxtyping):
     for offset in (np.int64(2**32 + 1), 2**31):
         with pytest.raises(ValueError, match=re.escape(f"query_offset={offset!r}")):
             rb.buckets(2, 3, query_offset=offset)
+    # Narrow host dtypes are widened as JAX widens them; negative offsets are checked too.
+    np.testing.assert_array_equal(
+        bucket(np.array([-128, 3], np.int8)), bucket(jnp.array([-128, 3]))
+    )
+    with pytest.raises(ValueError, match=re.escape("query_offset=-2147483646")):
+        rb.buckets(1, 4, query_offset=-(2**31) + 2)

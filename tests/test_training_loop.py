@@ -512,6 +512,8 @@ def test_train_bad_input(data, tmp_path):
     int_loss = lambda model, batch, key: (jnp.sum(batch[1] > 0), None)  # (grad's error)
     with pytest.raises(ValueError, match=r"loss_fn: the loss has dtype int32; it must be a"):
         ls.train(args[0], args[1], int_loss, data, steps=1, key=jr.key(0), progress=False)
+    # Evaluated, not differentiated: an integer count is a fine evaluation loss.
+    ls.train(*args, steps=1, key=jr.key(0), eval_data=data[:1], eval_fn=int_loss, progress=False)
     # An out_dir that is a file (it was a bare FileExistsError).
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"out_dir=.*file' is a file, not a directory"):

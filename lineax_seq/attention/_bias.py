@@ -36,10 +36,11 @@ def _check_buckets(
     return num_buckets, max_distance
 
 
-def _check_range(name: str, low: int, high: int, dtype: object, got: str) -> None:
+def _check_range(name: str, low: int, high: int, dtype: np.typing.DTypeLike, got: str) -> None:
     """A `ValueError` naming `name` unless relative positions `[low, high]` fit `dtype`
-    as JAX holds it (int32 unless x64 is on), negated too: JAX would wrap them."""
-    info = np.iinfo(jax.dtypes.canonicalize_dtype(dtype))
+    as JAX computes them (at least int32; int32 unless x64 is on), negated too: JAX
+    would wrap them."""
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(np.promote_types(dtype, np.int32)))
     if low <= info.min or high > info.max:
         raise ValueError(
             f"`{name}` must give relative positions in ({info.min}, {info.max}] (JAX "
@@ -77,12 +78,7 @@ def relative_position_bucket(
     int32 (int64 for int64 positions).
     """
     num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
-    if not isinstance(relative_position, jax.Array):  # host values, which JAX would wrap
-        host = np.asarray(relative_position)
-        if host.size and np.issubdtype(host.dtype, np.integer):
-            low, high = int(host.min()), int(host.max())
-            got = f"values in [{low}, {high}]"
-            _check_range("relative_position", low, high, host.dtype, got)
+    host = None if isinstance(relative_position, jax.Array) else relative_position
     relative_position = as_array("relative_position", relative_position)
     dtype = jnp.result_type(relative_position)
     if not jnp.issubdtype(dtype, jnp.signedinteger):
@@ -90,6 +86,11 @@ def relative_position_bucket(
             "`relative_position` must have a signed integer dtype (key - query positions "
             f"may be negative), got dtype {dtype}."
         )
+    host = None if host is None else np.asarray(host)
+    if host is not None and host.size:  # host values, which JAX would wrap
+        low, high = int(host.min()), int(host.max())
+        got = f"values in [{low}, {high}]"
+        _check_range("relative_position", low, high, host.dtype, got)
     # In at least int32: negating int8's -128 (or int16's minimum) would wrap.
     wide = dtype if jnp.dtype(dtype).itemsize >= 4 else jnp.int32
     n = -jnp.asarray(relative_position).astype(wide)
@@ -198,12 +199,14 @@ class RelativePositionBias(eqx.Module):
         # Positions in the offset's integer type (a decoding cache's int32 under x64 too).
         dtype = (
             jnp.result_type(query_offset)
-            if isinstance(query_offset, jax.Array | np.ndarray)
+            if isinstance(query_offset, jax.Array | np.ndarray | np.generic)
             else jnp.int32
         )
         if not isinstance(query_offset, jax.Array):  # a host value, which JAX would wrap
-            last = int(query_offset) + query_length - 1  # the last query's position
-            low, high = min(-last, int(query_offset)), max(last, key_length - 1)
+            first = int(query_offset)
+            last = first + query_length - 1  # the last query's position
+            low = min(first, -last, 0)
+            high = max(last, key_length - 1, key_length - 1 - first)
             got = f"query_offset={query_offset!r} (positions in [{low}, {high}])"
             _check_range("query_offset", low, high, dtype, got)
         q_pos = query_offset + jnp.arange(query_length, dtype=dtype)

@@ -124,9 +124,10 @@ def _build(
 
 
 def _stacked(x: object) -> bool:
-    """Whether `x` is one of the stacked layers' arrays (a leading layer axis), not a 0-d
-    array that `jax.device_put` or `jax.jit` made of a scalar field (a dropout rate)."""
-    return isinstance(x, jax.Array | np.ndarray) and x.ndim > 0
+    """Whether `x` is one of the stacked layers' arrays (a leading layer axis; a
+    `jax.ShapeDtypeStruct` in a model from `eqx.filter_eval_shape`), not a 0-d array that
+    `jax.device_put` or `jax.jit` made of a scalar field (a dropout rate)."""
+    return isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct) and x.ndim > 0
 
 
 def _scalar_fields(layers):
@@ -364,9 +365,7 @@ class BiGS(eqx.Module):
     def num_layers(self) -> int:
         """The number of layers: the stacked layers' leading axis (so it follows an
         `eqx.tree_at` that cuts or stacks layers)."""
-        return next(
-            x.shape[0] for x in jax.tree.leaves(self.layers) if len(getattr(x, "shape", ()))
-        )
+        return next(x.shape[0] for x in jax.tree.leaves(self.layers) if _stacked(x))
 
     @property
     def vocab_size(self) -> int:

@@ -94,13 +94,14 @@ def resolve_inference(
     rate: float | None = None,
 ) -> bool:
     """Whether dropout is off in a module holding `dropouts` (its own and its
-    sublayers'; their flags must agree, as `eqx.nn.inference_mode` sets them together,
-    else a `ValueError`): `True` when every known rate is 0 (`rate`: a static copy of the
-    rate, for one traced by `jax.jit`: then a run-time error if a traced rate is not 0
-    and dropout is on), else `inference`, or (`None`) the first module's own flag, as a
-    Python bool (`jax.device_put` makes the flag a 0-d array). A `ValueError` if
-    dropout would run (not in inference) without a `key` (Equinox's own error names
-    neither the argument nor the way out); a `TypeError` if the flag is traced."""
+    sublayers'; the flags of those with a rate must agree, as `eqx.nn.inference_mode`
+    sets them together, else a `ValueError`): `True` when every known rate is 0
+    (`rate`: a static copy of the rate, for one traced by `jax.jit`: then a run-time
+    error if a traced rate is not 0 and dropout is on), else `inference`, or (`None`)
+    the first module's own flag, as a Python bool (`jax.device_put` makes the flag a 0-d
+    array). A `ValueError` if dropout would run (not in inference) without a `key`
+    (Equinox's own error names neither the argument nor the way out); a `TypeError` if
+    the flag is traced."""
     dropout = dropouts[0]
     known = largest_rate(dropouts, rate)
     if known == 0:
@@ -116,8 +117,10 @@ def resolve_inference(
             )
         return True
     if inference is None:
+        # Python flags of modules that drop something (arrays, as `jax.device_put` makes
+        # them, are not read here: each read would wait for the device).
         flags = {
-            bool(d.inference) for d in dropouts if not isinstance(d.inference, jax.core.Tracer)
+            d.inference for d in dropouts if isinstance(d.inference, bool) and _known_rate(d) != 0
         }
         if len(flags) > 1:  # one decision for all: a module's own flag would be overruled
             raise ValueError(

@@ -210,7 +210,7 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         check_key("key", key)
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
         if isinstance(init_scale, jax.core.Tracer):  # (e.g. an ensemble under vmap)
-            check_real_traced("init_scale", init_scale, "nonnegative")
+            check_real_traced(("init_scale", init_scale, "nonnegative"))
         else:
             init_scale = check_real("init_scale", init_scale, "nonnegative")
         check_choice("discretization", discretization, _DISCRETIZATIONS)

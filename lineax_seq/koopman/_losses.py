@@ -37,8 +37,7 @@ def _norms(a: Array) -> Array:
 def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
     """A loss weight: a real number (a NumPy one as a Python `float`, weakly typed like
     one) or a scalar float array; not a bool (an array of weights would make the loss an
-    array). A concrete weight must be finite and non-negative (a traced one is taken as
-    it is)."""
+    array), finite and non-negative (a traced one checked at run time)."""
     real = isinstance(value, numbers.Real) or (
         isinstance(value, jax.Array | np.ndarray | np.generic)
         and jnp.issubdtype(value.dtype, jnp.floating)
@@ -49,7 +48,7 @@ def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
             f"{name} must be a real number or a scalar float array, got {name}={value!r}"
         )
     if isinstance(value, jax.core.Tracer):
-        check_real_traced(name, value, "nonnegative")
+        check_real_traced((name, value, "nonnegative"))
     else:
         check_real(name, value, "nonnegative")
     if isinstance(value, np.generic):

@@ -575,13 +575,11 @@ def _check_dt0(dt0: object) -> float | Array | None:
     sizes), checked at run time."""
     if not isinstance(dt0, jax.core.Tracer):
         return None if dt0 is None else check_real("dt0", dt0)
-    real = jnp.issubdtype(dt0.dtype, jnp.floating) or jnp.issubdtype(dt0.dtype, jnp.integer)
-    if dt0.shape != () or not real:
+    if dt0.shape != ():
         raise ValueError(
-            f"dt0 must be a positive, finite real number, got a traced array of shape "
-            f"{dt0.shape} and dtype {dt0.dtype}"
+            f"dt0 must be a positive, finite real number, got a traced array of shape {dt0.shape}"
         )
-    check_real_traced("dt0", dt0)
+    check_real_traced(("dt0", dt0, "positive"))
     return dt0
 
 

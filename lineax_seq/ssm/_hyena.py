@@ -96,7 +96,7 @@ class HyenaFilter(eqx.Module):
             raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
         emb_dim = int(emb_dim)
         if isinstance(frequency, jax.core.Tracer):  # (e.g. an ensemble under vmap)
-            check_real_traced("frequency", frequency, "finite")
+            check_real_traced(("frequency", frequency, "finite"))
         else:
             check_real("frequency", frequency, "finite")
         fast_decay = check_real("fast_decay", fast_decay)

@@ -41,7 +41,8 @@ class DynamicalSystem(eqx.Module):
     The parameters named in the class variable `constraints` (`{name: sign}`, `sign`
     one of `"positive"`, `"nonnegative"`, `"finite"`; by default `{"dt": "positive"}`)
     are checked at construction to be real and finite, of that sign: a value traced
-    inside a JAX transform (a system built under `jit` or `vmap`) at run time.
+    inside a JAX transform (a system built under `jit` or `vmap`) at run time, so an
+    optimiser fitting a parameter must keep it in range (e.g. fit `log g`).
 
     Parameters given as Python numbers (the defaults) are static, as in Equinox:
     `eqx.filter_jit` compiles once per value and `eqx.filter_grad` does not
@@ -55,14 +56,16 @@ class DynamicalSystem(eqx.Module):
     dt: eqx.AbstractVar[RealScalar]
 
     def __check_init__(self):
+        traced = []  # jit arguments, or under vmap: checked at run time, together
         for name, sign in self.constraints.items():
             value = getattr(self, name)
-            if isinstance(value, jax.core.Tracer):  # a jit argument, or under vmap
-                check_real_traced(f"{type(self).__name__}.{name}", value, sign)
+            if isinstance(value, jax.core.Tracer):
+                traced.append((f"{type(self).__name__}.{name}", value, sign))
                 continue
             # An array of parameters (a batch of systems, for vmap): every entry.
             for v in np.ravel(np.asarray(value)) if np.ndim(value) else (value,):
                 check_real(f"{type(self).__name__}.{name}", v, sign)
+        check_real_traced(*traced)
 
     @abc.abstractmethod
     def vector_field(

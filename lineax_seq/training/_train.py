@@ -108,7 +108,7 @@ def _call_loss(loss_fn: LossFn, name: str, model, batch, key) -> tuple[Array, An
         )
     if jnp.ndim(out[0]) != 0:  # checked here, before the gradient's own error
         raise ValueError(f"{name}: the loss has shape {jnp.shape(out[0])}; it must be a scalar.")
-    if not jnp.issubdtype(jnp.result_type(out[0]), jnp.floating):
+    if name == "loss_fn" and not jnp.issubdtype(jnp.result_type(out[0]), jnp.floating):
         raise ValueError(
             f"{name}: the loss has dtype {jnp.result_type(out[0])}; it must be a real "
             "floating scalar (a gradient needs one)."
@@ -225,8 +225,8 @@ def _jit_without_waiting(fun: Callable, *, donate: bool) -> Callable:
             with warnings.catch_warnings():  # (as eqx.filter_jit: e.g. donated int scalars)
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 dynamic, out_static = train_step((inputs_static, state_static), kept, donated)
-        except ValueError as e:  # XLA's "Buffer has been deleted or donated", named
-            if not any(_is_deleted(x) for x in jax.tree.leaves(donated)):
+        except (ValueError, RuntimeError) as e:  # "Buffer/Array has been deleted", named
+            if not (donate and any(_is_deleted(x) for x in jax.tree.leaves(donated))):
                 raise
             raise ValueError(
                 "model or opt_state holds arrays already donated to a train step (its "
