@@ -228,6 +228,15 @@ def check_real_traced(*checks: tuple[str, Array, str]) -> None:
         fail_if(functools.reduce(jnp.logical_or, bad), f"{wanted} (traced, checked at run time)")
 
 
+def check_real_or_traced(name: str, value: object, sign: str = "positive") -> float | Array:
+    """`check_real` of a concrete `value` (a `float`), or `check_real_traced` of a traced
+    one (returned as it is, checked at run time)."""
+    if isinstance(value, jax.core.Tracer):
+        check_real_traced((name, value, sign))
+        return value
+    return check_real(name, value, sign)
+
+
 def check_mask_dtype(mask: Array | np.ndarray | None) -> None:
     """A `TypeError` unless `mask` (if given) is boolean: a float mask, e.g. an additive
     one (0 where tokens are kept), would be read as `True` wherever it is non-zero."""

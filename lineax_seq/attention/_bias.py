@@ -78,7 +78,7 @@ def relative_position_bucket(
     int32 (int64 for int64 positions).
     """
     num_buckets, max_distance = _check_buckets(num_buckets, max_distance, bidirectional)
-    host = None if isinstance(relative_position, jax.Array) else relative_position
+    host = relative_position  # as given: JAX may wrap NumPy values it cannot hold
     relative_position = as_array("relative_position", relative_position)
     dtype = jnp.result_type(relative_position)
     if not jnp.issubdtype(dtype, jnp.signedinteger):
@@ -86,8 +86,8 @@ def relative_position_bucket(
             "`relative_position` must have a signed integer dtype (key - query positions "
             f"may be negative), got dtype {dtype}."
         )
-    host = None if host is None else np.asarray(host)
-    if host is not None and host.size:  # host values, which JAX would wrap
+    if not isinstance(host, jax.Array) and np.size(host):
+        host = np.asarray(host)
         low, high = int(host.min()), int(host.max())
         got = f"values in [{low}, {high}]"
         _check_range("relative_position", low, high, host.dtype, got)

@@ -152,19 +152,20 @@ class MultiHeadAttention(eqx.Module):
         """
         x, context, mask, bias = as_arrays(x, context, mask, bias)
         x = _checked("x", x, (self.dim,), f"length, dim={self.dim}")
-        if context is not None and context.ndim == 2 and context.shape[0] == 0 and x.shape[0]:
-            raise ValueError(f"`context` must hold at least one key, got shape {context.shape}.")
         if context is None and self.kv_dim != self.dim:
             raise ValueError(
                 f"self-attention (no `context`) needs kv_dim == dim, but this layer has "
                 f"kv_dim={self.kv_dim} and dim={self.dim}: pass the keys' and values' "
                 "`context`."
             )
-        context = (
-            x
-            if context is None
-            else _checked("context", context, (self.kv_dim,), f"length, kv_dim={self.kv_dim}")
-        )
+        if context is None:
+            context = x
+        else:
+            context = _checked("context", context, (self.kv_dim,), f"length, kv_dim={self.kv_dim}")
+            if context.shape[0] == 0 and x.shape[0]:
+                raise ValueError(
+                    f"`context` must hold at least one key, got shape {context.shape}."
+                )
         if mask is not None and mask.dtype != bool:
             # (Other dtypes would be read as truthy: an additive 0 / -inf mask, inverted.)
             raise TypeError(

@@ -19,7 +19,7 @@ from .._checks import (
     check_int,
     check_key,
     check_real,
-    check_real_traced,
+    check_real_or_traced,
     check_state_control,
 )
 from .._numerics import work_dtype
@@ -209,10 +209,8 @@ class LinearKoopmanDynamics(AbstractLatentDynamics):
         """
         check_key("key", key)
         latent_dim, action_latent_dim, dt = _check_sizes(latent_dim, action_latent_dim, dt)
-        if isinstance(init_scale, jax.core.Tracer):  # (e.g. an ensemble under vmap)
-            check_real_traced(("init_scale", init_scale, "nonnegative"))
-        else:
-            init_scale = check_real("init_scale", init_scale, "nonnegative")
+        # (Traced: e.g. an ensemble under vmap.)
+        init_scale = check_real_or_traced("init_scale", init_scale, "nonnegative")
         check_choice("discretization", discretization, _DISCRETIZATIONS)
         k_key, l_key = jr.split(key)
         self.K = init_scale * jr.normal(k_key, (latent_dim, latent_dim)) / math.sqrt(latent_dim)

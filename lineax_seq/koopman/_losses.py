@@ -17,8 +17,7 @@ from .._checks import (
     check_finite,
     check_instance,
     check_optional_int,
-    check_real,
-    check_real_traced,
+    check_real_or_traced,
 )
 from .._numerics import work_dtype
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline
@@ -47,10 +46,7 @@ def _weight(name: str, value: object) -> RealLike | Array | np.ndarray:
         raise ValueError(
             f"{name} must be a real number or a scalar float array, got {name}={value!r}"
         )
-    if isinstance(value, jax.core.Tracer):
-        check_real_traced((name, value, "nonnegative"))
-    else:
-        check_real(name, value, "nonnegative")
+    check_real_or_traced(name, value, "nonnegative")
     if isinstance(value, np.generic):
         return float(value)
     return cast(RealLike | Array | np.ndarray, value)

@@ -24,7 +24,7 @@ from .._checks import (
     check_option,
     check_optional_int,
     check_real,
-    check_real_traced,
+    check_real_or_traced,
     fail_if,
 )
 from .._numerics import work_dtype
@@ -573,14 +573,11 @@ def _check_solver(solver: diffrax.AbstractSolver) -> None:
 def _check_dt0(dt0: object) -> float | Array | None:
     """`dt0` as a `float`, checked, or a traced scalar (e.g. under `vmap` over step
     sizes), checked at run time."""
-    if not isinstance(dt0, jax.core.Tracer):
-        return None if dt0 is None else check_real("dt0", dt0)
-    if dt0.shape != ():
+    if isinstance(dt0, jax.core.Tracer) and dt0.shape != ():
         raise ValueError(
             f"dt0 must be a positive, finite real number, got a traced array of shape {dt0.shape}"
         )
-    check_real_traced(("dt0", dt0, "positive"))
-    return dt0
+    return None if dt0 is None else check_real_or_traced("dt0", dt0)
 
 
 def _check_no_solve_options(**options: object) -> None:

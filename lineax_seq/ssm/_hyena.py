@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import IntLike, RealScalar, check_int, check_key, check_real, check_real_traced
+from .._checks import IntLike, RealScalar, check_int, check_key, check_real, check_real_or_traced
 from .._numerics import work_dtype
 
 
@@ -95,10 +95,7 @@ class HyenaFilter(eqx.Module):
         if check_int("emb_dim", emb_dim, 3) % 2 == 0:
             raise ValueError(f"emb_dim must be an odd integer >= 3, got emb_dim={emb_dim!r}")
         emb_dim = int(emb_dim)
-        if isinstance(frequency, jax.core.Tracer):  # (e.g. an ensemble under vmap)
-            check_real_traced(("frequency", frequency, "finite"))
-        else:
-            check_real("frequency", frequency, "finite")
+        check_real_or_traced("frequency", frequency, "finite")  # (traced: e.g. an ensemble)
         fast_decay = check_real("fast_decay", fast_decay)
         slow_decay = check_real("slow_decay", slow_decay)
         if not fast_decay <= slow_decay:
