@@ -25,7 +25,7 @@ lint: $(STAMP)
 	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENV)/bin/pyright
 
 test: lint
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 docs: $(STAMP)

@@ -11,7 +11,9 @@ sharded with `ShardByJaxProcess` would.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+from _scripts import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(2)
 
 import pathlib  # noqa: E402
 

@@ -7,17 +7,27 @@
   tests), and no memory preallocation, so that the scripts the tests start in
   subprocesses find GPU memory left. Both are environment variables, which those
   subprocesses inherit.
-* XLA's optimisation passes are off (`JAX_DISABLE_MOST_OPTIMIZATIONS`): compilation,
-  not execution, dominates the suite, and they cost a fifth of it. Results agree to the
-  tests' tolerances either way; `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the
-  suite on the optimised build. Benchmarks, the demo and the experiments keep them.
+* Compilation, not execution, dominates the suite, so it compiles fast: XLA's
+  optimisation passes are off (`JAX_DISABLE_MOST_OPTIMIZATIONS`, a fifth of the suite's
+  time), and where JAX runs on the CPU, so are its fusion emitters (`FAST_COMPILE` in
+  `_scripts.py`, a further third). Results agree to the tests' tolerances either way;
+  `JAX_DISABLE_MOST_OPTIMIZATIONS=0 XLA_FLAGS=--xla_cpu_use_fusion_emitters=true make
+  test` runs the suite compiled as the benchmarks, the demo and the experiments are.
 * Strict dtype promotion: implicit float32 -> complex64 / int -> float mixes are errors.
 * Shared PRNG keys; keep shapes small, since compile time dominates the suite.
 """
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from _scripts import FAST_COMPILE
+
+# Added to the flags a user sets, unless they set these themselves.
+flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in flags:
+    flags += " --xla_force_host_platform_device_count=8"
+if FAST_COMPILE and "xla_cpu_use_fusion_emitters" not in flags:
+    flags += " " + FAST_COMPILE
+os.environ["XLA_FLAGS"] = flags.strip()
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -13,6 +13,7 @@ import _training_worker as worker
 import jax
 import numpy as np
 import pytest
+from _scripts import xla_flags
 
 import lineax_seq as ls
 
@@ -24,7 +25,7 @@ def _launch(out_dir, *extra):
     # The three runs share a persistent compilation cache: only the first compiles.
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        XLA_FLAGS=xla_flags(8),
         JAX_COMPILATION_CACHE_DIR=str(out_dir.parent / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
