@@ -142,6 +142,10 @@ def test_s4d_inputs_checked_without_jaxtyping(getkey, no_jaxtyping):
         layer.step(state, jnp.ones((2, 3)))
     with pytest.raises(ValueError, match=r"x must have shape \(length, dim\), got .*\(2, 4, 3\)"):
         layer(jnp.ones((2, 4, 3)))
+    # A real state lost its imaginary part at every step (a 34% error over 200 steps).
+    for bad in (jnp.zeros((3, 2)), jnp.zeros((3, 2), jnp.int32)):
+        with pytest.raises(TypeError, match=f"state must be complex.*{bad.dtype}"):
+            layer.step(bad, jnp.ones(3))
 
 
 def test_s4d_options_checked(getkey, no_jaxtyping):

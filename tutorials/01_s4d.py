@@ -48,7 +48,8 @@ key = jr.key(0)
 # - `lin`: $A_n = -\tfrac12 + i\pi n$ (evenly spaced frequencies),
 # - `inv`: $A_n = -\tfrac12 + i\tfrac{N}{\pi}(\tfrac{N}{2n+1} - 1)$,
 # - `real`: $A_n = -(n+1)$ (no oscillation, a sum of decaying exponentials),
-# - `legs`: the eigenvalues of the normal part of the HiPPO-LegS matrix.
+# - `legs`: the eigenvalues of the normal part of the HiPPO-LegS matrix, with HiPPO-LegS's
+#   `B` in their eigenbasis (the other three start at `B = 1`).
 
 # %%
 length = 512

@@ -161,7 +161,9 @@ class DirectionalSSM(eqx.Module):
         - `state_size`: SSM state size `N` (the paper uses 64).
         - `kernel`: `"shared"` (one kernel for all features, the paper's) or
             `"per_channel"`.
-        - `init`, `dt_min`, `dt_max`: passed to [`lineax_seq.S4DKernel`][]. The step sizes
+        - `init`, `dt_min`, `dt_max`: passed to [`lineax_seq.S4DKernel`][], whose `B`
+            is then set to ones for every `init` (`"legs"` included), as in the paper's
+            reference implementation (jxiw/BiGS). The step sizes
             start log-uniform in `[0.01, 1]`, the range of the paper's reference
             implementation (jxiw/BiGS), not S4's `[1e-3, 1e-1]`: pretrained on 128-token
             sequences, S4's slowest modes (time constant `~2 / dt_min` tokens) would
@@ -173,8 +175,14 @@ class DirectionalSSM(eqx.Module):
         check_bool("reverse", reverse)
         dim = check_int("dim", dim)
         channels = 1 if kernel == "shared" else dim
-        self.kernel_fn = S4DKernel(
+        kernel_fn = S4DKernel(
             state_size, channels, init=init, dt_min=dt_min, dt_max=dt_max, key=key
+        )
+        # `B = 1` for every `init`, as in the reference implementation (jxiw/BiGS).
+        self.kernel_fn = eqx.tree_at(
+            lambda k: (k.b_real, k.b_imag),
+            kernel_fn,
+            (jnp.ones_like(kernel_fn.b_real), jnp.zeros_like(kernel_fn.b_imag)),
         )
         self.d = jnp.ones((channels,))
         self.reverse = reverse

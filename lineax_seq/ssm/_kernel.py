@@ -23,34 +23,40 @@ LOG_ZERO = -1e4
 0 for `l >= 1`, where `log 0 = -inf` would give `exp(-inf * 0) = nan`."""
 
 
-def _legs_imag(state_size: int) -> np.ndarray:
-    """Positive imaginary parts of the eigenvalues of the normal HiPPO-LegS matrix.
+def _legs(state_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(w, b)` of S4D-LegS: the positive imaginary parts `w` of the eigenvalues of the
+    normal HiPPO-LegS matrix, in ascending order, and HiPPO-LegS's `B` in its eigenbasis.
 
     The normal part of HiPPO-LegS is `-1/2 I + S`, with `S` skew-symmetric,
     `S[n, k] = -sqrt(2n + 1) sqrt(2k + 1) / 2` for `n > k` (and `-S[k, n]` above the
-    diagonal). Its eigenvalues are `-1/2 + i w`, in conjugate pairs; the `N/2` positive
-    `w` are returned in ascending order.
+    diagonal), and HiPPO-LegS's `B[n] = sqrt(2n + 1)`. The eigenvalues are `-1/2 + i w`
+    in conjugate pairs, with eigenvectors `V`; one mode per pair is kept, with
+    `b = |(V* B)[n]|`. The phase of `V* B` is dropped: `C` starts circularly symmetric,
+    so it would only rotate `C`'s distribution into itself.
     """
     q = np.sqrt(2.0 * np.arange(state_size) + 1.0)
     lower = np.tril(np.outer(q, q), k=-1) / 2
     skew = lower.T - lower
     # `i S` is Hermitian: its real eigenvalues `v` give the eigenvalues `-i v` of `S`.
-    v = np.linalg.eigvalsh(1j * skew)
-    # They come in pairs +-w: sorting |v| lists each w twice.
-    return np.sort(np.abs(v))[::2]
+    v, vectors = np.linalg.eigh(1j * skew)
+    keep = v < 0
+    w, b = -v[keep], np.abs(vectors[:, keep].conj().T @ q)
+    order = np.argsort(w)
+    return w[order], b[order]
 
 
-def _init_a(init: str, state_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(Re A, Im A)` of the `N/2` modes for one channel, as float64 numpy arrays."""
+def _init_ab(init: str, state_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(Re A, Im A, B)` of the `N/2` modes for one channel, as float64 numpy arrays."""
     modes = state_size // 2
     n = np.arange(modes, dtype=np.float64)
+    half, ones = np.full(modes, -0.5), np.ones(modes)
     if init == "lin":
-        return np.full(modes, -0.5), np.pi * n
+        return half, np.pi * n, ones
     if init == "inv":
-        return np.full(modes, -0.5), (state_size / np.pi) * (state_size / (2 * n + 1) - 1)
+        return half, (state_size / np.pi) * (state_size / (2 * n + 1) - 1), ones
     if init == "real":
-        return -(n + 1), np.zeros(modes)
-    return np.full(modes, -0.5), _legs_imag(state_size)
+        return -(n + 1), np.zeros(modes), ones
+    return half, *_legs(state_size)
 
 
 def _block_size(length: int) -> int:
@@ -134,8 +140,10 @@ class S4DKernel(eqx.Module):
     Initialisations of `A` (S4D paper): `"lin"` `A_n = -1/2 + i pi n`; `"inv"`
     `A_n = -1/2 + i (N/pi) (N/(2n+1) - 1)`; `"real"` `A_n = -(n+1)`; `"legs"` the
     eigenvalues of the normal part of HiPPO-LegS (`-1/2 + i w_n`). `B` starts at ones,
-    `C` is complex normal (variance 1/2 per part), `log dt` is uniform in
-    `[log dt_min, log dt_max]` per channel.
+    except for `"legs"`: S4D-LegS's `B`, HiPPO-LegS's `B` in the eigenbasis, `|V* B|` (as
+    in the S4 authors' code, without the theory's factor 1/2). `C` is complex normal
+    (variance 1/2 per part), `log dt` is uniform in `[log dt_min, log dt_max]` per
+    channel.
 
     All parameters are real arrays: `Re A = -exp(log_neg_real_a)` stays negative
     (a stable system) under any optimiser, or reaches 0 where the exponential
@@ -187,14 +195,14 @@ class S4DKernel(eqx.Module):
         state_size = int(state_size)
         channels = check_int("channels", channels)
         modes = state_size // 2
-        real_a, imag_a = _init_a(init, state_size)
+        real_a, imag_a, b = _init_ab(init, state_size)
         shape = (channels, modes)
         # Deterministic parts from NumPy (no XLA compilation); random parts in one jit.
         # All in JAX's default float dtype (float64 under `jax_enable_x64`), like C, dt.
         dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
         self.log_neg_real_a = jnp.asarray(np.broadcast_to(np.log(-real_a), shape), dtype)
         self.imag_a = jnp.asarray(np.broadcast_to(imag_a, shape), dtype)
-        self.b_real = jnp.asarray(np.ones(shape), dtype)
+        self.b_real = jnp.asarray(np.broadcast_to(b, shape), dtype)
         self.b_imag = jnp.asarray(np.zeros(shape), dtype)
         self.c_real, self.c_imag, self.log_dt = _random_init(
             key, channels, modes, math.log(dt_min), math.log(dt_max)

@@ -241,6 +241,10 @@ class S4D(eqx.Module):
                 "needs the future inputs)"
             )
         self._check_input("x_t", x_t, sequence=False)
+        if not jnp.issubdtype(state.dtype, jnp.complexfloating):
+            raise TypeError(
+                f"state must be complex as from init_state(), got state.dtype={state.dtype}"
+            )
         expected = (self.dim, self.kernel.state_size // 2)
         if state.shape != expected:
             raise ValueError(
