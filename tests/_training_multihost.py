@@ -62,6 +62,14 @@ def main() -> None:
             arrays = jax.tree.leaves(eqx.filter(model, eqx.is_array))
             leaves = [np.asarray(x.addressable_data(0)) for x in arrays]
             np.savez(out_dir / f"{name}.npz", *leaves)
+    # A "data" shard on both processes' devices would need the same batch from both:
+    # each passing its own slice made a wrong global batch, silently.
+    try:
+        ls.shard_batch(np.zeros(4, np.float32), ls.make_mesh(1, 4))
+    except ValueError as error:
+        assert "spans processes [0, 1]" in str(error), error
+    else:
+        raise AssertionError("shard_batch accepted a 'data' shard spanning two processes")
     jax.distributed.shutdown()
 
 

@@ -368,16 +368,34 @@ def test_decoding_loops_inside_shard_map():
 
 def test_param_sharding_of_an_abstract_model(mesh):
     """Shardings for a model built with `eqx.filter_eval_shape` (to create it directly
-    sharded) were all None: its leaves are ShapeDtypeStructs, not arrays."""
-    make = lambda: ls.BiGS.from_config("bigs-tiny", vocab_size=64, key=jr.key(0))
-    abstract = eqx.filter_eval_shape(make)
-    got = ls.param_sharding(abstract, mesh, min_shard_size=MIN_SIZE)
-    want = ls.param_sharding(make(), mesh, min_shard_size=MIN_SIZE)
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    assert jax.tree.leaves(got) == jax.tree.leaves(want)
-    assert any("model" in _spec_axes(s) for s in jax.tree.leaves(got))
-    built = jax.jit(lambda: eqx.filter(make(), eqx.is_array), out_shardings=got)()
-    assert [x.sharding for x in jax.tree.leaves(built)] == jax.tree.leaves(got)
-    np.testing.assert_array_equal(
-        ravel_pytree(built)[0], ravel_pytree(eqx.filter(make(), eqx.is_array))[0]
-    )
+    sharded) were all None: its leaves are ShapeDtypeStructs, not arrays. The recipe in
+    `param_sharding`'s docstring builds such a model: `jax.jit(make_model,
+    out_shardings=...)` failed on the Koopman autoencoder's activation function and
+    turned BiGS's dropout flags into arrays."""
+    makers = {
+        "bigs": lambda: ls.BiGS.from_config("bigs-tiny", vocab_size=64, key=jr.key(0)),
+        "koopman": lambda: ls.KoopmanAutoencoder(2, 8, width=64, dt=0.1, key=jr.key(0)),
+    }
+    inputs = {"bigs": (jnp.arange(16) % 64,), "koopman": (jnp.ones(2),)}
+    for name, make in makers.items():
+        abstract = eqx.filter_eval_shape(make)
+        got = ls.param_sharding(abstract, mesh, min_shard_size=MIN_SIZE)
+        want = ls.param_sharding(make(), mesh, min_shard_size=MIN_SIZE)
+        assert jax.tree.structure(got) == jax.tree.structure(want), name
+        assert jax.tree.leaves(got) == jax.tree.leaves(want), name
+        assert any("model" in _spec_axes(s) for s in jax.tree.leaves(got)), name
+        built = jax.jit(lambda make=make: eqx.filter(make(), eqx.is_array), out_shardings=got)()
+        assert [x.sharding for x in jax.tree.leaves(built)] == jax.tree.leaves(got), name
+        # (Built under jit, some initial values round differently.)
+        np.testing.assert_allclose(
+            ravel_pytree(built)[0], ravel_pytree(eqx.filter(make(), eqx.is_array))[0], rtol=1e-6
+        )
+        model = eqx.combine(built, abstract)
+        call = (lambda m, x: m(x, inference=True)) if name == "bigs" else (lambda m, x: m(x))
+        np.testing.assert_allclose(
+            eqx.filter_jit(call)(model, *inputs[name]),
+            eqx.filter_jit(call)(make(), *inputs[name]),
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=name,
+        )

@@ -118,7 +118,8 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     In a single process every leaf is the global batch; in a multi-process run every
     process passes its own slice of the global batch (e.g. from a grain pipeline
     sharded with `ShardByJaxProcess`) and the result is one global array built with
-    `jax.make_array_from_process_local_data`. Scalars are replicated.
+    `jax.make_array_from_process_local_data`; each shard of `axis` must then lie on
+    one process's devices (a `ValueError` otherwise). Scalars are replicated.
 
     **Arguments:**
 
@@ -133,6 +134,8 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     _check_axis(mesh, axis, "axis")
     split = mesh.shape[axis]
     local_split = max(1, split // jax.process_count())
+    if jax.process_count() > 1:
+        _check_own_shards(mesh, axis)
 
     def put(path, leaf):
         x = np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf
@@ -158,6 +161,24 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     return jax.tree_util.tree_map_with_path(put, batch)
 
 
+def _check_own_shards(mesh: Mesh, axis: str) -> None:
+    """A `ValueError` unless every shard of `axis` lies on the devices of one process:
+    processes sharing a shard would have to pass identical data for it, and their own
+    slices would make an inconsistent global batch."""
+    owners = np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
+    by_shard = np.moveaxis(owners, mesh.axis_names.index(axis), 0).reshape(mesh.shape[axis], -1)
+    for index, processes in enumerate(by_shard):
+        if len(set(processes.tolist())) > 1:
+            raise ValueError(
+                f"shard {index} of mesh axis {axis!r} (size {mesh.shape[axis]}) spans "
+                f"processes {sorted(set(processes.tolist()))}, but every process passes its "
+                f"own slice of the batch: use a mesh whose {axis!r} axis gives each of the "
+                f"{jax.process_count()} processes its own shards (lineax_seq.make_mesh with "
+                f"{axis} a multiple of the process count), or build the global batch "
+                "yourself with jax.make_array_from_process_local_data"
+            )
+
+
 def param_sharding(
     tree: PyTree, mesh: Mesh, *, axis: str = MODEL, min_shard_size: int = 2**16
 ) -> PyTree:
@@ -177,7 +198,10 @@ def param_sharding(
 
     - `tree`: any PyTree (model, optimiser state), concrete or abstract (e.g. from
         `eqx.filter_eval_shape`, to build a model too large for one device directly
-        sharded: `jax.jit(make_model, out_shardings=...)`).
+        sharded: with `abstract = eqx.filter_eval_shape(make_model)`, `arrays =
+        jax.jit(lambda: eqx.filter(make_model(), eqx.is_array),
+        out_shardings=param_sharding(abstract, mesh))()` and then
+        `model = eqx.combine(arrays, abstract)`).
     - `mesh`: the mesh.
     - `axis`: the tensor-parallel mesh axis.
     - `min_shard_size`: arrays smaller than this are replicated.
@@ -221,8 +245,9 @@ def shard_params(
 
     **Returns:**
 
-    `tree` with its arrays sharded. As with `jax.device_put`, arrays already in place
-    may be reused, not copied: a step that donates the result (as
+    `tree` with its arrays sharded. As with `jax.device_put`, buffers already in place
+    may be reused, not copied (an array on one device, replicated over the mesh, keeps
+    its buffer on that device): a step that donates the result (as
     [`lineax_seq.make_train_step`][] does by default) then deletes them in `tree` too.
     Keep only the returned tree (`model = shard_params(model, mesh)`), or pass
     `donate=False` to the step.
