@@ -11,8 +11,12 @@ from importlib.metadata import distributions
 
 def _cpu_only() -> bool:
     """No accelerator plugin for JAX is installed: JAX runs on the CPU."""
-    names = (d.metadata["Name"].lower().replace("_", "-") for d in distributions())
-    return not any(n.startswith(("jax-cuda", "jax-rocm", "libtpu")) for n in names)
+    names = ((d.metadata["Name"] or "").lower().replace("_", "-") for d in distributions())
+    return not any(
+        n.startswith(("jax-cuda", "jax-rocm", "libtpu", "jax-metal"))
+        or (n.startswith("jax") and n.endswith(("-plugin", "-pjrt")))
+        for n in names
+    )
 
 
 # XLA's classic CPU code generation: it compiles the suite's many small programs about a
@@ -24,9 +28,11 @@ FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false" if _cpu_only() else ""
 
 
 def xla_flags(devices: int) -> str:
-    """`XLA_FLAGS` for a script the suite starts: `devices` host CPU devices, compiled as
-    the suite compiles (`FAST_COMPILE`)."""
-    return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}".strip()
+    """`XLA_FLAGS` for a script the suite starts: this process's flags (the suite's, see
+    conftest.py, or the user's), with `devices` host CPU devices."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    kept = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def run_script(

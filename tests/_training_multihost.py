@@ -64,12 +64,17 @@ def main() -> None:
             np.savez(out_dir / f"{name}.npz", *leaves)
     # A "data" shard on both processes' devices would need the same batch from both:
     # each passing its own slice made a wrong global batch, silently.
-    try:
-        ls.shard_batch(np.zeros(4, np.float32), ls.make_mesh(1, 4))
-    except ValueError as error:
-        assert "spans processes [0, 1]" in str(error), error
-    else:
-        raise AssertionError("shard_batch accepted a 'data' shard spanning two processes")
+    # So would a mesh on one process's devices only.
+    for mesh, message in (
+        (ls.make_mesh(1, 4), "spans processes [0, 1]"),
+        (ls.make_mesh(2, 1), "fall [2, 0] on the processes"),
+    ):
+        try:
+            ls.shard_batch(np.zeros(4, np.float32), mesh)
+        except ValueError as error:
+            assert message in str(error), error
+        else:
+            raise AssertionError(f"shard_batch accepted a bad mesh {mesh.shape}")
     jax.distributed.shutdown()
 
 

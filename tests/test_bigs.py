@@ -560,7 +560,7 @@ def test_layer_defaults_and_initialisation():
     assert steps.shape == (32,) and 0.01 <= steps.min() and steps.max() <= 1.0
     assert steps.min() < 0.03 and steps.max() > 0.3  # spread over the range, not S4's
     # Their LegS modes keep B = 1, as in the reference implementation (S4DKernel's
-    # S4D-LegS B would weight the fastest mode ~70 times the slowest at N = 64).
+    # S4D-LegS B would weight the fastest mode 68 times the slowest at N = 64).
     kernel = ls.GatedLayer(8, key=jr.key(0)).forward_routing.kernel_fn
     assert kernel.init == "legs"
     np.testing.assert_array_equal(kernel.b_real, 1)

@@ -25,14 +25,15 @@ LOG_ZERO = -1e4
 
 def _legs(state_size: int) -> tuple[np.ndarray, np.ndarray]:
     """`(w, b)` of S4D-LegS: the positive imaginary parts `w` of the eigenvalues of the
-    normal HiPPO-LegS matrix, in ascending order, and HiPPO-LegS's `B` in its eigenbasis.
+    normal HiPPO-LegS matrix, in ascending order, and the S4D paper's `B`: HiPPO-LegS's
+    `B` in the eigenbasis, halved.
 
     The normal part of HiPPO-LegS is `-1/2 I + S`, with `S` skew-symmetric,
     `S[n, k] = -sqrt(2n + 1) sqrt(2k + 1) / 2` for `n > k` (and `-S[k, n]` above the
     diagonal), and HiPPO-LegS's `B[n] = sqrt(2n + 1)`. The eigenvalues are `-1/2 + i w`
     in conjugate pairs, with eigenvectors `V`; one mode per pair is kept, with
-    `b = |(V* B)[n]|`. The phase of `V* B` is dropped: `C` starts circularly symmetric,
-    so it would only rotate `C`'s distribution into itself.
+    `b = |(V* B)[n]| / 2`. The phase of `V* B` is dropped: `C` starts circularly
+    symmetric, so the initial kernel has the same distribution for any phase.
     """
     q = np.sqrt(2.0 * np.arange(state_size) + 1.0)
     lower = np.tril(np.outer(q, q), k=-1) / 2
@@ -40,7 +41,7 @@ def _legs(state_size: int) -> tuple[np.ndarray, np.ndarray]:
     # `i S` is Hermitian: its real eigenvalues `v` give the eigenvalues `-i v` of `S`.
     v, vectors = np.linalg.eigh(1j * skew)
     keep = v < 0
-    w, b = -v[keep], np.abs(vectors[:, keep].conj().T @ q)
+    w, b = -v[keep], np.abs(vectors[:, keep].conj().T @ q) / 2
     order = np.argsort(w)
     return w[order], b[order]
 
@@ -140,8 +141,9 @@ class S4DKernel(eqx.Module):
     Initialisations of `A` (S4D paper): `"lin"` `A_n = -1/2 + i pi n`; `"inv"`
     `A_n = -1/2 + i (N/pi) (N/(2n+1) - 1)`; `"real"` `A_n = -(n+1)`; `"legs"` the
     eigenvalues of the normal part of HiPPO-LegS (`-1/2 + i w_n`). `B` starts at ones,
-    except for `"legs"`: S4D-LegS's `B`, HiPPO-LegS's `B` in the eigenbasis, `|V* B|` (as
-    in the S4 authors' code, without the theory's factor 1/2). `C` is complex normal
+    except for `"legs"`: the S4D paper's S4D-LegS `B`, HiPPO-LegS's `B` in the
+    eigenbasis and halved, `|V* B| / 2` (real: the phase is dropped, which leaves the
+    initial kernel's distribution unchanged). `C` is complex normal
     (variance 1/2 per part), `log dt` is uniform in `[log dt_min, log dt_max]` per
     channel.
 

@@ -119,7 +119,8 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
     process passes its own slice of the global batch (e.g. from a grain pipeline
     sharded with `ShardByJaxProcess`) and the result is one global array built with
     `jax.make_array_from_process_local_data`; each shard of `axis` must then lie on
-    one process's devices (a `ValueError` otherwise). Scalars are replicated.
+    one process's devices, and every process own as many shards (a `ValueError`
+    otherwise). Scalars are replicated.
 
     **Arguments:**
 
@@ -162,21 +163,31 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
 
 
 def _check_own_shards(mesh: Mesh, axis: str) -> None:
-    """A `ValueError` unless every shard of `axis` lies on the devices of one process:
-    processes sharing a shard would have to pass identical data for it, and their own
-    slices would make an inconsistent global batch."""
+    """A `ValueError` unless every shard of `axis` lies on the devices of one process and
+    every process owns as many shards: each passes its own slice of the batch, so a
+    shared shard would need identical data from its processes, and a process without
+    shards (or with more than its share) would make a wrong global batch."""
     owners = np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
     by_shard = np.moveaxis(owners, mesh.axis_names.index(axis), 0).reshape(mesh.shape[axis], -1)
+    fix = (
+        f"use a mesh whose {axis!r} axis gives each of the {jax.process_count()} processes "
+        "its own, equal share of shards (lineax_seq.make_mesh over all devices, with each "
+        f"process's devices filling whole {axis!r} shards), or build the global batch "
+        "yourself with jax.make_array_from_process_local_data"
+    )
     for index, processes in enumerate(by_shard):
         if len(set(processes.tolist())) > 1:
             raise ValueError(
                 f"shard {index} of mesh axis {axis!r} (size {mesh.shape[axis]}) spans "
-                f"processes {sorted(set(processes.tolist()))}, but every process passes its "
-                f"own slice of the batch: use a mesh whose {axis!r} axis gives each of the "
-                f"{jax.process_count()} processes its own shards (lineax_seq.make_mesh with "
-                f"{axis} a multiple of the process count), or build the global batch "
-                "yourself with jax.make_array_from_process_local_data"
+                f"processes {sorted(set(processes.tolist()))}, but every process passes "
+                f"its own slice of the batch: {fix}"
             )
+    counts = np.bincount(by_shard[:, 0], minlength=jax.process_count())
+    if len(set(counts.tolist())) > 1:
+        raise ValueError(
+            f"the {mesh.shape[axis]} shards of mesh axis {axis!r} fall {counts.tolist()} on "
+            f"the processes, but every process passes its own slice of the batch: {fix}"
+        )
 
 
 def param_sharding(
