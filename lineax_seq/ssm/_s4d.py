@@ -46,7 +46,7 @@ class S4D(eqx.Module):
     `"fft"`, [`lineax_seq.fft_conv`][] with the kernel generated at the input's length;
     or `"chunked"`, [`lineax_seq.chunked_conv`][], matrix products within chunks and
     the SSM state carried between them (no FFT, no length-`L` kernel). `"auto"` (the
-    default) picks `"chunked"` for a shared kernel (`channels=1`, where the in-chunk
+    default) picks `"chunked"` for a shared kernel (`channels=1 < dim`, where the in-chunk
     Toeplitz matrix is one GEMM for all features: 1.5-1.8x faster than the FFT on CPU
     at 1k-64k positions) and `"fft"` for per-channel kernels (there the chunked
     method's `2 C + 8 modes` flops per position and feature, in small per-channel
@@ -98,7 +98,8 @@ class S4D(eqx.Module):
             field like `eqx.nn.MLP`'s, so its parameters are trained and saved).
         - `glu`: add an output linear map `dim -> 2 dim` followed by `jax.nn.glu`.
         - `conv`: how the convolution is computed: `"fft"`, `"chunked"` or `"auto"`
-            (`"chunked"` if `channels=1`, else `"fft"`); all exact, same parameters.
+            (`"chunked"` for a kernel shared by several features, `channels=1 < dim`,
+            else `"fft"`); all exact, same parameters.
         - `key`: a `jax.random.key`.
         """
         check_key("key", key)
