@@ -43,6 +43,9 @@ def test_read_classification_csv_and_jsonl(tmp_path):
     expected = [tok.cls_id, *tok.encode("p0"), tok.sep_id, *tok.encode("h0"), tok.sep_id, 0]
     np.testing.assert_array_equal(batch["tokens"][0], expected)
     np.testing.assert_array_equal(batch["padding_mask"][0], [True] * 7 + [False])
+    # BERT's segment ids: 1 on "h0 <sep>", 0 on "<cls> p0 <sep>" and the padding.
+    np.testing.assert_array_equal(batch["token_types"][0], [0, 0, 0, 0, 1, 1, 1, 0])
+    assert batch["token_types"].dtype == np.int32
     # Regression: float labels.
     reg = ls.read_classification(
         _write_csv(tmp_path / "r.csv", [("a", 0.5), ("b", -1.25)]), num_classes=None
@@ -369,9 +372,16 @@ def test_classification_dataset_pair_truncation():
             expected = ids + [pad] * (length - len(ids))
             np.testing.assert_array_equal(longest["tokens"][i], expected, err_msg=str(r))
             assert longest["padding_mask"][i].sum() == len(ids)
+            types = [0] * (len(ta) + 2) + [1] * (len(tb) + 1)
+            np.testing.assert_array_equal(
+                longest["token_types"][i], types + [0] * (length - len(ids))
+            )
             # "end" cuts the encoded pair at the end (the committed results').
             whole = [cls, *a, sep, *b, sep][:length]
             np.testing.assert_array_equal(end["tokens"][i], whole + [pad] * (length - len(whole)))
+            types = ([0] * (len(a) + 2) + [1] * (len(b) + 1))[:length]
+            types += [0] * (length - len(types))
+            np.testing.assert_array_equal(end["token_types"][i], types)
     # The default is BERT's and Hugging Face's (it was "end": a long premise dropped the
     # hypothesis); the experiments pass their own, "end", the committed results'.
     default = inspect.signature(ls.classification_dataset).parameters["truncation"].default
@@ -389,7 +399,9 @@ def test_classification_dataset_pair_truncation():
     single = grain.MapDataset.source([{"text": "q" * 20, "label": 1}])
     data = ls.classification_dataset(single, tok, length=6, batch_size=1,
                                      truncation="longest_first")  # fmt: skip
-    np.testing.assert_array_equal(next(iter(data))["tokens"][0], [cls, *tok.encode("qqqq"), sep])
+    batch = next(iter(data))
+    np.testing.assert_array_equal(batch["tokens"][0], [cls, *tok.encode("qqqq"), sep])
+    np.testing.assert_array_equal(batch["token_types"][0], [0] * 6)  # one segment
 
 
 # ------------------------------------------------------------------------------ ListOps

@@ -36,7 +36,8 @@ mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed",
             mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, **loader)
 IGNORE_INDEX = -100
 
-# classification: {"tokens": int32 (B, L), "padding_mask": bool (B, L), "label": int32 (B,)}
+# classification: {"tokens": int32 (B, L), "padding_mask": bool (B, L),
+#                  "token_types": int32 (B, L) (1 on text_pair <sep>), "label": int32 (B,)}
 #   (padding_mask, here and for masked LM: True at real tokens, <cls>/<sep> included,
 #   False at padding: the `mask` that BiGS(tokens, mask) takes)
 #   (label float32 for regression, i.e. num_classes=None and no label_names)

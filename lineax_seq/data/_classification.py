@@ -356,7 +356,8 @@ MIN_LENGTH, MIN_PAIR_LENGTH = 3, 5
 
 class _EncodeClassification:
     """Picklable map with index: `{"text", "label"}` -> `{"tokens", "padding_mask",
-    "label"}`, or a `ValueError` naming `records[index]` if the record is malformed.
+    "token_types", "label"}`, or a `ValueError` naming `records[index]` if the record
+    is malformed.
 
     grain passes a later epoch's index unreduced (`index + epoch * num_records`); the
     errors name the record it reads, `index % num_records`.
@@ -394,6 +395,7 @@ class _EncodeClassification:
             )
         t = self.tokenizer
         ids = t.encode(record["text"])
+        second = self.length  # where the second segment (type 1) starts
         if self.special:
             pair = t.encode(record["text_pair"]) if "text_pair" in record else None
             if self.truncation == "longest_first" and pair is None:
@@ -402,14 +404,17 @@ class _EncodeClassification:
                 ids, pair = _longest_first(ids, pair, max(self.length - 3, 0))
             parts = [[t.cls_id], ids, [t.sep_id]]
             if pair is not None:
+                second = len(ids) + 2
                 parts += [pair, [t.sep_id]]
             ids = np.concatenate([np.asarray(q, np.int32) for q in parts])
         ids = ids[: self.length]
         out = np.full(self.length, t.pad_id, dtype=np.int32)
         out[: ids.size] = ids
+        positions = np.arange(self.length)
         return {
             "tokens": out,
-            "padding_mask": np.arange(self.length) < ids.size,
+            "padding_mask": positions < ids.size,
+            "token_types": ((positions >= second) & (positions < ids.size)).astype(np.int32),
             "label": _label_array(record["label"], self.regression, index),
         }
 
@@ -465,7 +470,9 @@ def classification_dataset(
     **Returns:**
 
     A `grain.IterDataset` of `{"tokens": int32 (B, L), "padding_mask": bool (B, L),
-    "label": int32 (B,)}` (`float32` for regression labels).
+    "token_types": int32 (B, L), "label": int32 (B,)}` (`float32` for regression
+    labels). `token_types` are BERT's segment ids: 1 on `text_pair <sep>`, 0 elsewhere
+    (`<cls> text <sep>`, padding, and every position of a single text).
 
     **Raises:**
 
