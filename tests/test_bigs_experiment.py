@@ -371,6 +371,7 @@ def test_ablation_default_out_is_the_checkouts_results(tmp_path):
 # ----------------------------------------------------------------- models, losses, optimiser
 
 import equinox as eqx  # noqa: E402
+import grain  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import jax.random as jr  # noqa: E402
@@ -459,10 +460,61 @@ def test_optimizer_groups_ssm_parameters(tiny_mlm):
 
     updates = zero_grad_update(params)
     moved = eqx.apply_updates(tiny_mlm, updates)
-    kernel_fn = lambda m: m.encoder.layers.forward_routing.kernel_fn.c_real
-    np.testing.assert_array_equal(kernel_fn(moved), kernel_fn(tiny_mlm))
-    dense = lambda m: m.encoder.layers.v_proj.weight
-    assert not np.allclose(dense(moved), dense(tiny_mlm))
+    # ... nor biases and LayerNorm gains (BERT's and the reference's decay mask).
+    unmoved = lambda m: (
+        m.encoder.layers.forward_routing.kernel_fn.c_real,
+        m.encoder.layers.norm.weight,
+        m.encoder.layers.v_proj.bias,
+        m.encoder.final_norm.weight,
+        m.head.norm.weight,
+        m.head.bias,
+    )
+    for a, b in zip(unmoved(moved), unmoved(tiny_mlm), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for dense in (lambda m: m.encoder.layers.v_proj.weight, lambda m: m.head.transform.weight):
+        assert not np.allclose(dense(moved), dense(tiny_mlm))
+
+
+@pytest.mark.parametrize(
+    "architecture, routing",
+    [("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention")],
+)
+def test_optimizer_decays_no_bias_or_layer_norm(architecture, routing):
+    # Every LayerNorm array and every bias of each variant, with an MLM or a
+    # classification head, is in the no-decay group, and no weight matrix is.
+    attention = routing == "attention"
+    encoder = ls.BiGS(
+        20,
+        8,
+        1,
+        architecture=architecture,
+        routing=routing,
+        inner_dim=12,
+        state_size=4,
+        num_heads=2 if attention else None,
+        max_length=16 if attention else None,
+        num_token_types=2,
+        key=jr.key(0),
+    )
+    for model in (
+        _bigs_train.MaskedLM(encoder, key=jr.key(1)),
+        _bigs_train.Classifier(encoder, 3, key=jr.key(1)),
+    ):
+        groups = _bigs_train.ssm_groups(model, lr=0.1, ssm_lr=0.01)
+        groups |= _bigs_train.no_decay_groups(model)
+        labels = ls.param_labels(model, groups)
+        norms = lambda m: [
+            x
+            for x in jax.tree.leaves(m, is_leaf=lambda x: isinstance(x, eqx.nn.LayerNorm))
+            if isinstance(x, eqx.nn.LayerNorm)
+        ]
+        assert set(jax.tree.leaves(norms(labels))) == {"no_decay"}
+        flat = jax.tree_util.tree_flatten_with_path(labels)[0]
+        named = {jax.tree_util.keystr(p): label for p, label in flat}
+        assert all(label == "no_decay" for p, label in named.items() if p.endswith(".bias"))
+        assert all(label == "default" for p, label in named.items() if p.endswith("proj.weight"))
+        assert named[".encoder.token_embedding.weight"] == "default"
+    assert _bigs_train.no_decay_groups({"w": jnp.ones(2)}) == {}
 
 
 def test_optimizer_is_adamw_098_1e6_with_warmup_cosine():
@@ -536,6 +588,32 @@ def test_classification_loss_regression_and_classes(tiny_mlm):
     assert float(aux["mae"]) == pytest.approx(float(jnp.mean(jnp.abs(out - batch["label"]))))
 
 
+def test_classification_loss_feeds_segment_ids_to_an_encoder_with_token_types():
+    tok = ls.ByteTokenizer()
+    pair = [{"text": "ab", "text_pair": "cd", "label": 1}, {"text": "xy", "label": 0}]
+    batch = next(iter(ls.classification_dataset(
+        grain.MapDataset.source(pair), tok, length=8, batch_size=2, shuffle=False
+    )))  # fmt: skip
+    loss_fn = eqx.filter_jit(_bigs_train.classification_loss)
+    for types in (0, 2):
+        build = lambda k, types=types: ls.BiGS(
+            tok.vocab_size, 8, 1, inner_dim=12, state_size=4, num_token_types=types, key=k
+        )
+        clf = _bigs_train.Classifier(eqx.filter_jit(build)(jr.key(0)), 2, key=jr.key(1))
+        loss, _ = loss_fn(clf, batch, jr.key(0), inference=True)
+        call = lambda t, m, s, clf=clf: clf(t, m, s, inference=True)
+        segments = batch["token_types"] if types else None
+        logits = eqx.filter_jit(jax.vmap(call))(batch["tokens"], batch["padding_mask"], segments)
+        expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+        assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+        if types:  # the pair's second segment gets type 1, which changes its logits
+            plain = eqx.filter_jit(jax.vmap(lambda t, m, clf=clf: clf(t, m, inference=True)))(
+                batch["tokens"], batch["padding_mask"]
+            )
+            assert not np.allclose(plain[0], logits[0])
+            np.testing.assert_allclose(plain[1], logits[1], rtol=1e-6)  # one segment
+
+
 # ----------------------------------------------------------------- CLI end to end (tiny)
 
 
@@ -580,6 +658,25 @@ def test_pretrain_writes_run(pretrained):
     # The same weights run at a longer length (kernels are generated for it).
     h = model.encoder(jnp.full((200,), 9, jnp.int32), inference=True)
     assert h.shape == (200, 16)
+
+
+def test_pretrain_attention_learns_berts_positions(pretrained, corpus_dir, tmp_path):
+    # Attention routing learns max(--length, 512) positions, as BERT: a model pretrained
+    # at 32 tokens continues at 512 (with --init-from), and no further.
+    _, argv, _ = pretrained
+    attention = [*argv, "--corpus", str(corpus_dir), "--routing", "attention", "--heads", "2"]
+    attention[attention.index("--out") + 1] = str(tmp_path)
+    models = {}
+    for length in (32, 600):
+        attention[attention.index("--length") + 1] = str(length)
+        models[length] = _bigs._pretrain_inputs(_parse(attention))[1]
+    assert (models[32].encoder.max_length, models[600].encoder.max_length) == (512, 600)
+    model = models[32]
+    assert _bigs._length_problem(model, 512, "x") is None
+    assert _bigs._length_problem(model, 513, "--init-from x") == (
+        "--length 513: --init-from x has attention routing with absolute positions up to "
+        "512; use --length 512 or less"
+    )
 
 
 def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path, capsys):

@@ -151,7 +151,8 @@ print(f"{ls.count_parameters(model):,} parameters; layers: {type(encoder.layer(0
 # The paper's optimiser (Table 7): AdamW with $\beta_2 = 0.98$, $\epsilon = 10^{-6}$,
 # no gradient clipping, warmup then cosine decay. The S4D kernel parameters
 # ($A$, $B$, $C$, $\Delta t$) form their own group without weight decay, as S4 trains
-# them. `ls.train` runs the jitted steps and evaluates at the end.
+# them; biases and LayerNorm gains are not decayed either, as in BERT and the paper's
+# pretraining script. `ls.train` runs the jitted steps and evaluates at the end.
 
 # %%
 optimizer = ls.make_optimizer(
@@ -163,7 +164,10 @@ optimizer = ls.make_optimizer(
     b2=0.98,
     eps=1e-6,
     clip_norm=None,
-    groups={"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=1e-3, weight_decay=0.0)},
+    groups={
+        "ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=1e-3, weight_decay=0.0),
+        "no_decay": ls.ParamGroup(match=r"(\.bias|norm\.weight)$", weight_decay=0.0),
+    },
 )
 result = ls.train(
     model,

@@ -178,7 +178,7 @@ class DirectionalSSM(eqx.Module):
         kernel_fn = S4DKernel(
             state_size, channels, init=init, dt_min=dt_min, dt_max=dt_max, key=key
         )
-        # `B = 1` for every `init`, as in the reference implementation (jxiw/BiGS).
+        # `B` starts at 1 for every `init`: the reference (jxiw/BiGS) holds it at 1.
         self.kernel_fn = eqx.tree_at(
             lambda k: (k.b_real, k.b_imag),
             kernel_fn,

@@ -242,6 +242,10 @@ def _check(args: argparse.Namespace) -> None:
 
 # The options that make the model (and its tokenizer): a run continued from a checkpoint
 # (`--resume`, `--init-from`) has the checkpoint's, recorded in its config.
+BERT_POSITIONS = 512
+"""Absolute positions an attention-routing model of `pretrain` learns at least: BERT's,
+so that one pretrained at 128 tokens continues at 512 (`--init-from`)."""
+
 _MODEL_OPTIONS = (
     "tokenizer",
     "vocab_size",
@@ -310,7 +314,7 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
             routing=args.routing,
             inner_dim=args.inner,
             num_heads=args.heads if args.routing == "attention" else None,
-            max_length=args.length if args.routing == "attention" else None,
+            max_length=max(args.length, BERT_POSITIONS) if args.routing == "attention" else None,
             state_size=args.state_size,
             dropout=args.dropout,
             init_std=args.init_std or scaled_init_std(args.dim),
@@ -678,7 +682,12 @@ def _model_arguments(parser: argparse.ArgumentParser, *, layers: int, dim: int) 
     g = parser.add_argument_group("model (ignored with --init-from/--resume: the checkpoint's)")
     add = functools.partial(g.add_argument, action=_Given)  # a note names those ignored
     add("--architecture", choices=("gated", "stack"), default="gated", help="GATED or STACK block")
-    add("--routing", choices=("ssm", "attention"), default="ssm", help="token mixing")
+    add(
+        "--routing",
+        choices=("ssm", "attention"),
+        default="ssm",
+        help="token mixing (attention learns max(--length, 512) absolute positions, as BERT)",
+    )
     _size_arguments(add, layers=layers, dim=dim)
     add("--inner", type=positive_int, default=None, help="inner width (default 3d gated, 4d stack)")
     add("--heads", type=positive_int, default=4, help="attention heads (routing=attention)")
@@ -734,7 +743,12 @@ def _optim_arguments(
         help="peak learning rate of the SSM parameter group (S4D kernels, no weight decay), "
         "capped at --lr (so with the default --lr the SSMs train at --lr); 0 means --lr",
     )
-    add("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay")
+    add(
+        "--weight-decay",
+        type=non_negative_float,
+        default=0.01,
+        help="AdamW weight decay (not of biases and LayerNorm gains)",
+    )
     add("--warmup", type=fraction, default=warmup, help="warmup fraction of the steps")
     add(
         "--schedule",

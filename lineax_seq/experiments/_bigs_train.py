@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,13 +99,15 @@ class Classifier(eqx.Module):
         self,
         tokens: Int[Array, " length"],
         mask: Bool[Array, " length"],
+        token_types: Int[Array, " length"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
     ) -> Float[Array, " outputs"]:
-        """Logits (or the regression value) of one sequence."""
+        """Logits (or the regression value) of one sequence; `token_types` are the
+        segment ids of an encoder with `num_token_types > 0`."""
         k1, k2 = (None, None) if key is None else jr.split(key)
-        h = self.encoder(tokens, mask, key=k1, inference=inference)
+        h = self.encoder(tokens, mask, token_types, key=k1, inference=inference)
         return self.head(h, mask, key=k2, inference=inference)
 
 
@@ -170,10 +173,12 @@ def classification_loss(
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """Cross-entropy and accuracy (integer `label`) or squared error (float `label`,
     regression with one output) of a batch of `tokens`/`padding_mask`/`label`, as
-    [`lineax_seq.classification_dataset`][] makes it."""
+    [`lineax_seq.classification_dataset`][] makes it; its `token_types` (sentence
+    pairs' segment ids) go to an encoder that has token-type embeddings."""
     keys = jr.split(key, batch["tokens"].shape[0])
-    call = lambda t, m, k: model(t, m, key=k, inference=inference)
-    out = jax.vmap(call)(batch["tokens"], batch["padding_mask"], keys)
+    types = batch.get("token_types") if model.encoder.num_token_types else None
+    call = lambda t, m, s, k: model(t, m, s, key=k, inference=inference)
+    out = jax.vmap(call)(batch["tokens"], batch["padding_mask"], types, keys)
     labels = batch["label"]
     if jnp.issubdtype(labels.dtype, jnp.floating):
         err = out[:, 0] - labels
@@ -209,6 +214,23 @@ def ssm_groups(model: PyTree, *, lr: float, ssm_lr: float) -> dict[str, ls.Param
     return {"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=rate, weight_decay=0.0)}
 
 
+NO_DECAY = r"(\.bias|norm\.weight)$"
+"""The paths (`jax.tree_util.keystr`) of the parameters `paper_optimizer` does not decay:
+biases and LayerNorm gains."""
+
+
+def no_decay_groups(model: PyTree) -> dict[str, ls.ParamGroup]:
+    """The group of `paper_optimizer` without weight decay: every bias and LayerNorm
+    gain (`NO_DECAY`), as BERT and the reference pretraining script (jxiw/BiGS) exclude
+    them, so that decay does not pull gains that start at 1 towards 0. Empty for a model
+    without such parameters."""
+    params = eqx.filter(model, eqx.is_inexact_array)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+    if not any(re.search(NO_DECAY, p) for p in paths):
+        return {}
+    return {"no_decay": ls.ParamGroup(match=NO_DECAY, weight_decay=0.0)}
+
+
 def ssm_learning_rate(*, lr: float, ssm_lr: float) -> float:
     """The SSM group's peak learning rate: `ssm_lr` capped at `lr`; `lr` if `ssm_lr <= 0`."""
     return min(ssm_lr, lr) if ssm_lr > 0 else lr
@@ -227,8 +249,9 @@ def paper_optimizer(
     """The paper's pretraining optimiser (Table 7): AdamW with beta1 0.9, beta2 0.98,
     eps 1e-6, no gradient clipping, linear warmup over a fraction `warmup` of `steps`
     then `schedule` decay to 0; SSM kernel parameters in their own group (see
-    `ssm_groups`)."""
-    groups = ssm_groups(model, lr=lr, ssm_lr=ssm_lr)
+    `ssm_groups`); biases and LayerNorm gains without weight decay (see
+    `no_decay_groups`)."""
+    groups = ssm_groups(model, lr=lr, ssm_lr=ssm_lr) | no_decay_groups(model)
     return _optimizer(lr, steps, warmup, weight_decay, schedule, tuple(groups.items()))
 
 
