@@ -506,6 +506,13 @@ def test_tied_head_starts_near_uniform(sh_lm, getkey):
     assert abs(mean_nll - math.log(VOCAB)) < 0.01
 
 
+def test_brect_starts_as_meliad():
+    """The initial states and the gate biases start N(0, 0.1^2), as meliad's."""
+    layer = ls.BlockRecurrentTransformerLayer(64, 4, 32, key=jr.key(0))  # 32 x 64 states
+    assert 0.09 < float(jnp.std(layer.initial_state)) < 0.11
+    assert 0.06 < float(jnp.std(layer.gate_bias)) < 0.14
+
+
 @pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4", "mh:s4", "mf:s4"])
 def test_decoding_cache_does_not_grow_with_the_prefix(zoo, variant):
     """Per-token decoding works on a fixed-size state (attention frame, S4D state, BRECT

@@ -61,7 +61,10 @@ def sliding_window_mask(window: IntLike) -> Bool[Array, "w 2*w"]:
 
     Query `r` of a block sits at frame position `window + r`; key `c` (frame position
     `c`) is visible iff `0 <= (window + r) - c < window`: the query itself and the
-    `window - 1` tokens before it.
+    `window - 1` tokens before it. (The Block-Recurrent Transformer's code,
+    google-research/meliad, shows each query the `window` tokens before it and not
+    itself, with a cache of zeros before a document's first token; with the query
+    itself, the first token of a sequence has a key to attend to.)
 
     **Arguments:**
 

@@ -605,7 +605,9 @@ class BlockRecurrentTransformerLayer(eqx.Module):
       `states_{b+1} = g * states_b + (1 - g) * z` with `g = sigmoid(gate_bias)` per
       feature (`gate_bias` starts at `N(0, 0.1^2)`, so `g` near 1/2, as the `"bias"`
       gate of their reference code, google-research/meliad); no MLP in this direction
-      ("skip").
+      ("skip"). `states_0` is the learned `initial_state`, `N(0, 0.1^2)` at first as in
+      meliad; each sequence starts from it (meliad warm-starts a document's next segment
+      from the last states, a carry across training steps this layer leaves to its user).
 
     Keys/values are shared between directions: the tokens' keys/values serve both the
     sliding-window self-attention and the states' cross-attention; the states'
@@ -679,7 +681,7 @@ class BlockRecurrentTransformerLayer(eqx.Module):
         )
         self.state_cross_query = eqx.nn.Linear(dim, dim, key=keys[5])
         self.state_output = eqx.nn.Linear(2 * dim, dim, key=keys[6])
-        self.initial_state = jr.normal(keys[7], (num_states, dim))
+        self.initial_state = 0.1 * jr.normal(keys[7], (num_states, dim))
         self.state_ids = 0.02 * jr.normal(keys[8], (num_states, dim))
         self.gate_bias = 0.1 * jr.normal(keys[9], (dim,))
         self.window = window
