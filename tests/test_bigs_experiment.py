@@ -679,6 +679,22 @@ def test_pretrain_attention_learns_berts_positions(pretrained, corpus_dir, tmp_p
     )
 
 
+def test_pretrain_packs_documents_on_request(pretrained, corpus_dir, tmp_path):
+    _, argv, _ = pretrained
+    args = [*argv, "--corpus", str(corpus_dir)]
+    args[args.index("--out") + 1] = str(tmp_path)
+    padding = {}
+    for flag in ("--no-pack", "--pack"):
+        parsed = _parse([*args, flag])
+        assert parsed.pack == (flag == "--pack") and "pack" in parsed.given_options
+        _, held_out = _bigs._pretrain_inputs(parsed)[3][1]
+        masks = np.concatenate([b["padding_mask"] for b in held_out])
+        padding[flag] = 1 - masks.mean()
+    # Each 100-word document ends in a padded sequence, unless they are joined.
+    assert padding["--pack"] < 0.01 < padding["--no-pack"]
+    assert not _parse(args).pack
+
+
 def test_pretrain_resume_and_init_from(pretrained, corpus_dir, tmp_path, capsys):
     out, argv, _ = pretrained
     steps = argv.index("--steps") + 1

@@ -469,6 +469,26 @@ def test_mlm_dataset_examples_and_masking_modes():
         ls.mlm_examples(DOCS, tok, length=2)
 
 
+def test_mlm_examples_pack_documents():
+    # RoBERTa's FULL-SENTENCES: one stream, <sep> between documents (empty ones add
+    # none), cut into full chunks; only the last is padded.
+    tok = ls.ByteTokenizer()
+    docs = ["", *DOCS[1:3], "", "x"]
+    packed = ls.mlm_examples(docs, tok, length=8, pack=True)
+    sep = [tok.sep_id]
+    stream = np.concatenate([tok.encode(docs[1]), sep, tok.encode(docs[2]), sep, tok.encode("x")])
+    assert len(packed) == -(-stream.size // 6)
+    body = [e["tokens"][1 : int(e["padding_mask"].sum()) - 1] for e in packed]
+    np.testing.assert_array_equal(np.concatenate(body), stream)
+    assert all(e["padding_mask"].all() for e in list(packed)[:-1])
+    first = packed[0]["tokens"]
+    assert (first[0], first[-1]) == (tok.cls_id, tok.sep_id)
+    # Unpacked, "short" and "x" are one mostly padded chunk each.
+    assert len(ls.mlm_examples(docs, tok, length=8)) > len(packed)
+    batch = next(iter(ls.mlm_dataset(docs, tok, length=8, batch_size=2, pack=True, shuffle=False)))
+    assert batch["tokens"].shape == (2, 8) and batch["padding_mask"].all()
+
+
 def test_mlm_rejects_no_masking_and_no_tokens():
     tok = ls.ByteTokenizer()
     for texts in ([], ["", ""]):

@@ -31,8 +31,8 @@ lm_dataset(texts, tokenizer, *, length, batch_size, stride=None, **loader) -> It
 #             "padding_mask": bool (B, L)}
 mask_tokens(tokens, rng, *, vocab_size, mask_id, special_ids, mask_prob=0.15,
             mask_token_prob=0.8, random_token_prob=0.1) -> (masked, labels)
-mlm_examples(texts, tokenizer, *, length) -> grain.MapDataset (unmasked)
-mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed",
+mlm_examples(texts, tokenizer, *, length, pack=False) -> grain.MapDataset (unmasked)
+mlm_dataset(texts, tokenizer, *, length, batch_size, masking="dynamic"|"fixed", pack=False,
             mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, **loader)
 IGNORE_INDEX = -100
 

@@ -319,17 +319,22 @@ def mlm_examples(
     tokenizer: Tokenizer,
     *,
     length: IntLike,
+    pack: bool = False,
 ) -> grain.MapDataset:
     """Unmasked masked-LM examples: `<cls> chunk <sep>` padded to `length`.
 
     Each document is tokenized and cut into consecutive chunks of `length - 2` tokens
-    (the last one shorter, then padded with `<pad>`).
+    (the last one shorter, then padded with `<pad>`). With `pack=True` the documents
+    are first joined into one stream, `<sep>` between two documents (RoBERTa's
+    FULL-SENTENCES), so that every chunk but the last is full: for corpora of short
+    documents (a JSONL file of sentences), which would otherwise be mostly padding.
 
     **Arguments:**
 
     - `texts`: documents, e.g. [`lineax_seq.text_corpus`][].
     - `tokenizer`: any [`lineax_seq.Tokenizer`][].
     - `length`: sequence length (>= 3).
+    - `pack`: chunk the joined stream instead of each document.
 
     **Returns:**
 
@@ -341,6 +346,10 @@ def mlm_examples(
     if tokens.size == 0:
         raise ValueError("texts contain no tokens")
     body = length - 2
+    if pack:
+        ends = offsets[1:][offsets[1:] > offsets[:-1]]  # of the non-empty documents
+        tokens = np.insert(tokens, ends[:-1], tokenizer.sep_id)
+        offsets = np.array([0, tokens.size])
     starts, stops = [], []
     for a, b in zip(offsets[:-1], offsets[1:], strict=True):
         s = np.arange(a, b, body, dtype=np.int64)
@@ -366,6 +375,7 @@ def mlm_dataset(
     length: IntLike,
     batch_size: IntLike,
     masking: str = "dynamic",
+    pack: bool = False,
     mask_prob: RealLike = 0.15,
     mask_token_prob: RealLike = 0.8,
     random_token_prob: RealLike = 0.1,
@@ -388,6 +398,8 @@ def mlm_dataset(
     **Arguments:**
 
     - `masking`: `"dynamic"` or `"fixed"`.
+    - `pack`: join the documents before chunking them (see
+        [`lineax_seq.mlm_examples`][]).
     - `mask_prob`, `mask_token_prob`, `random_token_prob`: the BERT rates, as for
         [`lineax_seq.mask_tokens`][].
     - the others as for [`lineax_seq.mlm_examples`][] and [`lineax_seq.batch_examples`][].
@@ -400,7 +412,7 @@ def mlm_dataset(
     check_choice("masking", masking, ("dynamic", "fixed"))
     _check_rates(mask_prob, mask_token_prob, random_token_prob)
     seed = check_int("seed", seed, minimum=0)
-    examples = mlm_examples(texts, tokenizer, length=length)
+    examples = mlm_examples(texts, tokenizer, length=length, pack=pack)
     mask = _Mask(
         tokenizer.vocab_size,
         tokenizer.mask_id,

@@ -338,6 +338,7 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
             batch_size=args.batch_size,
             mask_rate=args.mask_rate,
             seed=args.seed,
+            pack=args.pack,
         )
     return config, model, tok, (texts, batches)
 
@@ -370,6 +371,7 @@ _RESUMED_OPTIONS = (
     "seed",
     "eval_every",
     "mask_rate",
+    "pack",
 )
 
 
@@ -489,6 +491,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         tok,
         **_optim_options(args),
         mask_rate=args.mask_rate,
+        pack=args.pack,
         out_dir=out,
         checkpoint_every=max(1, args.steps // 4),
         # --resume continues from the checkpoint if there is one (a run that never
@@ -720,6 +723,14 @@ class _Given(argparse.Action):
         setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
 
 
+class _GivenSwitch(argparse.BooleanOptionalAction):
+    """`--option` / `--no-option`, noted as given as `_Given` notes its options."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
+
+
 def _optim_arguments(
     parser: argparse.ArgumentParser,
     *,
@@ -837,6 +848,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_fraction,
         default=0.15,
         help="fraction of the tokens masked, in (0, 1]",
+    )
+    pre.add_argument(
+        "--pack",
+        action=_GivenSwitch,
+        default=False,
+        help="join the documents, <sep> between them, before cutting sequences (RoBERTa's "
+        "FULL-SENTENCES): for a corpus of short documents, e.g. a JSONL file of sentences, "
+        "whose sequences would otherwise be mostly padding",
     )
     init = pre.add_mutually_exclusive_group()
     init.add_argument(

@@ -366,22 +366,22 @@ def mlm_data(
     mask_rate: float,
     seed: int,
     train: bool,
+    pack: bool = False,
 ) -> Any:
     """Masked-LM batches: shuffled with dynamic masking, forever (`train`), or one
     ordered pass with fixed masking (held-out data: the same batches for every model;
-    a last incomplete batch is left out, as in the committed ablation results)."""
+    a last incomplete batch is left out, as in the committed ablation results); `pack`
+    joins the documents first (see [`lineax_seq.mlm_examples`][])."""
+    common: dict[str, Any] = dict(
+        length=length, batch_size=batch_size, mask_prob=mask_rate, seed=seed, pack=pack
+    )
     if train:
-        return ls.mlm_dataset(
-            texts, tok, length=length, batch_size=batch_size, mask_prob=mask_rate, seed=seed
-        )
+        return ls.mlm_dataset(texts, tok, **common)
     return ls.mlm_dataset(
         texts,
         tok,
-        length=length,
-        batch_size=batch_size,
-        mask_prob=mask_rate,
+        **common,
         masking="fixed",
-        seed=seed,
         shuffle=False,
         num_epochs=1,
     )
@@ -396,10 +396,11 @@ def mlm_batches(
     batch_size: int,
     mask_rate: float,
     seed: int,
+    pack: bool = False,
 ) -> tuple[Any, Any]:
     """`(train, held-out)` `mlm_data` batches, as `pretrain_mlm` trains and evaluates on."""
     common: dict[str, Any] = dict(
-        length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed
+        length=length, batch_size=batch_size, mask_rate=mask_rate, seed=seed, pack=pack
     )
     return (
         mlm_data(train_texts, tok, train=True, **common),
@@ -683,6 +684,7 @@ def pretrain_mlm(
     warmup: float = 0.01,
     schedule: str = "cosine",
     mask_rate: float = 0.15,
+    pack: bool = False,
     eval_batches: int = 8,
     eval_every: int = 0,
     seed: int = 0,
@@ -693,7 +695,8 @@ def pretrain_mlm(
     data: tuple[Any, Any] | None = None,
 ) -> ls.TrainResult:
     """Masked-LM pretraining of `model` with the paper's optimiser (see `paper_optimizer`)
-    on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task).
+    on [`lineax_seq.mlm_dataset`][] batches (dynamic masking, no next-sentence task;
+    `pack` joins the documents before cutting sequences).
 
     Evaluates on the first `eval_batches` batches of `eval_texts` (fixed masks, no
     shuffling: the same batches for every model) at the end and every `eval_every`.
@@ -710,6 +713,7 @@ def pretrain_mlm(
             batch_size=batch_size,
             mask_rate=mask_rate,
             seed=seed,
+            pack=pack,
         )
     return _train(
         model,
