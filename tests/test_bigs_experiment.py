@@ -480,8 +480,9 @@ def test_optimizer_groups_ssm_parameters(tiny_mlm):
     [("gated", "ssm"), ("stack", "ssm"), ("gated", "attention"), ("stack", "attention")],
 )
 def test_optimizer_decays_no_bias_or_layer_norm(architecture, routing):
-    # Every LayerNorm array and every bias of each variant, with an MLM or a
-    # classification head, is in the no-decay group, and no weight matrix is.
+    # With zero gradients, `paper_optimizer`'s update is its weight decay alone: none
+    # on any LayerNorm array or bias of each variant, with an MLM or a classification
+    # head, and some on every weight matrix.
     attention = routing == "attention"
     encoder = ls.BiGS(
         20,
@@ -500,20 +501,22 @@ def test_optimizer_decays_no_bias_or_layer_norm(architecture, routing):
         _bigs_train.MaskedLM(encoder, key=jr.key(1)),
         _bigs_train.Classifier(encoder, 3, key=jr.key(1)),
     ):
-        groups = _bigs_train.ssm_groups(model, lr=0.1, ssm_lr=0.01)
-        groups |= _bigs_train.no_decay_groups(model)
-        labels = ls.param_labels(model, groups)
-        norms = lambda m: [
-            x
-            for x in jax.tree.leaves(m, is_leaf=lambda x: isinstance(x, eqx.nn.LayerNorm))
-            if isinstance(x, eqx.nn.LayerNorm)
-        ]
-        assert set(jax.tree.leaves(norms(labels))) == {"no_decay"}
-        flat = jax.tree_util.tree_flatten_with_path(labels)[0]
-        named = {jax.tree_util.keystr(p): label for p, label in flat}
-        assert all(label == "no_decay" for p, label in named.items() if p.endswith(".bias"))
-        assert all(label == "default" for p, label in named.items() if p.endswith("proj.weight"))
-        assert named[".encoder.token_embedding.weight"] == "default"
+        opt = _bigs_train.paper_optimizer(
+            model, lr=0.1, steps=10, warmup=0.0, weight_decay=0.5, ssm_lr=0.1
+        )
+        params = eqx.filter(model, eqx.is_inexact_array)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax's bias correction
+            updates = opt.update(zeros, opt.init(params), params)[0]
+        is_norm = lambda x: isinstance(x, eqx.nn.LayerNorm)
+        norms = [x for x in jax.tree.leaves(updates, is_leaf=is_norm) if is_norm(x)]
+        assert norms and all(not jnp.any(u) for u in jax.tree.leaves(norms))
+        flat = jax.tree_util.tree_flatten_with_path(updates)[0]
+        moved = {jax.tree_util.keystr(p): bool(jnp.any(u)) for p, u in flat}
+        assert not any(m for p, m in moved.items() if p.endswith(".bias"))
+        weights = [m for p, m in moved.items() if p.endswith("proj.weight")]
+        assert weights and all(weights)
+        assert moved[".encoder.token_embedding.weight"]
     assert _bigs_train.no_decay_groups({"w": jnp.ones(2)}) == {}
 
 
@@ -1024,6 +1027,28 @@ def test_resume_takes_options_given_at_their_defaults(pretrained, capsys):
     assert (args.length, args.seed, args.max_files) == (128, 0, 12)  # the rest recorded
     assert "--length 128 (recorded: 32)" in capsys.readouterr().out
     assert _bigs._resume_options(_parse(given[:4])).length == 32
+
+
+def test_resume_and_init_from_keep_the_runs_packing(pretrained, tmp_path, capsys):
+    out, _, _ = pretrained
+    config = json.loads((out / "config.json").read_text())
+    config.pop("resumed", None)
+    # A run recorded before --pack existed ran unpacked: --pack changes it, and says so.
+    del config["pretrain"]["pack"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    resume = ["pretrain", "--resume", "--out", str(tmp_path / "old")]
+    assert not _bigs._resume_options(_parse(resume)).pack
+    assert _bigs._resume_options(_parse([*resume, "--pack"])).pack
+    assert "--pack (recorded: --no-pack)" in capsys.readouterr().out
+    # Continuing a packed run packs too, unless told otherwise.
+    config["pretrain"]["pack"] = True
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "packed" / "config.json").write_text(json.dumps(config))
+    init = ["pretrain", "--init-from", str(tmp_path / "packed"), "--out", str(tmp_path / "x")]
+    assert _bigs._init_from_corpus(_parse(init)).pack
+    assert "pretraining on its corpus (--max-files 12, --pack)" in capsys.readouterr().out
+    assert not _bigs._init_from_corpus(_parse([*init, "--no-pack"])).pack
 
 
 def test_finetune_refuses_checkpoints_it_cannot_resume(pretrained, tmp_path, capsys):

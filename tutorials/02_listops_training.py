@@ -107,7 +107,8 @@ print(cfg)
 # `[MAX 4 3 [MIN 2 3 ] 1 0 ]` lazily and deterministically from `(seed, index)`; a
 # different seed gives the validation split. `ls.classification_dataset`
 # tokenizes, pads to `max_length`, shuffles, repeats and batches them into
-# `{"tokens", "padding_mask", "label"}`. Its iterator is a grain `DatasetIterator`:
+# `{"tokens", "padding_mask", "token_types", "label"}` (ListOps has one segment, so
+# `token_types` is all zeros). Its iterator is a grain `DatasetIterator`:
 # its position (`get_state()`) goes into every checkpoint.
 
 # %%

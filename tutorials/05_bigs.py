@@ -155,6 +155,7 @@ print(f"{ls.count_parameters(model):,} parameters; layers: {type(encoder.layer(0
 # pretraining script. `ls.train` runs the jitted steps and evaluates at the end.
 
 # %%
+no_decay = ls.ParamGroup(match=r"(\.bias|norm\.weight)$", weight_decay=0.0)
 optimizer = ls.make_optimizer(
     2e-3,
     schedule="cosine",
@@ -166,7 +167,7 @@ optimizer = ls.make_optimizer(
     clip_norm=None,
     groups={
         "ssm": ls.ParamGroup(instance_of=ls.S4DKernel, learning_rate=1e-3, weight_decay=0.0),
-        "no_decay": ls.ParamGroup(match=r"(\.bias|norm\.weight)$", weight_decay=0.0),
+        "no_decay": no_decay,
     },
 )
 result = ls.train(
@@ -277,7 +278,10 @@ finetuned = ls.train(
         b2=0.98,
         eps=1e-6,
         clip_norm=None,
-        groups={"ssm": ls.ParamGroup(instance_of=ls.S4DKernel, weight_decay=0.0)},
+        groups={
+            "ssm": ls.ParamGroup(instance_of=ls.S4DKernel, weight_decay=0.0),
+            "no_decay": no_decay,
+        },
     ),
     classification_loss,
     cls_train,

@@ -327,7 +327,8 @@ def mlm_examples(
     (the last one shorter, then padded with `<pad>`). With `pack=True` the documents
     are first joined into one stream, `<sep>` between two documents (RoBERTa's
     FULL-SENTENCES), so that every chunk but the last is full: for corpora of short
-    documents (a JSONL file of sentences), which would otherwise be mostly padding.
+    documents (a JSONL file of sentences), which would otherwise be mostly padding. (A
+    document's `<sep>` may then open or close a chunk, next to `<cls>` or `<sep>`.)
 
     **Arguments:**
 

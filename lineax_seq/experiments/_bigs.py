@@ -240,12 +240,12 @@ def _check(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-# The options that make the model (and its tokenizer): a run continued from a checkpoint
-# (`--resume`, `--init-from`) has the checkpoint's, recorded in its config.
 BERT_POSITIONS = 512
 """Absolute positions an attention-routing model of `pretrain` learns at least: BERT's,
 so that one pretrained at 128 tokens continues at 512 (`--init-from`)."""
 
+# The options that make the model (and its tokenizer): a run continued from a checkpoint
+# (`--resume`, `--init-from`) has the checkpoint's, recorded in its config.
 _MODEL_OPTIONS = (
     "tokenizer",
     "vocab_size",
@@ -373,6 +373,8 @@ _RESUMED_OPTIONS = (
     "mask_rate",
     "pack",
 )
+# What runs recorded before an option existed used (their configs lack it).
+_RECORDED_BEFORE = {"pack": False}
 
 
 def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
@@ -380,7 +382,7 @@ def _resume_options(args: argparse.Namespace) -> argparse.Namespace:
     start or resume) in place of those not given, so that a bare `--resume --out DIR`
     continues the run as it was started. Options given (at their defaults too) override
     the record; a note names those that change it."""
-    recorded = _latest_settings(_recorded_config(args.out))
+    recorded = {**_RECORDED_BEFORE, **_latest_settings(_recorded_config(args.out))}
     args, _, changed = _with_recorded(args, recorded, _RESUMED_OPTIONS)
     if changed:
         print(f"note: --resume with changed options: {', '.join(changed)}", flush=True)
@@ -393,12 +395,13 @@ def _latest_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _init_from_corpus(args: argparse.Namespace) -> argparse.Namespace:
-    """`args` with `--init-from`'s recorded corpus (`corpus`, `max_files`) where the
-    command line leaves them out, so that continuing a run at a longer length reads the
-    text it was pretrained on (the default corpus would be another one); a note says so."""
+    """`args` with `--init-from`'s recorded corpus (`corpus`, `max_files`, `pack`) where
+    the command line leaves them out, so that continuing a run at a longer length reads
+    the text it was pretrained on, cut as it was (the default corpus would be another
+    one); a note says so."""
     with reading_inputs(f"--init-from {args.init_from}: {CONFIG_FILE}"):
         recorded = _latest_settings(json.loads((args.init_from / CONFIG_FILE).read_text()))
-    args, taken, _ = _with_recorded(args, recorded, ("corpus", "max_files"))
+    args, taken, _ = _with_recorded(args, recorded, ("corpus", "max_files", "pack"))
     if taken:
         print(
             f"note: --init-from {args.init_from}: pretraining on its corpus "
@@ -421,13 +424,17 @@ def _with_recorded(
         value = recorded[name]
         if name == "corpus" and value is not None:
             value = pathlib.Path(value)
-        flag = f"--{name.replace('_', '-')}"
+        flag = name.replace("_", "-")
+        option = lambda v, flag=flag: (  # as the command line spells it
+            f"--{'' if v else 'no-'}{flag}" if isinstance(v, bool) else f"--{flag} {v}"
+        )
         if name not in merged.get(_GIVEN, ()):
             if merged[name] != value:
-                taken.append(f"{flag} {value}")
+                taken.append(option(value))
             merged[name] = value
         elif merged[name] != value:
-            changed.append(f"{flag} {merged[name]} (recorded: {value})")
+            was = option(value) if isinstance(value, bool) else value
+            changed.append(f"{option(merged[name])} (recorded: {was})")
     return argparse.Namespace(**merged), taken, changed
 
 
@@ -720,7 +727,7 @@ class _Given(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
+        _note_given(namespace, self.dest)
 
 
 class _GivenSwitch(argparse.BooleanOptionalAction):
@@ -728,7 +735,11 @@ class _GivenSwitch(argparse.BooleanOptionalAction):
 
     def __call__(self, parser, namespace, values, option_string=None):
         super().__call__(parser, namespace, values, option_string)
-        setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
+        _note_given(namespace, self.dest)
+
+
+def _note_given(namespace: argparse.Namespace, dest: str) -> None:
+    setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {dest})
 
 
 def _optim_arguments(
