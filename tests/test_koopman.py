@@ -324,7 +324,7 @@ def test_bad_inputs(model, controlled):
         ls.unroll_continuous(model, x0, jnp.array([0.0, 0.2, 0.1]))
     with pytest.raises(ValueError, match="strictly increasing"):
         ls.unroll_continuous(model, x0, jnp.array([0.0, 0.1, 0.1]))
-    with pytest.raises(ValueError, match="autonomous"):
+    with pytest.raises(ValueError, match="action_dim=1: actions are required"):
         ls.unroll_continuous(controlled, x0, jnp.linspace(0.0, 1.0, 3))
     with pytest.raises(ValueError, match="decoder='conv'"):
         ls.KoopmanAutoencoder(2, 4, decoder="conv", key=jr.key(0))
@@ -782,6 +782,97 @@ def test_unroll_continuous_jit_with_later_start(x64):
         eager = ls.unroll_continuous(m, x0, grid, reencode_dt=0.2)
         for t0 in (0.1, 0.123):
             np.testing.assert_allclose(run(t0 + grid), eager, rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_continuous_with_controls_is_the_zero_order_hold_flow():
+    """Controls held on `[ts[i], ts[i + 1])`: on the sampling grid the ODE path equals
+    `unroll` with the exact (zero-order-hold) discretisation, reencoded or not, from a
+    later start, eagerly and traced, and through a `ClipStepSizeController` of the
+    user's (with `step_ts` of its own)."""
+    with jax.enable_x64(True):
+        m = ls.KoopmanAutoencoder(
+            2, 6, action_dim=1, action_latent_dim=3, width=8, discretization="exact",
+            key=jr.key(1),
+        )  # fmt: skip
+        steps, dt = 30, m.dynamics.dt
+        x0, actions = jnp.array([0.3, -0.2]), jr.normal(jr.key(2), (steps, 1))
+        ts = 0.5 + dt * jnp.arange(steps + 1.0)
+        tight = dict(
+            solver=diffrax.Dopri8(),
+            stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
+        )
+        expected = {}
+        for k in (None, 7):
+            reencode_dt = None if k is None else k * dt
+            expected[k] = jnp.concatenate(
+                [m(x0)[None], ls.unroll(m, x0, actions, steps=steps, reencode_every=k)]
+            )
+            got = ls.unroll_continuous(m, x0, ts, actions, reencode_dt=reencode_dt, **tight)
+            np.testing.assert_allclose(got, expected[k], rtol=0, atol=1e-9)
+        # At the default tolerances too: no step straddles a change of control (one
+        # that did would leave an error of ~5e-4 here).
+        default = ls.unroll_continuous(m, x0, ts, actions)
+        np.testing.assert_allclose(default, expected[None], rtol=0, atol=1e-8)
+        clipped = diffrax.ClipStepSizeController(
+            diffrax.PIDController(rtol=1e-12, atol=1e-12), step_ts=ts[::4]
+        )
+        got = ls.unroll_continuous(
+            m, x0, ts, actions, solver=diffrax.Dopri8(), stepsize_controller=clipped
+        )
+        np.testing.assert_allclose(got, expected[None], rtol=0, atol=1e-9)
+        run = jax.jit(
+            lambda ts, u: ls.unroll_continuous(
+                m, x0, ts, u, reencode_dt=7 * dt, num_segments=5, **tight
+            )
+        )
+        np.testing.assert_allclose(run(ts, actions), expected[7], rtol=0, atol=1e-9)
+        grads = jax.grad(lambda u: ls.unroll_continuous(m, x0, ts, u, **tight).sum())(actions)
+        assert np.all(np.isfinite(grads)) and np.any(grads != 0)
+
+
+def test_unroll_continuous_controlled_mlp_dynamics_between_irregular_times(controlled):
+    """MLP dynamics, irregular `ts`: one solve per interval with its control (the test's
+    loop) is what the controlled path computes."""
+    m = ls.KoopmanAutoencoder(
+        2, 6, action_dim=1, action_latent_dim=3, dynamics="mlp", decoder="mlp", width=8,
+        key=jr.key(3),
+    )  # fmt: skip
+    ts, x0 = jnp.array([0.0, 0.013, 0.05, 0.051, 0.2]), jnp.array([0.4, 0.1])
+    actions = jnp.array([[1.0], [-2.0], [0.5], [3.0]])
+    field = lambda t, z, v: m.dynamics.vector_field(z, v)
+    z, expected = m.encode(x0), [m.decode(m.encode(x0))]
+    for i in range(4):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(field), diffrax.Dopri8(), ts[i], ts[i + 1], 1e-3, z,
+            args=m.encode_action(actions[i]),
+            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8),
+        )  # fmt: skip
+        z = sol.ys[-1]
+        expected.append(m.decode(z))
+    got = ls.unroll_continuous(
+        m, x0, ts, actions, solver=diffrax.Dopri8(),
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8),
+    )  # fmt: skip
+    np.testing.assert_allclose(got, jnp.stack(expected), rtol=1e-5, atol=1e-6)
+    # Bad input: the controls' shape, presence and the options that cannot honour them.
+    x0, ts = jnp.array([0.1, 0.2]), jnp.linspace(0.0, 0.1, 5)
+    with pytest.raises(ValueError, match=r"actions has shape \(3, 1\), expected .* \(4, 1\)"):
+        ls.unroll_continuous(controlled, x0, ts, jnp.zeros((3, 1)))
+    with pytest.raises(ValueError, match="action_dim=1: actions are required"):
+        ls.unroll_continuous(controlled, x0, ts)
+    with pytest.raises(ValueError, match="action_dim=0 .*pass actions=None"):
+        ls.unroll_continuous(m.__class__(2, 6, width=8, key=jr.key(0)), x0, ts, jnp.zeros((4, 1)))
+    with pytest.raises(ValueError, match="actions contains NaN"):
+        ls.unroll_continuous(controlled, x0, ts, jnp.full((4, 1), jnp.nan))
+    with pytest.raises(ValueError, match="exact=True is for autonomous models"):
+        ls.unroll_continuous(controlled, x0, ts, jnp.zeros((4, 1)), exact=True)
+    with pytest.raises(ValueError, match=r"ConstantStepSize\(\) cannot be used with actions"):
+        ls.unroll_continuous(
+            controlled, x0, ts, jnp.zeros((4, 1)), solver=diffrax.Heun(),
+            stepsize_controller=diffrax.ConstantStepSize(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"Euler\(\) has no error estimate"):
+        ls.unroll_continuous(controlled, x0, ts, jnp.zeros((4, 1)), solver=diffrax.Euler())
 
 
 def test_time_just_past_a_reencoding_time_is_reencoded(model):

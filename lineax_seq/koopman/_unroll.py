@@ -50,6 +50,10 @@ def promote(model: eqx.Module, first: Array, second: Array, /) -> tuple[Array, A
 def promote(
     model: eqx.Module, first: Array, second: Array | None, /
 ) -> tuple[Array, Array | None]: ...
+@overload
+def promote(
+    model: eqx.Module, first: Array, second: Array, third: Array | None, /
+) -> tuple[Array, Array, Array | None]: ...
 def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...]:
     """`arrays` (`None` passes through) cast to the dtype JAX's promotion gives them
     together with `model`'s floating parameters, as Equinox's layers would compute: under
@@ -597,6 +601,7 @@ def unroll_continuous(
     model: KoopmanAutoencoder,
     x0: Float[Array | np.ndarray, " state_dim"],
     ts: Float[Array | np.ndarray, " times"],
+    actions: Float[Array | np.ndarray, "intervals action_dim"] | None = None,
     *,
     reencode_dt: RealScalar | None = None,
     num_segments: IntLike | None = None,
@@ -612,7 +617,9 @@ def unroll_continuous(
     """Predict the states at times `ts` by integrating the latent ODE (Fig. 1.2).
 
     `z(ts[0]) = phi(x0)`; `dz/dt = f(z)` (the generator `(delta/dt) K` of linear
-    dynamics, or the MLP field) is solved with `diffrax.diffeqsolve` (adaptive, default
+    dynamics, or the MLP field; `f(z, omega(u_i))` on `[ts[i], ts[i + 1])` for a
+    controlled model, whose control `u_i = actions[i]` is held between samples, zero-order
+    hold, as the data were sampled) is solved with `diffrax.diffeqsolve` (adaptive, default
     `Tsit5` with `PIDController(rtol=1e-6, atol=1e-8)`; a solver without an error
     estimate, e.g. `diffrax.Euler()`, takes fixed steps, `ConstantStepSize()`, of `dt0`,
     by default the data's sampling interval `model.dynamics.dt`) between reencoding times
@@ -641,22 +648,33 @@ def unroll_continuous(
     `t - tau_j` (about `k + 1` for a uniform grid reencoded every `k` points: offsets
     that differ by less than half a unit in the last place of `max |ts|` share one);
     with traced `ts`
-    one per output time. Autonomous models only (`action_dim == 0`).
+    one per output time. Autonomous models only (`action_dim == 0`; for a controlled one
+    on a uniform grid, [`unroll`][lineax_seq.unroll] of a model with
+    `discretization="exact"` is the exact zero-order-hold flow).
+
+    Controls: the field jumps at every `ts[i]`, and the solver steps onto those times
+    (the adaptive controller is wrapped in `diffrax.ClipStepSizeController` with
+    `jump_ts` at `ts`; a `ClipStepSizeController` given keeps its own `step_ts` and
+    `jump_ts` and gains `ts`), so no step straddles a change of control. Fixed steps
+    (`ConstantStepSize`, `StepTo`) cannot do this and are refused with `actions`.
 
     Compilation: with concrete `ts` the solve is compiled for the number of reencoding
     segments and the most output times in one segment (rounded up to a power of two);
     a grid that changes either compiles anew (about a second on a CPU). A new number of
     output times otherwise compiles only the small programs that pick and decode the
-    states at `ts`. To solve many grids with one compilation, call it inside `jax.jit`
-    with the grids traced and `num_segments` given (every segment then saves at all of
+    states at `ts` (and, with controls, the solve). To solve many grids with one
+    compilation, call it inside `jax.jit` with the grids traced and `num_segments` given
+    (every segment then saves at all of
     `ts`).
 
     **Arguments:**
 
-    - `model`: an autonomous [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
+    - `model`: a [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
     - `x0`: initial state `(state_dim,)`, finite (a JAX or NumPy array).
     - `ts`: finite, strictly increasing output times `(times,)` (a JAX or NumPy
         array); `ts[0]` is the initial time.
+    - `actions`: for a controlled model (`action_dim > 0`, else `None`), the finite
+        controls `(times - 1, action_dim)`: `actions[i]` acts on `[ts[i], ts[i + 1])`.
     - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
         JAX real scalar (not a half-precision float), or `None` (never reencode).
     - `num_segments`: number of reencoding segments,
@@ -694,11 +712,6 @@ def unroll_continuous(
     float32.
     """
     check_instance("model", model, KoopmanAutoencoder)
-    if model.action_dim != 0:
-        raise ValueError(
-            f"unroll_continuous supports autonomous models only; this model has "
-            f"action_dim={model.action_dim} (use unroll for controlled systems)"
-        )
     reencode_dt, reencode_eps = _check_reencode_dt(reencode_dt)
     num_segments = check_optional_int("num_segments", num_segments)
     exact = check_bool("exact", exact)
@@ -711,6 +724,20 @@ def unroll_continuous(
         _check_solver(solver)
     if exact and not isinstance(model.dynamics, LinearKoopmanDynamics):
         raise ValueError("exact=True needs linear (Koopman) latent dynamics")
+    if exact and model.action_dim:
+        raise ValueError(
+            f"exact=True is for autonomous models; this one has action_dim="
+            f"{model.action_dim}: integrate with exact=False, or unroll a model with "
+            "discretization='exact' (the exact zero-order-hold flow on a uniform grid)"
+        )
+    if model.action_dim and isinstance(
+        stepsize_controller, diffrax.ConstantStepSize | diffrax.StepTo
+    ):
+        raise ValueError(
+            f"stepsize_controller={type(stepsize_controller).__name__}() cannot be used with "
+            "actions (fixed steps cannot stop at every change of control): use an adaptive "
+            "solver and controller, e.g. the default Tsit5 with a PIDController"
+        )
     if exact:
         _check_no_solve_options(
             solver=solver,
@@ -725,8 +752,13 @@ def unroll_continuous(
     # grid becomes a tracer once converted or cast.
     ts_host = _concrete(ts)
     given_dtype = _given_dtype(ts)
-    x0, ts = promote(
-        model, _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"), jnp.asarray(ts)
+    actions = None if actions is None else jnp.asarray(actions)
+    actions = _check_actions(model, actions, np.shape(ts)[0] - 1)
+    x0, ts, actions = promote(
+        model,
+        _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"),
+        jnp.asarray(ts),
+        actions,
     )
     out_dtype = ts.dtype
     # Times are known to the dtype they were given in, or are promoted to if coarser
@@ -740,14 +772,23 @@ def unroll_continuous(
         if ts_host is not None:  # kept on the host: concrete below, under jit too
             ts_host = ts_host.astype(ts.dtype).astype(solve_dtype)
         model, x0, ts = jax.tree.map(single, model), x0.astype(solve_dtype), ts.astype(solve_dtype)
+        actions = None if actions is None else actions.astype(solve_dtype)
     grid = _continuous_grid(ts, ts_host, rounding_dtype, reencode_dt, reencode_eps, num_segments)
     reencode = reencode_dt is not None
     if exact:
         states = _exact_path(model, x0, grid, reencode)
     else:
         solver, controller, dt0 = _solve_options(model, grid, solver, stepsize_controller, dt0)
+        if actions is not None and not isinstance(
+            controller, diffrax.AbstractAdaptiveStepSizeController
+        ):
+            raise ValueError(
+                f"{type(solver).__name__}() has no error estimate, so it takes fixed steps, "
+                "which cannot stop at every change of control: use an adaptive solver (e.g. "
+                "the default Tsit5) with actions"
+            )
         options = (solver, controller, dt0, max_steps, adjoint, progress_meter, throw)
-        states = _ode_path(model, x0, grid, reencode, *options)
+        states = _ode_path(model, x0, grid, reencode, actions, *options)
     return states.astype(out_dtype)
 
 
@@ -846,9 +887,10 @@ def _solve_options(
     return solver, stepsize_controller, dt0
 
 
-def _ode_path(model, x0, grid: _Grid, reencode: bool, *options) -> Array:
-    """`unroll_continuous` through `diffrax.diffeqsolve` on `grid`, one solve a segment;
-    `options` as `_solve` takes them."""
+def _ode_path(model, x0, grid: _Grid, reencode: bool, actions, *options) -> Array:
+    """`unroll_continuous` through `diffrax.diffeqsolve` on `grid`, one solve a segment,
+    with `actions` (or `None`) held between the output times; `options` as `_solve`
+    takes them."""
     if grid.host is None:
         # Every segment saves at all of ts (shapes cannot depend on ts).
         save_ts = jnp.broadcast_to(grid.ts, (grid.num, grid.ts.shape[0]))
@@ -858,7 +900,10 @@ def _ode_path(model, x0, grid: _Grid, reencode: bool, *options) -> Array:
         save_ts, host_position = _segment_times(grid.host.taus, grid.host.seg, grid.host.ts)
         save_ts = jnp.asarray(save_ts, grid.ts.dtype)
         position = jnp.asarray(host_position)
-    zs = _solve(model, x0, grid.taus, save_ts, reencode, *options)
+    # The times only with controls (which change with their number anyway): a new number
+    # of times then compiles no new solve.
+    ts = None if actions is None else grid.ts
+    zs = _solve(model, x0, grid.taus, save_ts, reencode, ts, actions, *options)
     # Apart from the solve: its compilation then depends on the shape of `save_ts` only.
     return _decode_at(model, zs, grid.seg, position)
 
@@ -905,6 +950,15 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
     return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
 
+def _controlled_field(t, z, args):
+    """`dz/dt` of a controlled model, `args = (dynamics, vs, ts)`: the encoded control
+    `vs[i]` on `[ts[i], ts[i + 1])`. Right-continuous at `ts[i]`, where the solver stops
+    (`jump_ts`): a step ends just before it and the next one starts on it."""
+    dynamics, vs, ts = args
+    i = jnp.clip(jnp.searchsorted(ts, t, side="right") - 1, 0, vs.shape[0] - 1)
+    return dynamics.vector_field(z, vs[i])
+
+
 @eqx.filter_jit  # as `_latents`
 def _solve(
     model,
@@ -912,6 +966,8 @@ def _solve(
     taus,
     save_ts,
     reencode: bool,
+    ts,
+    actions,
     solver,
     stepsize_controller,
     dt0,
@@ -922,10 +978,13 @@ def _solve(
 ) -> Array:
     """`unroll_continuous`'s ODE path from its grid: segment `j` is solved from
     `taus[j]` to `taus[j + 1]`; returns the latents at `save_ts[j]`, `(num, saves,
-    latent_dim)`."""
-    # The dynamics go in as `args`, not closed over, so every adjoint (backsolve too)
-    # sees them as inputs to differentiate.
-    term = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z))
+    latent_dim)`. `actions[i]` (if not `None`) is held on `[ts[i], ts[i + 1])`."""
+    # The dynamics (and controls) go in as `args`, not closed over, so every adjoint
+    # (backsolve too) sees them as inputs to differentiate.
+    if actions is None:
+        term, vs = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z)), None
+    else:
+        term, vs = diffrax.ODETerm(_controlled_field), jax.vmap(model.encode_action)(actions)
     if progress_meter is None:  # diffeqsolve's default
         progress_meter = diffrax.NoProgressMeter()
     # The field does not depend on time, so each segment is solved on `[0, t1 - t0]`:
@@ -951,6 +1010,22 @@ def _solve(
             n = jnp.maximum(jnp.round(ratio), 1)
             close = jnp.abs(ratio - n) <= 64 * jnp.finfo(ratio.dtype).eps * n
             step = jnp.where(close, (t1 - t0) / n, constant_dt0)
+        controller, args = stepsize_controller, model.dynamics
+        if vs is not None:
+            # The solver steps onto every change of control (see `_controlled_field`).
+            jumps = ts - start
+            if isinstance(controller, diffrax.ClipStepSizeController):
+                own = controller.jump_ts
+                controller = diffrax.ClipStepSizeController(
+                    controller.controller,
+                    step_ts=controller.step_ts,
+                    jump_ts=jumps if own is None else jnp.concatenate([own, jumps]),
+                    store_rejected_steps=controller.store_rejected_steps,
+                    _callback_on_reject=controller.callback_on_reject,
+                )
+            elif isinstance(controller, diffrax.AbstractAdaptiveStepSizeController):
+                controller = diffrax.ClipStepSizeController(controller, jump_ts=jumps)
+            args = (model.dynamics, vs, jumps)
         sol = diffrax.diffeqsolve(
             term,
             solver,
@@ -958,10 +1033,10 @@ def _solve(
             t1=t1 - start,
             dt0=step,
             y0=z,
-            args=model.dynamics,
+            args=args,
             # The last save time is t1 itself, so zs[-1] is the segment's end.
             saveat=diffrax.SaveAt(ts=saves - start),
-            stepsize_controller=stepsize_controller,
+            stepsize_controller=controller,
             max_steps=max_steps,
             # The forward solve is checked below, mesh-safe (diffrax's check is an
             # `eqx.error_if`); a backsolve's backward solve only diffrax can check.
