@@ -211,6 +211,40 @@ def test_nonfinite_loss_stops_and_names_step(data, tmp_path):
         )
 
 
+def test_an_update_that_overflows_is_not_checkpointed(data, tmp_path):
+    """The loss and gradient norm come before the update: finite, while the update
+    overflows the weights. Nothing non-finite is checkpointed or returned."""
+    huge = lambda model, batch, key: (1e15 * jnp.sum(model.layers[-1].weight), None)
+    with pytest.raises(ls.NonFiniteError, match="Non-finite parameters after train step 1"):
+        ls.train(
+            common.make_model(), optax.sgd(1e30), huge, data, steps=2, key=jr.key(0),
+            out_dir=tmp_path, checkpoint_every=1, progress=False,
+        )  # fmt: skip
+    assert ls.list_checkpoints(tmp_path / "checkpoints") == []
+
+
+def test_stateful_models_are_refused(data):
+    """BatchNorm's `eqx.nn.State` would be trained (and decayed) as weights."""
+    model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch", mode="batch")
+    with pytest.raises(ValueError, match=r"model holds an eqx.nn.State"):
+        ls.train((model, state), common.optimizer(), common.loss_fn, data, steps=1, key=jr.key(0))
+
+
+def test_resuming_an_advanced_iterator_warns(data, tmp_path):
+    """A one-shot iterator replays from where it stands: right for a fresh one, wrong for
+    the one an interrupted run advanced. Resuming says so; a list does not need it."""
+    run = lambda batches, steps: ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, batches, steps=steps,
+        key=jr.key(0), out_dir=tmp_path, checkpoint_every=2, progress=False,
+    )  # fmt: skip
+    run(iter(data), 2)
+    with pytest.warns(UserWarning, match=r"`data` is an iterator, whose next 2 batches"):
+        run(iter(data), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(data, 6)
+
+
 def _grain_batches(data, **kwargs):
     examples = grain.MapDataset.source(
         [(x, y) for xs, ys in data for x, y in zip(xs, ys, strict=True)]
@@ -691,6 +725,20 @@ def test_checkpoint_names_changed_static_fields_and_reads_a_run_dir(tmp_path):
     with pytest.warns(UserWarning, match=r"\.window: 4 in the checkpoint, 8 given") as caught:
         assert ls.load_latest_checkpoint(tmp_path, model=lm(8)).step == 3
     assert len(caught) == 1  # one warning, naming every field that differs
+
+
+def test_checkpoint_keeps_the_python_numbers_given(tmp_path):
+    """Python numbers (here `Dropout.p`) are not arrays: the template's are kept, as its
+    static fields are, and a warning names those that differ (they were replaced by the
+    saved ones without a word); `inference` flags are the caller's business."""
+    model = lambda p: eqx.nn.Dropout(p)
+    ls.save_checkpoint(tmp_path, 1, model=model(0.5))
+    with pytest.warns(UserWarning, match=r"model\.p: 0\.5 in the checkpoint, 0\.1 given"):
+        assert ls.load_checkpoint(tmp_path, model=model(0.1)).model.p == 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = ls.load_checkpoint(tmp_path, model=eqx.nn.inference_mode(model(0.5))).model
+    assert loaded.inference is True and loaded.p == 0.5
 
 
 def test_checkpoint_of_model_only_round_trips(tmp_path):

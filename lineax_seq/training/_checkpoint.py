@@ -589,6 +589,32 @@ def _warn_static(path: pathlib.Path, saved: dict, given: dict) -> None:
         )
 
 
+def _given_numbers(path: pathlib.Path, loaded: PyTree, given: PyTree) -> PyTree:
+    """`loaded` with the template's Python numbers (not arrays: e.g. `Dropout.p`, which
+    training never changes) in place of the saved ones, as its static fields are; a
+    warning names each one that differs (but the `inference` flags that
+    `eqx.nn.inference_mode` sets)."""
+    is_number = lambda x: isinstance(x, bool | int | float | complex)
+    changed = []
+
+    def pick(key: tuple, saved: object, now: object) -> object:
+        if not is_number(now):
+            return saved
+        flag = bool(key) and getattr(key[-1], "name", None) == "inference"
+        if saved != now and not flag:
+            changed.append(f"model{jtu.keystr(key)}: {saved!r} in the checkpoint, {now!r} given")
+        return now
+
+    tree = jtu.tree_map_with_path(pick, loaded, given)
+    if changed:
+        warnings.warn(
+            f"Checkpoint {path / MANIFEST}: the model given differs from the saved one in "
+            f"Python numbers (kept as given): {'; '.join(changed)}",
+            stacklevel=3,
+        )
+    return tree
+
+
 def _check_typed_keys(path: pathlib.Path, saved: dict, expected: dict) -> None:
     describe = lambda impl: "an array" if impl is None else f"a {impl} PRNG key"
     for leaf in sorted(set(saved) | set(expected)):
@@ -697,6 +723,7 @@ def _load_verified(
             tree = {**tree, "opt_state": None}
     except Exception as e:  # defensive: hashes matched, so this is a format mismatch
         raise CheckpointError(f"Checkpoint arrays file {apath} could not be read: {e}") from e
+    tree = {**tree, "model": _given_numbers(path, tree["model"], like["model"])}
     if manifest["key_impl"] is not None:
         typed_keys[_KEY_PATH] = manifest["key_impl"]
     tree = _wrap_keys(tree, typed_keys)

@@ -183,7 +183,7 @@ def _check_opt_state(opt_state: PyTree, optimizer: optax.GradientTransformation,
     problem = None
     for (pw, w), (pg, g) in zip(want, got, strict=False):  # the first leaf at fault
         if pg != pw:
-            problem = f"it has opt_state{jtu.keystr(pg)} where {jtu.keystr(pw)} belongs"
+            problem = f"it has opt_state{jtu.keystr(pg)} where opt_state{jtu.keystr(pw)} belongs"
         elif np.shape(g) != np.shape(w):
             problem = f"opt_state{jtu.keystr(pg)} has shape {np.shape(g)}, not {np.shape(w)}"
         if problem is not None:
@@ -457,6 +457,7 @@ class _DataIterator:
 
     def __init__(self, data: Iterable):
         self.it: Iterator = iter(data)
+        self.one_shot = self.it is data  # an iterator, not a re-iterable
         self.consumed = 0
         stateful = hasattr(self.it, "get_state") and hasattr(self.it, "set_state")
         self.stateful = cast(_Stateful, self.it) if stateful else None
@@ -485,6 +486,14 @@ class _DataIterator:
             self.stateful.set_state(state["grain"])
             self.consumed = state["consumed"]
             return
+        if self.one_shot and state["consumed"] > self.consumed:
+            warnings.warn(
+                f"Resuming: `data` is an iterator, whose next {state['consumed']} batches "
+                "are skipped to replay the checkpoint's run; that is right only if it "
+                "starts where the run started (a fresh one, not one an interrupted run "
+                "advanced: pass a re-iterable, e.g. a list or a grain dataset, to be safe).",
+                stacklevel=4,
+            )
         for _ in range(state["consumed"] - self.consumed):  # replay a plain iterator
             try:
                 next(self)
@@ -716,6 +725,24 @@ def _check_finite(step: int, metrics: dict[str, float], steps: int) -> None:
             )
 
 
+def _check_finite_params(model: PyTree, step: int, steps: int) -> None:
+    """A `NonFiniteError` unless every parameter is finite after train step `step`: its
+    loss and gradient norm, computed before the update, can be finite while the update
+    overflows."""
+    arrays = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+    if arrays and not _host(_all_finite(arrays)):
+        raise NonFiniteError(
+            f"Non-finite parameters after train step {step} of {steps} (the update "
+            "overflowed; its loss and gradient norm were finite); stopping without "
+            "checkpointing them. The last checkpoint (if any) precedes this step."
+        )
+
+
+@jax.jit
+def _all_finite(arrays: list[Array]) -> Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+
+
 def _evaluate(
     eval_step: Callable[[PyTree, Any, PRNGKeyArray], dict[str, Array]],
     eval_data: Iterable,
@@ -916,6 +943,8 @@ def train(
     **Arguments:**
 
     - `model`: the model (any PyTree; it is copied, so the caller's arrays stay valid).
+        Not one holding an `eqx.nn.State` (BatchNorm's): its updates have no way back
+        from the loss, so it is refused.
     - `optimizer`: an optax optimiser, e.g. from [`lineax_seq.make_optimizer`][] (see
         [`lineax_seq.make_train_step`][] for those taking the loss). The train records
         hold the learning rate `"lr"` of the next update for an optimiser with the
@@ -978,8 +1007,9 @@ def train(
     **Raises:**
 
     [`lineax_seq.NonFiniteError`][] naming the step and the quantity when the loss
-    (or any metric, or the gradient norm) becomes NaN or infinite; no checkpoint is
-    written after that point. Metrics are fetched from the device at every train record
+    (or any metric, or the gradient norm) becomes NaN or infinite, or an update leaves a
+    parameter so (checked before each checkpoint); no checkpoint is written after that
+    point. Metrics are fetched from the device at every train record
     (every `log_every` steps, and before evaluations and checkpoints), so the run stops
     at the first record after the step, at most `log_every - 1` steps later.
     """
@@ -1018,6 +1048,13 @@ def train(
     metrics_path = None if out is None or not is_main else out / METRICS_FILE
     ckpt_dir = None if out is None else out / CHECKPOINT_DIR
 
+    is_state = lambda x: isinstance(x, eqx.nn.State)
+    if any(is_state(x) for x in jax.tree.leaves(model, is_leaf=is_state)):
+        raise ValueError(
+            "model holds an eqx.nn.State (BatchNorm's, or another stateful layer's): train "
+            "optimises arrays and has no way to carry the state's updates, so its running "
+            "statistics would be trained as weights; use a stateless model (e.g. LayerNorm)"
+        )
     model, opt_state = _prepare_state(model, opt_state, optimizer, mesh, min_shard_size)
     it = _DataIterator(data)
     start, resumed_from, history = 0, None, []
@@ -1082,6 +1119,7 @@ def train(
                 recorder.restart_window()  # throughput excludes evaluation
             if checkpoint is not None and step % checkpoint_every == 0 and step < steps:
                 recorder.flush(model, opt_state)  # never checkpoint a non-finite state
+                _check_finite_params(model, step, steps)
                 checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
                 last_ckpt = step
                 recorder.restart_window()
@@ -1091,6 +1129,7 @@ def train(
         if evaluate is not None and last_eval != step:
             recorder.write_eval(evaluate(model, step))
         if checkpoint is not None and last_ckpt != step:
+            _check_finite_params(model, step, steps)
             checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
     finally:
         recorder.close()
