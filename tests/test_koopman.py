@@ -830,6 +830,23 @@ def test_unroll_continuous_with_controls_is_the_zero_order_hold_flow():
         assert np.all(np.isfinite(grads)) and np.any(grads != 0)
 
 
+def test_unroll_continuous_controls_far_from_zero_and_at_one_time(controlled):
+    """float32 times at 1e4 with a controller of the user's that has `step_ts` of its
+    own: they are shifted to each segment's time with the controls' jumps (in absolute
+    times the solver's rounding to the segment's end crossed the last jump, and every
+    step was rejected until max_steps). One output time needs no control."""
+    ts = np.float32(1e4) + np.float32(0.05) * np.arange(21, dtype=np.float32)
+    actions = jr.normal(jr.key(4), (20, 1))
+    x0 = jnp.array([0.2, -0.1])
+    pid = diffrax.PIDController(rtol=1e-6, atol=1e-8)
+    clipped = diffrax.ClipStepSizeController(pid, step_ts=jnp.asarray(ts[::4]))
+    far = ls.unroll_continuous(controlled, x0, ts, actions, stepsize_controller=clipped)
+    near = ls.unroll_continuous(controlled, x0, ts - ts[0], actions, stepsize_controller=pid)
+    np.testing.assert_allclose(far, near, rtol=1e-5, atol=1e-6)
+    one = ls.unroll_continuous(controlled, x0, ts[:1], jnp.zeros((0, 1)))
+    np.testing.assert_allclose(one, controlled(x0)[None], rtol=1e-6)
+
+
 def test_unroll_continuous_controlled_mlp_dynamics_between_irregular_times(controlled):
     """MLP dynamics, irregular `ts`: one solve per interval with its control (the test's
     loop) is what the controlled path computes."""

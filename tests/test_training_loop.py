@@ -221,6 +221,8 @@ def test_an_update_that_overflows_is_not_checkpointed(data, tmp_path):
             out_dir=tmp_path, checkpoint_every=1, progress=False,
         )  # fmt: skip
     assert ls.list_checkpoints(tmp_path / "checkpoints") == []
+    with pytest.raises(ls.NonFiniteError, match="Non-finite parameters after train step 1"):
+        ls.train(common.make_model(), optax.sgd(1e30), huge, data, steps=1, key=jr.key(0))
 
 
 def test_stateful_models_are_refused(data):
@@ -739,6 +741,10 @@ def test_checkpoint_keeps_the_python_numbers_given(tmp_path):
         warnings.simplefilter("error")
         loaded = ls.load_checkpoint(tmp_path, model=eqx.nn.inference_mode(model(0.5))).model
     assert loaded.inference is True and loaded.p == 0.5
+    ls.save_checkpoint(tmp_path / "nan", 1, model=model(float("nan")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NaN given, NaN saved: the same
+        ls.load_checkpoint(tmp_path / "nan", model=model(float("nan")))
 
 
 def test_checkpoint_of_model_only_round_trips(tmp_path):

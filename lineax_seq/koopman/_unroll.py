@@ -697,7 +697,8 @@ def unroll_continuous(
         `root_finder=optimistix.Chord(rtol=1e-5, atol=1e-6)`),
         `stepsize_controller`, `dt0` (positive; a traced scalar too, e.g.
         under `vmap` over step sizes), `max_steps` (positive, or `None`: unbounded, not
-        differentiable with diffrax's default adjoint; per segment),
+        differentiable with diffrax's default adjoint; per segment, in which every
+        interval between output times takes at least one step with controls),
         `adjoint`, `progress_meter`: passed to `diffrax.diffeqsolve` (e.g.
         `progress_meter=diffrax.TqdmProgressMeter()` for long solves; each reencoding
         segment is one solve, so it shows one bar per segment). `StepTo` only without
@@ -956,10 +957,34 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
     return out + model.decoder.bias if fused else jax.vmap(model.decode)(out)
 
 
+def _segment_controller(
+    controller: diffrax.AbstractStepSizeController, start: Array, jumps: Array | None
+) -> diffrax.AbstractStepSizeController:
+    """`controller` for a segment solved in the time `t - start`: a
+    `ClipStepSizeController`'s own `step_ts` and `jump_ts` shifted by `start`, and the
+    controls' `jumps` (already shifted; `None` without controls) added to its `jump_ts`,
+    or to those of a `ClipStepSizeController` wrapped around an adaptive controller."""
+    if isinstance(controller, diffrax.ClipStepSizeController):
+        shift = lambda ts: None if ts is None else ts.astype(start.dtype) - start
+        step_ts, jump_ts = shift(controller.step_ts), shift(controller.jump_ts)
+        if jumps is not None:
+            jump_ts = jumps if jump_ts is None else jnp.concatenate([jump_ts, jumps])
+        return diffrax.ClipStepSizeController(
+            controller.controller,
+            step_ts=step_ts,
+            jump_ts=jump_ts,
+            store_rejected_steps=controller.store_rejected_steps,
+            _callback_on_reject=controller.callback_on_reject,
+        )
+    if jumps is not None and isinstance(controller, diffrax.AbstractAdaptiveStepSizeController):
+        return diffrax.ClipStepSizeController(controller, jump_ts=jumps)
+    return controller
+
+
 def _controlled_field(t, z, args):
     """`dz/dt` of a controlled model, `args = (dynamics, vs, ts)`: the encoded control
     `vs[i]` on `[ts[i], ts[i + 1])`. Right-continuous at `ts[i]`, where the solver stops
-    (`jump_ts`): a step ends just before it and the next one starts on it."""
+    (`jump_ts`): a step ends just before it and the next one starts just after it."""
     dynamics, vs, ts = args
     i = jnp.clip(jnp.searchsorted(ts, t, side="right") - 1, 0, vs.shape[0] - 1)
     return dynamics.vector_field(z, vs[i])
@@ -991,14 +1016,15 @@ def _solve(
         term, vs = diffrax.ODETerm(lambda t, z, dynamics: dynamics.vector_field(z)), None
     else:
         term, vs = diffrax.ODETerm(_controlled_field), jax.vmap(model.encode_action)(actions)
+        if vs.shape[0] == 0:  # one output time: no interval, a control the field can read
+            vs = jnp.zeros((1, model.dynamics.action_latent_dim), vs.dtype)
     if progress_meter is None:  # diffeqsolve's default
         progress_meter = diffrax.NoProgressMeter()
-    # The field does not depend on time, so each segment is solved on `[0, t1 - t0]`:
-    # float32 times far from 0 (1e6 + ...) leave no room for the solver's steps. Not
-    # where the controller holds absolute times of its own (StepTo's, step_ts, jump_ts).
-    relative = not isinstance(stepsize_controller, diffrax.StepTo) and all(
-        getattr(stepsize_controller, name, None) is None for name in ("step_ts", "jump_ts")
-    )
+    # The field depends on time only through the controls, so each segment is solved on
+    # `[0, t1 - t0]`, the controller's own times shifted alike: float32 times far from 0
+    # (1e4 + ...) leave no room for the solver's steps. Not StepTo's times, which are
+    # whole (one segment).
+    relative = not isinstance(stepsize_controller, diffrax.StepTo)
     constant_dt0 = dt0 if isinstance(stepsize_controller, diffrax.ConstantStepSize) else None
 
     def segment(z, inputs):
@@ -1016,22 +1042,10 @@ def _solve(
             n = jnp.maximum(jnp.round(ratio), 1)
             close = jnp.abs(ratio - n) <= 64 * jnp.finfo(ratio.dtype).eps * n
             step = jnp.where(close, (t1 - t0) / n, constant_dt0)
-        controller, args = stepsize_controller, model.dynamics
-        if vs is not None:
-            # The solver steps onto every change of control (see `_controlled_field`).
-            jumps = ts - start
-            if isinstance(controller, diffrax.ClipStepSizeController):
-                own = controller.jump_ts
-                controller = diffrax.ClipStepSizeController(
-                    controller.controller,
-                    step_ts=controller.step_ts,
-                    jump_ts=jumps if own is None else jnp.concatenate([own, jumps]),
-                    store_rejected_steps=controller.store_rejected_steps,
-                    _callback_on_reject=controller.callback_on_reject,
-                )
-            elif isinstance(controller, diffrax.AbstractAdaptiveStepSizeController):
-                controller = diffrax.ClipStepSizeController(controller, jump_ts=jumps)
-            args = (model.dynamics, vs, jumps)
+        # The solver steps onto every change of control (see `_controlled_field`).
+        jumps = None if vs is None else ts - start
+        controller = _segment_controller(stepsize_controller, start, jumps)
+        args = model.dynamics if vs is None else (model.dynamics, vs, jumps)
         sol = diffrax.diffeqsolve(
             term,
             solver,

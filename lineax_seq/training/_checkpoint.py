@@ -594,14 +594,18 @@ def _given_numbers(path: pathlib.Path, loaded: PyTree, given: PyTree) -> PyTree:
     training never changes) in place of the saved ones, as its static fields are; a
     warning names each one that differs (but the `inference` flags that
     `eqx.nn.inference_mode` sets)."""
-    is_number = lambda x: isinstance(x, bool | int | float | complex)
+    # NumPy scalars are saved as arrays (np.float64 is also a Python float).
+    is_number = lambda x: (
+        isinstance(x, bool | int | float | complex) and not isinstance(x, np.generic)
+    )
+    same = lambda a, b: a == b or (a != a and b != b)  # NaN is NaN
     changed = []
 
     def pick(key: tuple, saved: object, now: object) -> object:
         if not is_number(now):
             return saved
         flag = bool(key) and getattr(key[-1], "name", None) == "inference"
-        if saved != now and not flag:
+        if not same(saved, now) and not flag:
             changed.append(f"model{jtu.keystr(key)}: {saved!r} in the checkpoint, {now!r} given")
         return now
 

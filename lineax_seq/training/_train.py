@@ -1008,8 +1008,8 @@ def train(
 
     [`lineax_seq.NonFiniteError`][] naming the step and the quantity when the loss
     (or any metric, or the gradient norm) becomes NaN or infinite, or an update leaves a
-    parameter so (checked before each checkpoint); no checkpoint is written after that
-    point. Metrics are fetched from the device at every train record
+    parameter so (checked before each checkpoint and at the end); no checkpoint is
+    written after that point. Metrics are fetched from the device at every train record
     (every `log_every` steps, and before evaluations and checkpoints), so the run stops
     at the first record after the step, at most `log_every - 1` steps later.
     """
@@ -1124,12 +1124,13 @@ def train(
                 last_ckpt = step
                 recorder.restart_window()
         recorder.flush(model, opt_state)
+        if step > start:
+            _check_finite_params(model, step, steps)
         # The final evaluation comes before the final checkpoint, so that a run killed
         # between the two evaluates again when resumed.
         if evaluate is not None and last_eval != step:
             recorder.write_eval(evaluate(model, step))
         if checkpoint is not None and last_ckpt != step:
-            _check_finite_params(model, step, steps)
             checkpoint(step, model=model, opt_state=opt_state, data_state=it.get_state())
     finally:
         recorder.close()
