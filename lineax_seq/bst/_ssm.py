@@ -347,7 +347,9 @@ class ContextSSM(eqx.Module):
         """Zero state for `step`, for decoding up to `max_length` tokens.
 
         `"s4"`: `{"s4": (streams * features, N / 2)}` complex modes; `"unstruct"`:
-        `{"inputs": (max_length, features), "filter": (streams * features, max_length)}`.
+        `{"inputs": (max_length, features), "filter": (features, streams, max_length)}`
+        (the filters feature-major, so that a step's product is batched over its leading
+        axis).
         """
         max_length = check_int("max_length", max_length)
         channels = self.streams * self.features
@@ -355,7 +357,7 @@ class ContextSSM(eqx.Module):
             return {"s4": zero_state(self.kernel, channels)}
         return {
             "inputs": jnp.zeros((max_length, self.features), self.down.weight.dtype),
-            "filter": self.kernel(max_length),
+            "filter": rearrange(self.kernel(max_length), "(s f) T -> f s T", s=self.streams),
         }
 
     def step(
@@ -394,17 +396,19 @@ class ContextSSM(eqx.Module):
             filt = state["filter"]
             if isinstance(t, jax.core.Tracer):  # (a concrete `t` is checked by `step`)
                 fail_if(
-                    (t < 0) | (t >= filt.shape[1]),
+                    (t < 0) | (t >= filt.shape[-1]),
                     f"the position is negative or past the end: the decoding state holds "
-                    f"{filt.shape[1]} positions (the max_length given to init_state, or to "
+                    f"{filt.shape[-1]} positions (the max_length given to init_state, or to "
                     "the LM's init_cache); decode no further, or start from a larger "
                     "max_length",
                 )
             inputs = state["inputs"].at[t].set(u.astype(state["inputs"].dtype))
-            lag = t - jnp.arange(filt.shape[1], dtype=jnp.result_type(t))
-            taps = jnp.where(lag >= 0, jnp.take(filt, jnp.maximum(lag, 0), axis=1), 0.0)
-            history = repeat(inputs, "T f -> T (s f)", s=self.streams)
-            y = jnp.einsum("cT,Tc->c", taps, history)
+            # y_t = sum_j filter_j u_(t - j): the inputs gathered newest first, so that
+            # the filters, `streams` times larger, are read once, in place.
+            lag = jnp.arange(filt.shape[-1], dtype=jnp.result_type(t))
+            past = jnp.take(inputs, jnp.maximum(t - lag, 0), axis=0)
+            past = jnp.where((lag <= t)[:, None], past, 0)
+            y = rearrange(jnp.einsum("fsT,Tf->fs", filt, past), "f s -> (s f)")
             state = {"inputs": inputs, "filter": filt}
         y = y.astype(u.dtype) + self._skip() * u_all
         return state, rearrange(y, "(s f) -> s f", s=self.streams)
