@@ -959,6 +959,22 @@ def _cli_error(argv, capsys) -> str:
     return capsys.readouterr().err.splitlines()[-1]
 
 
+def test_pretrain_skips_its_own_out_inside_the_corpus(pretrained, corpus_dir, tmp_path):
+    """`--corpus .` with the default `--out outputs/...` below it: the run's own files
+    (metrics.jsonl) were read as corpus documents, so its --resume was refused."""
+    _, argv, _ = pretrained
+    project = tmp_path / "project"
+    shutil.copytree(corpus_dir, project)
+    out = project / "outputs" / "run"
+    run = [*argv[: argv.index("--out")], "--out", str(out), "--corpus", str(project)]
+    run[run.index("--steps") + 1] = "1"
+    _bigs.pretrain(_parse(run))
+    assert (out / "metrics.jsonl").exists()
+    run[run.index("--steps") + 1] = "2"
+    assert np.isfinite(_bigs.pretrain(_parse([*run, "--resume"]))["loss"])
+    assert ls.list_checkpoints(out / "final")[-1].name.endswith("2")
+
+
 def test_pretrain_checks_the_batches_before_writing(pretrained, corpus_dir, tmp_path, capsys):
     """A corpus too small for --batch-size was a traceback after config.json was written,
     which then blocked the corrected command."""

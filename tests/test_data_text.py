@@ -168,6 +168,37 @@ def test_corpus_directory_scan(tmp_path):
     assert "top.txt" in ids and "o1.txt" in ids and len(ids) == 6
 
 
+def test_corpus_exclude(tmp_path, no_jaxtyping):
+    """`exclude` leaves out files and whole folders, matched by real path, also where a
+    link elsewhere in the tree reaches them; missing paths are ignored, a lone path (a
+    string is a sequence of characters) is an error."""
+    root = tmp_path / "corpus"
+    (root / "outputs" / "run").mkdir(parents=True)
+    (root / "keep.txt").write_text("keep")
+    (root / "drop.txt").write_text("drop")
+    (root / "outputs" / "run" / "metrics.jsonl").write_text('{"loss": 1.0}\n')
+    (root / "outputs" / "notes.txt").write_text("notes")
+    (root / "link.txt").symlink_to(root / "outputs" / "run" / "metrics.jsonl")
+    with pytest.raises(ValueError, match="metrics.jsonl:1: JSON object has no 'text'"):
+        ls.text_corpus(root, split="all")
+    run = root / "outputs" / "run"
+    docs = ls.text_corpus(root, split="all", exclude=[run, root / "drop.txt", tmp_path / "no"])
+    assert sorted(docs) == ["keep", "notes"]
+    via_link = tmp_path / "alias"
+    via_link.symlink_to(root, target_is_directory=True)
+    assert sorted(ls.text_corpus(root, split="all", exclude=(via_link / "outputs",))) == [
+        "drop",
+        "keep",
+    ]
+    ids = [i for i, _ in ls.data._corpus.read_documents(root, exclude=[run, root / "drop.txt"])]
+    assert ids == ["keep.txt", "outputs/notes.txt"]
+    for lone in (str(run), run):
+        with pytest.raises(TypeError, match="exclude must be a sequence of paths"):
+            ls.text_corpus(root, exclude=lone)
+    with pytest.raises(TypeError, match="exclude must be a path"):
+        ls.text_corpus(root, exclude=[3])
+
+
 def test_corpus_bad_inputs(tmp_path, corpus_dir):
     with pytest.raises(FileNotFoundError, match="source"):
         ls.text_corpus(tmp_path / "missing")

@@ -12,7 +12,7 @@ Public names (all re-exported flat as `lineax_seq.<name>`):
 ```python
 # corpora (grain.MapDataset of str)
 text_corpus(source=None, *, split="train"|"valid"|"test"|"all", valid_fraction=0.05,
-            test_fraction=0.05, text_field="text") -> grain.MapDataset
+            test_fraction=0.05, text_field="text", exclude=()) -> grain.MapDataset
 
 # tokenizers: specials at the same ids everywhere:
 #   PAD_ID=0, BOS_ID=1, EOS_ID=2, UNK_ID=3, CLS_ID=4, SEP_ID=5, MASK_ID=6

@@ -9,6 +9,7 @@ import os
 import pathlib
 import re
 import sysconfig
+from collections.abc import Sequence
 
 import grain
 
@@ -47,12 +48,12 @@ def _stdlib_files() -> tuple[pathlib.Path, list[pathlib.Path]]:
     return root, files
 
 
-def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
+def _corpus_files(root: pathlib.Path, excluded: frozenset[str] = frozenset()) -> list[pathlib.Path]:
     """The corpus files under `root`: hidden files and folders (`.git`, `.venv`, ...)
-    skipped; symbolic links to folders outside the tree followed (each folder once), while
-    a link to a folder of the tree (or to an ancestor) is not, and a link to a file is
-    read only if no other path reaches that file, so a document's id is its path through
-    real folders whatever links exist."""
+    skipped, and those in or under `excluded` (real paths); symbolic links to folders outside
+    the tree followed (each folder once), while a link to a folder of the tree (or to an
+    ancestor) is not, and a link to a file is read only if no other path reaches that
+    file, so a document's id is its path through real folders whatever links exist."""
 
     def visible(names):
         return sorted(n for n in names if not n.startswith("."))
@@ -70,14 +71,15 @@ def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
             path = os.path.join(folder, name)
             real = os.path.realpath(path)
             inside = real in tree or top.startswith(real + os.sep)
-            if not (os.path.islink(path) and inside) and real not in seen:
+            if not ((os.path.islink(path) and inside) or real in seen or _within(real, excluded)):
                 seen.add(real)
                 kept.append(name)
         subfolders[:] = kept
         for name in names:
             path = pathlib.Path(folder, name)
             if not name.startswith(".") and _suffix(path) in _SUFFIXES and path.is_file():
-                files.append(path)
+                if not _within(os.path.realpath(path), excluded):
+                    files.append(path)
     # A file is read once: a link to a file that is read anyway (or that an earlier link
     # reaches) would duplicate a document under another id, maybe in another split.
     direct = {os.path.realpath(p) for p in files if not p.is_symlink()}
@@ -90,6 +92,11 @@ def _corpus_files(root: pathlib.Path) -> list[pathlib.Path]:
             direct.add(real)
         kept.append(path)
     return kept
+
+
+def _within(real: str, folders: frozenset[str]) -> bool:
+    """Whether the real path `real` is one of `folders` (real paths) or inside one."""
+    return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
 def _suffix(path: pathlib.Path) -> str:
@@ -139,24 +146,38 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
 
 
 def read_documents(
-    source: str | os.PathLike | None = None, *, text_field: str = "text"
+    source: str | os.PathLike | None = None,
+    *,
+    text_field: str = "text",
+    exclude: Sequence[str | os.PathLike] = (),
 ) -> list[tuple[str, str]]:
     """All `(document_id, text)` pairs of a source, sorted by id, empty documents dropped.
 
-    See [`lineax_seq.text_corpus`][] for what `source` may be.
+    See [`lineax_seq.text_corpus`][] for what `source` and `exclude` may be.
     """
+    excluded = _excluded(exclude)
     if source is None:
         return list(_stdlib_documents())
-    return _read_documents_uncached(source, text_field)
+    return _read_documents_uncached(source, text_field, excluded)
+
+
+def _excluded(exclude: object) -> frozenset[str]:
+    """The real paths of `exclude`, a sequence of paths (a lone path is refused: a string
+    is a sequence of characters)."""
+    if isinstance(exclude, str | os.PathLike) or not isinstance(exclude, Sequence):
+        raise TypeError(
+            f"exclude must be a sequence of paths (str or os.PathLike), got exclude={exclude!r}"
+        )
+    return frozenset(os.path.realpath(check_path("exclude", path)) for path in exclude)
 
 
 @functools.cache
 def _stdlib_documents() -> tuple[tuple[str, str], ...]:
     # The installed standard library does not change while the process runs.
-    return tuple(_read_documents_uncached(None, "text"))
+    return tuple(_read_documents_uncached(None, "text", frozenset()))
 
 
-def _read_documents_uncached(source, text_field):
+def _read_documents_uncached(source, text_field, excluded):
     if source is None:
         root, files = _stdlib_files()
         if not files:
@@ -179,7 +200,7 @@ def _read_documents_uncached(source, text_field):
                 )
             files = [root]
         else:
-            files = _corpus_files(root)
+            files = _corpus_files(root, excluded)
             if not files:
                 raise ValueError(
                     f"source {str(source)!r} is a directory with no {'/'.join(_SUFFIXES)} files"
@@ -241,6 +262,7 @@ def text_corpus(
     valid_fraction: RealLike = 0.05,
     test_fraction: RealLike = 0.05,
     text_field: str = "text",
+    exclude: Sequence[str | os.PathLike] = (),
 ) -> grain.MapDataset:
     """A text corpus as a grain `MapDataset` of documents (strings).
 
@@ -275,6 +297,9 @@ def text_corpus(
     - `valid_fraction`, `test_fraction`: expected fractions of documents in the
         validation and test splits (of characters, for a single text file).
     - `text_field`: the JSONL field holding the text.
+    - `exclude`: files and folders under a directory `source` not to read (a folder with
+        everything in it), matched by real path; e.g. a run's output folder inside the
+        corpus folder. Paths that do not exist are ignored.
 
     **Returns:**
 
@@ -288,7 +313,7 @@ def text_corpus(
     documents with the same id.
     """
     check_split(split, valid_fraction, test_fraction)
-    docs = read_documents(source, text_field=text_field)
+    docs = read_documents(source, text_field=text_field, exclude=exclude)
     if split != "all" and _is_text_file(source):
         text = docs[0][1]
         piece = _contiguous_split(text, split, valid_fraction, test_fraction)

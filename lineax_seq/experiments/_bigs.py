@@ -283,7 +283,7 @@ def _pretrain_inputs(args: argparse.Namespace) -> tuple[dict, MaskedLM, ls.Token
     """
     out: pathlib.Path = args.out
     with corpus_errors(args.corpus):
-        texts = load_corpus(args.corpus, args.max_files)
+        texts = load_corpus(args.corpus, args.max_files, exclude=[out])
     key = jr.key(args.seed)
     recorded = _recorded_config(out) if args.resume else {}
     start_from = args.init_from
@@ -804,7 +804,7 @@ def _corpus_arguments(
         type=existing_path,
         default=None,
         help="a .txt / .py file, a .jsonl file (a document per line) or a directory of "
-        "such files (default: the stdlib .py sources)",
+        "such files, --out skipped (default: the stdlib .py sources)",
     )
     add(
         "--max-files",

@@ -494,7 +494,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     length, batch_size = cfg["length"], cfg["batch_size"]
     num_eval = batch_size * max(1, cfg["finetune_examples"] // (4 * batch_size))
     with corpus_errors(args.corpus):  # the corpus and the tasks made of it, before training
-        train_texts, eval_texts = load_corpus(args.corpus, cfg["max_files"])
+        train_texts, eval_texts = load_corpus(args.corpus, cfg["max_files"], exclude=[out])
         tok = make_tokenizer(train_texts, cfg["tokenizer"], cfg["vocab_size"])
         ft_train, ft_eval, num_classes, task_name = _finetune_task(
             cfg["finetune_task"],

@@ -321,12 +321,15 @@ def _subsample(dataset: Any, max_files: int | None) -> list[str]:
     return [dataset[int(i)] for i in np.linspace(0, n - 1, max_files)]
 
 
-def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[list[str], list[str]]:
+def load_corpus(
+    corpus: pathlib.Path | None, max_files: int | None, *, exclude: Sequence[pathlib.Path] = ()
+) -> tuple[list[str], list[str]]:
     """`(train, held-out)` documents of a corpus (default: the stdlib `.py` sources),
-    split by [`lineax_seq.text_corpus`][]'s stable hash; `max_files` caps the train
-    documents (and a tenth of it, at least 10, the held-out ones). For a user's corpus a
-    note says when the cap leaves documents out."""
-    dataset = ls.text_corpus(corpus, split="train")
+    split by [`lineax_seq.text_corpus`][]'s stable hash, without the paths in `exclude`
+    (the run's output folder); `max_files` caps the train documents (and a tenth of it, at
+    least 10, the held-out ones). For a user's corpus a note says when the cap leaves
+    documents out."""
+    dataset = ls.text_corpus(corpus, split="train", exclude=exclude)
     train = _subsample(dataset, max_files)
     if corpus is not None and len(train) < len(dataset):
         print(
@@ -334,7 +337,7 @@ def load_corpus(corpus: pathlib.Path | None, max_files: int | None) -> tuple[lis
             f"{len(dataset):,} training documents (evenly spaced)",
             flush=True,
         )
-    valid = ls.text_corpus(corpus, split="valid")
+    valid = ls.text_corpus(corpus, split="valid", exclude=exclude)
     return train, _subsample(valid, None if max_files is None else max(10, max_files // 10))
 
 

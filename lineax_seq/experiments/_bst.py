@@ -26,6 +26,7 @@ import math
 import pathlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -168,11 +169,14 @@ def matched_mlp_dims(vocab_size: int, cfg: Config) -> dict[str, int]:
 # data
 
 
-def train_batches(corpus: str | None, tokenizer, cfg: Config, *, seed: int):
+def train_batches(
+    corpus: str | None, tokenizer, cfg: Config, *, seed: int, exclude: Sequence[pathlib.Path] = ()
+):
     """`(batch_size, L)` causal-LM windows from the `"train"` split
-    ([`lineax_seq.lm_dataset`][]), shuffled by `seed`: the same order for every model."""
+    ([`lineax_seq.lm_dataset`][]; without the paths in `exclude`), shuffled by `seed`: the
+    same order for every model."""
     return ls.lm_dataset(
-        ls.text_corpus(corpus, split="train"),
+        ls.text_corpus(corpus, split="train", exclude=exclude),
         tokenizer,
         length=cfg.train_length,
         batch_size=cfg.batch_size,
@@ -180,13 +184,17 @@ def train_batches(corpus: str | None, tokenizer, cfg: Config, *, seed: int):
     )
 
 
-def heldout_windows(corpus: str | None, tokenizer, cfg: Config) -> np.ndarray:
+def heldout_windows(
+    corpus: str | None, tokenizer, cfg: Config, *, exclude: Sequence[pathlib.Path] = ()
+) -> np.ndarray:
     """`cfg.eval_tokens // max(eval_lengths)` windows (at least one) of
     `max(eval_lengths) + 1` tokens, evenly spaced over all the windows tiling the
-    documents of the `"valid"` split, so they come from many files, not the first few;
-    every evaluation length cuts these same windows into shorter sequences."""
+    documents of the `"valid"` split (without the paths in `exclude`), so they come from
+    many files, not the first few; every evaluation length cuts these same windows into
+    shorter sequences."""
     longest = max(cfg.eval_lengths())
-    windows = ls.lm_windows(ls.text_corpus(corpus, split="valid"), tokenizer, length=longest)
+    valid = ls.text_corpus(corpus, split="valid", exclude=exclude)
+    windows = ls.lm_windows(valid, tokenizer, length=longest)
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
     picks = np.unique(np.linspace(0, len(windows) - 1, count).round().astype(int))
     return np.stack(
@@ -422,7 +430,7 @@ def run_experiment(
     if problem := config_problem(cfg):
         raise UsageError(problem)
     with corpus_errors(corpus):
-        heldout = heldout_windows(corpus, tokenizer, cfg)
+        heldout = heldout_windows(corpus, tokenizer, cfg, exclude=[out])
     vocab_size = tokenizer.vocab_size
     print(
         f"corpus: train batches of {cfg.batch_size} x {cfg.train_length} tokens; held out "
@@ -435,7 +443,7 @@ def run_experiment(
     params = {}
     for seed in cfg.seeds:
         with corpus_errors(corpus):
-            train_data = train_batches(corpus, tokenizer, cfg, seed=seed)
+            train_data = train_batches(corpus, tokenizer, cfg, seed=seed, exclude=[out])
         for i, name in enumerate(cfg.models):
             model = build_lm(
                 name, vocab_size, cfg, mlp_dim=mlp_dims[name], key=jr.fold_in(jr.key(seed), i)
@@ -656,7 +664,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=existing_path,
         default=None,
         help="a .txt / .py file, a .jsonl file (a document per line) or a directory of such "
-        "files (default: the stdlib .py sources)",
+        "files, --out skipped (default: the stdlib .py sources)",
     )
     flag("--models", nargs="+", choices=MODELS)
     flag("--train-length", type=positive_int)
