@@ -822,6 +822,13 @@ def test_read_rows_regression_and_pairs(tmp_path):
         ([("a", -1), ("b", 1)], r"not class ids 0, 1, ... \(e.g. -1.0\).* or as names"),
         ([("a", "pos"), ("b", "pos")], "every label is 'pos'"),
         ([("a", "pos"), ("b", " ")], "b.csv:3: empty label"),
+        # A typo among class ids made every label a name, sorted: class 10 became 2.
+        (
+            [*((str(i), i) for i in range(11)), ("t", "3x")],
+            r"b.csv: the labels mix numbers \(11 rows: 0, 1, 2, 3, 4, \.\.\.\) and names "
+            r"\(1 row: '3x'\); give every row a class id 0, 1, \.\.\., or every row a",
+        ),
+        ([("a", 0), ("b", "pos")], r"mix numbers \(1 row: 0\) and names \(1 row: 'pos'\)"),
     ]:
         with pytest.raises(ValueError, match=message):
             _bigs_train.read_rows(write_rows(rows, tmp_path / "b.csv"), regression=False)

@@ -900,7 +900,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         fin,
         "--train",
         "(text, label) CSV or JSONL file (optional text_pair column); labels are class "
-        "ids 0, 1, ..., class names (numbered in sorted order), or reals with --regression",
+        "ids 0, 1, ..., class names (numbered in sorted order; not mixed with ids), or reals "
+        "with --regression",
         type=existing_path,
     )
     _path(fin, "--eval", "held-out file (default: every 10th row of --train)", type=existing_path)

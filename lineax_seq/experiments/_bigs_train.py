@@ -468,7 +468,7 @@ def read_rows(
     classes `0 .. max` (at least two distinct ones), or `0 .. num_classes - 1` when
     `num_classes` (the training file's) is given; other labels are class names, numbered
     in sorted order unless `label_names` (the training file's) is given, which is then
-    returned.
+    returned. A file whose labels mix numbers and names is refused.
     """
     path = pathlib.Path(path)
     raw, has_pair = _label_column(path)
@@ -492,6 +492,17 @@ def read_rows(
                 "class names: give every row a class id 0, 1, ..., or pass --regression for "
                 "real values (and drop the rows without one)"
             )
+        # Names sorted among numbers would renumber the classes ("10" before "2"): most
+        # likely a typo in a file of class ids.
+        named = sum(x is None for x in numbers)
+        ids = [
+            int(x) if x.is_integer() else x for x in sorted({x for x in numbers if x is not None})
+        ]
+        raise ValueError(
+            f"{path}: the labels mix numbers ({_rows(len(numbers) - named, ids)}) and names "
+            f"({_rows(named, sorted(missing))}); give every row a class id 0, 1, ..., or "
+            "every row a class name"
+        )
     found = [x for x in numbers if x is not None]
     if label_names is None and len(found) == len(numbers):
         if not all(x.is_integer() and x >= 0 for x in found):
@@ -515,6 +526,12 @@ def read_rows(
         path, num_classes=None, pair_field=pair, label_names=label_names
     )
     return records, len(label_names), tuple(label_names)
+
+
+def _rows(count: int, values: Sequence[Any]) -> str:
+    """`"3 rows: 'a', 'b', ..."`: a count of rows and the first five distinct values."""
+    shown = ", ".join(map(repr, values[:5])) + (", ..." if values[5:] else "")
+    return f"{count:,} row{'' if count == 1 else 's'}: {shown}"
 
 
 def _is_missing_number(label: str) -> bool:
