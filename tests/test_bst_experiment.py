@@ -163,8 +163,11 @@ def test_cli_corpus_errors(tmp_path, capsys):
         main(["bst", "--small", "--corpus", str(book), "--out", str(tmp_path / "out")])
     message = capsys.readouterr().err.splitlines()[-1]
     assert exit_info.value.code == 2
-    assert message.startswith(f"python -m lineax_seq bst: error: --corpus '{book}': length=")
-    assert "shorter" in message
+    assert message == (
+        f"python -m lineax_seq bst: error: --corpus '{book}': the held-out (valid) split has "
+        "no document of max(--eval-multipliers) x --train-length + 1 = 1025 tokens (its "
+        "longest has 317); use a smaller --train-length or --eval-multipliers, or more text"
+    )
 
 
 @pytest.mark.parametrize(

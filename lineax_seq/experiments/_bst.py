@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -194,7 +195,16 @@ def heldout_windows(
     shorter sequences."""
     longest = max(cfg.eval_lengths())
     valid = ls.text_corpus(corpus, split="valid", exclude=exclude)
-    windows = ls.lm_windows(valid, tokenizer, length=longest)
+    try:
+        windows = ls.lm_windows(valid, tokenizer, length=longest)
+    except ValueError as e:  # named by the options that set the length
+        if not (found := re.search(r"longest document has (\d+) tokens", str(e))):
+            raise
+        raise ValueError(
+            f"the held-out (valid) split has no document of max(--eval-multipliers) x "
+            f"--train-length + 1 = {longest + 1} tokens (its longest has {found[1]}); use a "
+            "smaller --train-length or --eval-multipliers, or more text"
+        ) from e
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
     picks = np.unique(np.linspace(0, len(windows) - 1, count).round().astype(int))
     return np.stack(
