@@ -231,6 +231,20 @@ def test_usage_errors_before_training(argv, message, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
 
 
+def test_a_system_that_cannot_be_simulated_is_a_usage_error(tmp_path, capsys):
+    """Valid but extreme --system-param values stall the solver: that was a traceback
+    from inside JIT ending in Equinox's EquinoxRuntimeError."""
+    argv = ["koopman", "--small", "--system", "duffing", "--system-param", "dt=1000"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m lineax_seq koopman: error: --system-param dt=1000: simulating duffing "
+        "failed (The maximum number of solver steps was reached); use values nearer the "
+        "system's defaults"
+    )
+
+
 def test_out_files_are_checked_before_training(tmp_path, capsys):
     """A koopman_table.json that is not a table, or a directory where a result file goes,
     failed after all the training (the table is merged into at the end)."""

@@ -370,15 +370,26 @@ def run_system(
     # builds and trains each of its models from the same keys as the full run.
     data_key, *model_keys = jr.split(key, len(VARIANTS) + 2)
     model_keys = dict(zip((*VARIANTS, "baseline"), model_keys, strict=True))
-    system, train_xs, test_xs = make_data(
-        system_name,
-        data_key,
-        num_train=args.num_train,
-        train_steps=args.train_length,
-        test_steps=max(horizons),
-        num_test=args.num_test,
-        params=dict(args.system_param),
-    )
+    try:
+        system, train_xs, test_xs = make_data(
+            system_name,
+            data_key,
+            num_train=args.num_train,
+            train_steps=args.train_length,
+            test_steps=max(horizons),
+            num_test=args.num_test,
+            params=dict(args.system_param),
+        )
+    except eqx.EquinoxRuntimeError as e:  # e.g. the solver's max_steps, at extreme values
+        if not args.system_param:
+            raise
+        given = " ".join(f"--system-param {n}={v:g}" for n, v in args.system_param)
+        # The message's own line (Equinox prints stacks and debugging advice around it).
+        found = re.search(r"EquinoxRuntimeError: (.+?)\.?( Try .*)?$", str(e), re.MULTILINE)
+        raise UsageError(
+            f"{given}: simulating {system_name} failed ({found[1] if found else e}); use "
+            "values nearer the system's defaults"
+        ) from e
     mean, std = _standardiser(train_xs, args.normalize)
     scale = scale_of(system_name)
     results = {"system": system_name, "scale": scale, "variants": {}}
