@@ -665,6 +665,10 @@ def test_trajectory_arrays_checked_without_jaxtyping(trajectories, no_jaxtyping)
     ):
         windows(states.astype(np.int64), length=2)
     assert windows(states.astype(jnp.bfloat16), length=2)[0]["states"].dtype == jnp.bfloat16
+    with pytest.raises(
+        ValueError, match=r"states must .* features at least 1, got shape \(10, 12, 0\)"
+    ):
+        windows(states[..., :0], length=2)
     with pytest.raises(ValueError, match=r"split='all' has no trajectories out of 0"):
         ls.split_trajectories(0, "all", valid_fraction=0.1, test_fraction=0.1)
 

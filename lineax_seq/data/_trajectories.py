@@ -86,10 +86,10 @@ def _as_finite(name, x, num: int | None = None):
     `(num, time, features)` (checked here as well as by the hints, which
     `JAXTYPING_DISABLE=1` turns off)."""
     x = np.array(jax.device_get(x))
-    if x.ndim != 3 or not jnp.issubdtype(x.dtype, jnp.floating):
+    if x.ndim != 3 or not jnp.issubdtype(x.dtype, jnp.floating) or x.shape[2] == 0:
         raise ValueError(
-            f"{name} must be a floating array of shape (num, time, features), got shape "
-            f"{x.shape} and dtype {x.dtype}"
+            f"{name} must be a floating array of shape (num, time, features), features at "
+            f"least 1, got shape {x.shape} and dtype {x.dtype}"
         )
     if num is not None and x.shape[0] != num:
         raise ValueError(
