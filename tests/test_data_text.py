@@ -221,6 +221,11 @@ def test_corpus_bad_inputs(tmp_path, corpus_dir):
     bad.write_text('{"body": "x"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: .*'text'"):
         ls.text_corpus(bad, split="all")
+    bad.write_text('{"text": "x"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object \(got list\)"):
+        ls.text_corpus(bad, split="all")
+    with pytest.raises(ValueError, match="'/dev/null' is neither a regular file nor a directory"):
+        ls.text_corpus("/dev/null")
 
 
 @pytest.mark.parametrize(
@@ -325,6 +330,9 @@ def test_bpe_train_save_load(tmp_path):
         tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="vocab_size must be >= 263"):
         ls.BPETokenizer.train(texts, vocab_size=100)
+    for empty in ([], iter(())):  # it gave a tokenizer of the 263 base tokens
+        with pytest.raises(ValueError, match="texts is empty"):
+            ls.BPETokenizer.train(empty, vocab_size=300)
     with pytest.raises(FileNotFoundError, match="path"):
         ls.BPETokenizer.load(tmp_path / "nope.json")
 

@@ -31,10 +31,15 @@ def test_help_shows_a_single_percent_sign(capsys):
         (["--length", "2"], r"--length 2: masked-LM sequences need at least 3 tokens"),
         (["--resume"], r"--resume: .*run holds no run to resume \(no config.json\)"),
         (["--init-from", "{tmp}"], r"--init-from .*: not a `bigs pretrain` output"),
+        # Named as missing (it said "(no config.json)"), with globs named as unexpanded.
+        (["--init-from", "{tmp}/gone"], r"--init-from .*gone: does not exist \(a `bigs pre"),
+        (["--init-from", "{tmp}/f.txt"], r"--init-from .*f.txt: is not a directory"),
+        (["--corpus", "{tmp}/*.txt"], r"'.*\*.txt' does not exist \(wildcards are not expa"),
     ],
 )
 def test_pretrain_usage_errors(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
+    (tmp_path / "f.txt").write_text("a file")
     argv = [a.format(tmp=tmp_path) for a in argv]
     err = _usage_error(
         ["bigs", "pretrain", "--tokenizer", "byte", "--out", str(out), *argv], capsys

@@ -119,7 +119,10 @@ def _read_documents(path: pathlib.Path, root: pathlib.Path, text_field: str):
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or text_field not in record:
+                if not isinstance(record, dict):
+                    kind = type(record).__name__
+                    raise ValueError(f"{path}:{lineno}: not a JSON object (got {kind})")
+                if text_field not in record:
                     raise ValueError(f"{path}:{lineno}: JSON object has no {text_field!r} field")
                 text = record[text_field]
                 if not isinstance(text, str):
@@ -192,6 +195,8 @@ def _read_documents_uncached(source, text_field, excluded):
         root = pathlib.Path(source)
         if not root.exists():
             raise FileNotFoundError(f"source {str(source)!r} does not exist")
+        if not (root.is_file() or root.is_dir()):
+            raise ValueError(f"source {str(source)!r} is neither a regular file nor a directory")
         if root.is_file():
             if _suffix(root) not in _SUFFIXES:
                 raise ValueError(

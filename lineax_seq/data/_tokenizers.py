@@ -338,8 +338,17 @@ class BPETokenizer(_SpecialIds):
         )
         # Each document checked as read (`texts` may stream): `tokenizers` takes a list of
         # strings for a batch of documents, so it would train a dict's keys, or a list's.
-        documents = (check_text(t, f"texts[{i}]") for i, t in enumerate(texts))
-        tok.train_from_iterator(documents, trainer=trainer)
+        read = 0
+
+        def documents():
+            nonlocal read
+            for i, text in enumerate(texts):
+                read += 1
+                yield check_text(text, f"texts[{i}]")
+
+        tok.train_from_iterator(documents(), trainer=trainer)
+        if not read:
+            raise ValueError("texts is empty: a BPE tokenizer needs documents to train on")
         return cls(tok)
 
     @classmethod

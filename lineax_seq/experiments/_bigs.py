@@ -110,6 +110,9 @@ def _started(run_dir: pathlib.Path) -> bool:
 
 
 def _run_problem(flag: str, run_dir: pathlib.Path) -> str | None:
+    if not run_dir.is_dir():
+        state = "is not a directory" if run_dir.exists() else "does not exist"
+        return f"{flag} {run_dir}: {state} (a `bigs pretrain` output directory)"
     if not (run_dir / CONFIG_FILE).is_file():
         return f"{flag} {run_dir}: not a `bigs pretrain` output (no {CONFIG_FILE})"
     if not ls.list_checkpoints(run_dir / FINAL_DIR):

@@ -99,7 +99,8 @@ def existing_path(text: str) -> pathlib.Path:
     """An `argparse` type: a file or directory that exists (not `''`)."""
     found = path(text)
     if not found.exists():
-        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+        glob = " (wildcards are not expanded: give a directory)" if "*" in text else ""
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist{glob}")
     return found
 
 
