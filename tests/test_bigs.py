@@ -464,6 +464,13 @@ def test_edits_with_tree_at_are_followed(getkey):
     head = ls.SequenceClassificationHead(DIM, 3, key=getkey())
     five = eqx.tree_at(lambda h: h.classifier, head, eqx.nn.Linear(DIM, 5, key=getkey()))
     assert five.num_outputs == 5 and five(jnp.ones((4, DIM))).shape == (5,)
+    # The models of an eqx.filter_vmap ensemble give their own sizes, not the ensemble's
+    # (4 layers and 4 outputs, as the ensemble's axis leads every array).
+    keys = jr.split(getkey(), 4)
+    models = eqx.filter_vmap(lambda k: ls.BiGS(VOCAB, DIM, 2, state_size=4, key=k))(keys)
+    assert models.num_layers == models.config()["num_layers"] == 2
+    heads = eqx.filter_vmap(lambda k: ls.SequenceClassificationHead(DIM, 3, key=k))(keys)
+    assert heads.num_outputs == 3
     mixed = eqx.tree_at(lambda m: m.dropout, model, eqx.nn.inference_mode(model.dropout))
     with pytest.raises(ValueError, match="dropout modules' `inference` flags differ"):
         mixed(tokens, key=getkey())
@@ -1043,11 +1050,15 @@ def test_encoder_after_device_put_and_under_plain_jit():
     layer = jax.device_put(model.layer(0), jax.devices()[0])  # a 0-d array rate of 0
     np.testing.assert_array_equal(layer(want), model.layer(0)(want))
     # Without dropout a training call needs no key, under jax.jit too (a traced rate of 0
-    # asked for one "(dropout > 0)"); a lone layer knows no static rate: it says why.
+    # asked for one "(dropout > 0)"), for a lone layer as for the model (a layer kept no
+    # static rate, so even its default call failed under jax.jit).
     training = jax.jit(lambda m, t: m(t, inference=False))(model, tokens)
     np.testing.assert_allclose(training, want, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="dropout rate is traced .*eqx.filter_jit"):
-        jax.jit(lambda g, x: g(x, inference=False))(model.layer(0), want)
+    for architecture in (ls.GatedLayer, ls.StackLayer):
+        layer = architecture(8, state_size=4, key=jr.key(1))
+        for inference in (None, False):
+            got = jax.jit(lambda g, x: g(x, inference=inference))(layer, want)  # noqa: B023
+            np.testing.assert_allclose(got, layer(want), rtol=1e-6, atol=1e-6)
     # The static rate stands in only for a traced one: a rate set after building is used.
     noisy = eqx.tree_at(lambda m: m.dropout.p, model, 0.5)
     assert not np.allclose(noisy(tokens, key=jr.key(2), inference=False), want)

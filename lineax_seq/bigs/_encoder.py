@@ -363,9 +363,12 @@ class BiGS(eqx.Module):
 
     @property
     def num_layers(self) -> int:
-        """The number of layers: the stacked layers' leading axis (so it follows an
-        `eqx.tree_at` that cuts or stacks layers)."""
-        return next(x.shape[0] for x in jax.tree.leaves(self.layers) if _stacked(x))
+        """The number of layers: the stacked layers' axis (so it follows an `eqx.tree_at`
+        that cuts or stacks layers), read before a layer's own axes, so that the models of
+        an `eqx.filter_vmap` ensemble give theirs, not the ensemble's size."""
+        layers = self.layers
+        weight = (layers.v_proj if isinstance(layers, GatedLayer) else layers.mlp_in).weight
+        return weight.shape[-3]
 
     @property
     def vocab_size(self) -> int:

@@ -208,8 +208,8 @@ class SequenceClassificationHead(eqx.Module):
     @property
     def num_outputs(self) -> int:
         """The number of outputs: the classifier's (so it follows an `eqx.tree_at` that
-        swaps the classifier)."""
-        return self.classifier.weight.shape[0]
+        swaps the classifier; an `eqx.filter_vmap` ensemble's heads give theirs)."""
+        return self.classifier.weight.shape[-2]
 
     @jaxtyped(typechecker=beartype)
     def __call__(

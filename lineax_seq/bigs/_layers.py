@@ -268,6 +268,7 @@ class _AbstractLayer(eqx.Module):
     dim: int = eqx.field(static=True)
     inner_dim: int = eqx.field(static=True)
     routing: str = eqx.field(static=True)
+    dropout_rate: float = eqx.field(static=True)  # the rate, for `jax.jit`, which traces `p`
     _inner_factor: eqx.AbstractClassVar[int]
     _default_routing: eqx.AbstractClassVar[Literal["ssm", "attention"]]
 
@@ -309,6 +310,7 @@ class _AbstractLayer(eqx.Module):
         self.dim = dim
         self.inner_dim = inner_dim
         self.routing = routing
+        self.dropout_rate = dropout
 
     @abc.abstractmethod
     def _build(
@@ -380,7 +382,7 @@ class _AbstractLayer(eqx.Module):
         x, mask = as_arrays(x, mask)
         check_sequence("x", x, mask, self.dim)
         check_trailing_mask(mask)
-        inference = resolve_inference((self.dropout,), key, inference)
+        inference = resolve_inference((self.dropout,), key, inference, rate=self.dropout_rate)
         if mask is not None:  # any padding, NaN too, is read as 0 (BiGS pads with zeros)
             x = jnp.where(mask[:, None], x, 0)
         return self._masked_apply(x, mask, key, inference)
