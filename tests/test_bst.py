@@ -276,6 +276,14 @@ def test_generate_batches_under_vmap_and_runs_under_jit(sh_lm, getkey):
     for prompt, key, got in zip(prompts, keys, batched, strict=True):
         np.testing.assert_array_equal(got, sample(prompt, key))
     np.testing.assert_array_equal(jax.jit(sample)(prompts[0], keys[0]), batched[0])
+    # A temperature sweep under vmap (it was refused: "known when tracing"): each equals
+    # its own call, 0 greedy included; a traced bad temperature fails at run time.
+    temperatures = jnp.array([0.0, 0.5, 1.0])
+    at = lambda t: ls.generate(sh_lm, prompts[0], 5, key=keys[0], temperature=t, top_k=4)
+    swept = jax.vmap(at)(temperatures)
+    for t, got in zip(temperatures.tolist(), swept, strict=True):
+        np.testing.assert_array_equal(got, at(t))
+    assert_check_fails("temperature must be a finite, non-negative real number", jax.jit(at), -1.0)
 
 
 def test_generate_with_cudnn_attention_where_it_cannot_run(getkey):
@@ -1100,3 +1108,7 @@ def test_config_rebuilds_the_model_for_a_checkpoint(tmp_path, variant, options):
     assert loaded.config() == config
     for a, b in zip(jax.tree.leaves(lm), jax.tree.leaves(loaded), strict=True):
         np.testing.assert_array_equal(a, b)
+    # An eqx.filter_vmap ensemble's config is its models' (BRECT read its states off the
+    # leading axis, the ensemble's, as num_states).
+    build = lambda k: ls.BlockStateTransformerLM(**config, key=k)  # noqa: E731
+    assert eqx.filter_eval_shape(eqx.filter_vmap(build), jr.split(jr.key(2), 2)).config() == config

@@ -22,7 +22,7 @@ from .._checks import (
     check_instance,
     check_int,
     check_key,
-    check_real,
+    check_real_or_traced,
     host_arrays,
 )
 from .._nn import apply_linear, varying_like
@@ -326,7 +326,7 @@ class BlockStateTransformerLM(eqx.Module):
             ssm_features=None,
             num_filters=32,
             recurrent_layers=list(rec),
-            num_states=next(iter(rec.values())).initial_state.shape[0] if rec else None,
+            num_states=next(iter(rec.values())).initial_state.shape[-2] if rec else None,
             max_length=None,
             tie_embeddings=self.head is None,
             attention_implementation=attention.implementation,
@@ -548,29 +548,34 @@ def _parallel_pass_runs(lm: BlockStateTransformerLM) -> bool:
 
 
 @eqx.filter_jit
-def _generate(lm, prefix, buffer, prompt_length, total, key, temperature, greedy: bool, top_k):
+def _generate(
+    lm, prefix, buffer, prompt_length, total, key, temperature, greedy: bool | None, top_k
+):
     """`buffer[:total]`: `buffer` holds the prompt in `[:prompt_length]`; the rest is
     sampled. The prompt's whole blocks are fed in one parallel pass (`prefix`: the prompt
     padded to a power-of-two number of blocks), the rest token by token. One compilation
     per pair of power-of-two sizes, not per prompt length and `steps`: the lengths are
     traced. The prompt is checked once; sampled tokens are in range by construction, so
     the per-token check of `step` is left out of the loop. `temperature` is traced too;
-    only greedy-or-not and `top_k` are static."""
+    greedy-or-not (`None`: decided by `temperature` at run time) and `top_k` are static."""
 
     def sample(logits, i):
         if top_k is not None:  # exactly top_k candidates, ties or not
             _, keep = jax.lax.top_k(logits, top_k)
             logits = jnp.full_like(logits, -jnp.inf).at[keep].set(logits[keep])
+        best = jnp.argmax(logits).astype(buffer.dtype)
         if greedy:
-            return jnp.argmax(logits).astype(buffer.dtype)
+            return best
         # Shifted so the best logit is 0: a tiny temperature sends the others to -inf
         # (greedy in the limit) instead of overflowing every logit to inf or NaN.
         # (At least float32, chosen explicitly: promote_types follows strict promotion.)
         work = work_dtype(logits.dtype)
         shifted = logits.astype(work) - jnp.max(logits).astype(work)
+        tiny = jnp.finfo(jnp.float32).tiny
+        scale = jnp.maximum(temperature, tiny).astype(work)
         # The key of position i + 1: more steps extend a sample, they do not redraw it.
-        token = jr.categorical(jr.fold_in(key, i), shifted / temperature.astype(work))
-        return token.astype(buffer.dtype)
+        token = jr.categorical(jr.fold_in(key, i), shifted / scale).astype(buffer.dtype)
+        return token if greedy is False else jnp.where(temperature < tiny, best, token)
 
     def next_token(i, logits, buffer):
         """The token at position `i + 1`: given inside the prompt, else sampled."""
@@ -627,7 +632,9 @@ def generate(
     - `key`: PRNG key.
     - `temperature`: softmax temperature, finite and `>= 0`; `0` (or anything below
         float32's smallest normal number, about `1.2e-38`) means greedy (argmax);
-        values above `1e37` sample as `1e37` does (uniformly among the candidates).
+        values above `1e37` sample as `1e37` does (uniformly among the candidates). It
+        may be traced (a `jit` argument, or a sweep under `jax.vmap`): then it is checked
+        at run time.
     - `top_k`: if given, sample among the `top_k` most likely tokens only (ties at the
         `top_k`-th logit are broken by `jax.lax.top_k`, towards lower ids).
 
@@ -653,7 +660,7 @@ def generate(
             f"after a prompt of {prompt.shape[0]}."
         )
     check_key("key", key)
-    temperature = check_real("temperature", temperature, "nonnegative")
+    temperature = check_real_or_traced("temperature", temperature, "nonnegative")
     if top_k is not None:
         top_k = check_int("top_k", top_k)
         if top_k > lm.vocab_size:
@@ -665,8 +672,11 @@ def generate(
     # multiplying with it, and -inf * 0 is NaN): capped there, where sampling is already
     # uniform over the candidates.
     tiny = float(np.finfo(np.float32).tiny)
-    greedy = temperature < tiny
-    temperature = min(temperature, 1e37)
+    # A traced temperature (a `jit` argument, a `vmap`ped sweep) decides at run time.
+    greedy = None if isinstance(temperature, jax.core.Tracer) else temperature < tiny
+    if greedy is None:
+        temperature = temperature.astype(jnp.result_type(float))  # an integer one too
+    temperature = jnp.minimum(temperature, 1e37)
     pow2 = lambda n: 1 << (n - 1).bit_length()  # the power of two >= n
     total = prompt.shape[0] + steps
     # Padded with JAX (not NumPy): `prompt` may be traced, e.g. under `vmap` over prompts.
@@ -675,5 +685,4 @@ def generate(
     prefix_size = lm.window * pow2(max(whole // lm.window, 1))
     prefix = jnp.pad(prompt[:whole], (0, prefix_size - whole))
     lengths = jnp.asarray(prompt.shape[0], jnp.int32), jnp.asarray(total, jnp.int32)
-    temperature = jnp.asarray(temperature)
     return _generate(lm, prefix, buffer, *lengths, key, temperature, greedy, top_k)[:total]
