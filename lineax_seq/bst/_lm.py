@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -672,10 +673,10 @@ def generate(
     # multiplying with it, and -inf * 0 is NaN): capped there, where sampling is already
     # uniform over the candidates.
     tiny = float(np.finfo(np.float32).tiny)
-    # A traced temperature (a `jit` argument, a `vmap`ped sweep) decides at run time.
-    greedy = None if isinstance(temperature, jax.core.Tracer) else temperature < tiny
-    if greedy is None:
-        temperature = temperature.astype(jnp.result_type(float))  # an integer one too
+    if isinstance(temperature, jax.core.Tracer):  # a `jit` argument, a `vmap`ped sweep
+        greedy, temperature = None, jnp.asarray(temperature, jnp.result_type(float))
+    else:
+        greedy = bool(temperature < tiny)
     temperature = jnp.minimum(temperature, 1e37)
     pow2 = lambda n: 1 << (n - 1).bit_length()  # the power of two >= n
     total = prompt.shape[0] + steps
