@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/data.py
 	$(PY) benchmarks/koopman.py
 	$(PY) benchmarks/bst.py
+	$(PY) benchmarks/bst_decode.py
 	$(PY) benchmarks/bigs.py
 
 clean:

@@ -34,6 +34,10 @@ def test_plot_only_redraws_its_json_and_refuses_others(tmp_path):
         f"error: --plot-only {tmp_path / 'bst.json'}: not a results JSON of this script "
         "(no 'results' entry)"
     )
+    shutil.copy(RESULTS / "bst_decode.json", tmp_path / "bst_decode.json")
+    drawn = _plot_only("bst_decode.py", tmp_path / "bst_decode.json")
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    assert (tmp_path / "bst_decode.png").stat().st_size > 1000
     missing = _plot_only("ssm.py", tmp_path / "none.json")
     assert missing.returncode == 1
     assert "cannot read a results JSON" in missing.stderr.strip().splitlines()[-1]
