@@ -5,6 +5,7 @@ module, and the causality / decoding tests run one model that stacks all eight k
 each jitted function compiles once.
 """
 
+import inspect
 import json
 import math
 import warnings
@@ -284,6 +285,12 @@ def test_generate_batches_under_vmap_and_runs_under_jit(sh_lm, getkey):
     for t, got in zip(temperatures.tolist(), swept, strict=True):
         np.testing.assert_array_equal(got, at(t))
     assert_check_fails("temperature must be a finite, non-negative real number", jax.jit(at), -1.0)
+    # Not a batch of them (its hint says so first; without jaxtyping, the function).
+    with pytest.raises(TypeError, match="temperature"):
+        jax.jit(at)(temperatures)
+    raw = inspect.unwrap(ls.generate)
+    with pytest.raises(ValueError, match=r"temperature must be a scalar, .* shape \(3,\); sweep"):
+        jax.jit(lambda t: raw(sh_lm, prompts[0], 5, key=keys[0], temperature=t))(temperatures)
 
 
 def test_generate_with_cudnn_attention_where_it_cannot_run(getkey):
@@ -452,6 +459,12 @@ def test_generate_under_strict_promotion_in_any_dtype(getkey):
         greedy = ls.generate(wide, prompt, 3, key=getkey(), temperature=0.0)
         forward = jnp.argmax(wide(greedy), axis=-1)  # greedy continues the forward pass
         np.testing.assert_array_equal(greedy[W + 1 :], forward[W : W + 3])
+        # A traced float32 temperature against the float64 work dtype (a float32 `tiny`
+        # raised TypePromotionError).
+        key = getkey()
+        at = lambda t: ls.generate(wide, prompt, 3, key=key, temperature=t)
+        for t in (0.0, 0.5):
+            np.testing.assert_array_equal(jax.jit(at)(jnp.float32(t)), at(t))
 
 
 def test_every_layer_runs_in_bfloat16_under_strict_promotion(zoo, getkey):

@@ -572,7 +572,7 @@ def _generate(
         # (At least float32, chosen explicitly: promote_types follows strict promotion.)
         work = work_dtype(logits.dtype)
         shifted = logits.astype(work) - jnp.max(logits).astype(work)
-        tiny = jnp.finfo(jnp.float32).tiny
+        tiny = float(jnp.finfo(jnp.float32).tiny)  # weakly typed: any temperature dtype
         scale = jnp.maximum(temperature, tiny).astype(work)
         # The key of position i + 1: more steps extend a sample, they do not redraw it.
         token = jr.categorical(jr.fold_in(key, i), shifted / scale).astype(buffer.dtype)
@@ -674,6 +674,11 @@ def generate(
     # uniform over the candidates.
     tiny = float(np.finfo(np.float32).tiny)
     if isinstance(temperature, jax.core.Tracer):  # a `jit` argument, a `vmap`ped sweep
+        if temperature.shape != ():
+            raise ValueError(
+                f"temperature must be a scalar, got a traced array of shape "
+                f"{temperature.shape}; sweep temperatures with jax.vmap"
+            )
         greedy, temperature = None, jnp.asarray(temperature, jnp.result_type(float))
     else:
         greedy = bool(temperature < tiny)
