@@ -63,6 +63,8 @@ def _corpus_files(root: pathlib.Path, excluded: frozenset[str] = frozenset()) ->
         subfolders[:] = visible(subfolders)
         tree.add(os.path.realpath(folder))
     top = os.path.realpath(root)
+    # A folder holding the whole corpus (e.g. an --out above --corpus) excludes nothing.
+    excluded = frozenset(e for e in excluded if not _within(top, frozenset({e})))
     files, seen = [], set()
     for folder, subfolders, names in os.walk(root, followlinks=True):
         seen.add(os.path.realpath(folder))
@@ -171,7 +173,10 @@ def _excluded(exclude: object) -> frozenset[str]:
         raise TypeError(
             f"exclude must be a sequence of paths (str or os.PathLike), got exclude={exclude!r}"
         )
-    return frozenset(os.path.realpath(check_path("exclude", path)) for path in exclude)
+    for path in exclude:
+        if not os.fspath(check_path("exclude", path)):  # pathlib reads "" as "."
+            raise ValueError("exclude holds '', which is not a path")
+    return frozenset(os.path.realpath(path) for path in exclude)
 
 
 @functools.cache
@@ -304,7 +309,8 @@ def text_corpus(
     - `text_field`: the JSONL field holding the text.
     - `exclude`: files and folders under a directory `source` not to read (a folder with
         everything in it), matched by real path; e.g. a run's output folder inside the
-        corpus folder. Paths that do not exist are ignored.
+        corpus folder. Paths that do not exist, and folders that hold `source` itself,
+        are ignored.
 
     **Returns:**
 
