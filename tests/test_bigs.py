@@ -469,6 +469,10 @@ def test_edits_with_tree_at_are_followed(getkey):
     keys = jr.split(getkey(), 4)
     models = eqx.filter_vmap(lambda k: ls.BiGS(VOCAB, DIM, 2, state_size=4, key=k))(keys)
     assert models.num_layers == models.config()["num_layers"] == 2
+    with pytest.raises(ValueError, match=r"layer\(i\) of an ensemble .* under eqx.filter_vmap"):
+        models.layer(0)
+    first = eqx.filter_vmap(lambda m: m.layer(-1))(models)
+    assert first.v_proj.weight.shape == (4, *models.layers.v_proj.weight.shape[2:])
     heads = eqx.filter_vmap(lambda k: ls.SequenceClassificationHead(DIM, 3, key=k))(keys)
     assert heads.num_outputs == 3
     mixed = eqx.tree_at(lambda m: m.dropout, model, eqx.nn.inference_mode(model.dropout))

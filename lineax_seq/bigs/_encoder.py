@@ -366,9 +366,12 @@ class BiGS(eqx.Module):
         """The number of layers: the stacked layers' axis (so it follows an `eqx.tree_at`
         that cuts or stacks layers), read before a layer's own axes, so that the models of
         an `eqx.filter_vmap` ensemble give theirs, not the ensemble's size."""
+        return self._layer_weight().shape[-3]
+
+    def _layer_weight(self) -> Array | jax.ShapeDtypeStruct:
+        """A stacked weight of every layer, `(..., num_layers, out, in)`."""
         layers = self.layers
-        weight = (layers.v_proj if isinstance(layers, GatedLayer) else layers.mlp_in).weight
-        return weight.shape[-3]
+        return (layers.v_proj if isinstance(layers, GatedLayer) else layers.mlp_in).weight
 
     @property
     def vocab_size(self) -> int:
@@ -408,6 +411,11 @@ class BiGS(eqx.Module):
     def layer(self, i: SupportsIndex) -> GatedLayer | StackLayer:
         """The `i`-th layer as an ordinary module (`-num_layers <= i < num_layers`;
         negative `i` counts from the last layer, as Python indexing does)."""
+        if self._layer_weight().ndim != 3:
+            raise ValueError(
+                "layer(i) of an ensemble of models (eqx.filter_vmap) would index the "
+                "ensemble: call it under eqx.filter_vmap, once per model"
+            )
         n = self.num_layers
         index = None if isinstance(i, bool) else getattr(i, "__index__", None)
         if index is None or not -n <= index() < n:
