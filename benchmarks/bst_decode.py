@@ -6,8 +6,10 @@ BST:SH:S4, BST:MH:S4, BST:MF:UNSTRUCT), its layers at the shape of Fig. 2.5 (`bs
 embedding 512, 16 heads, W = 128, S4D state 16, 128 BRECT states; a byte vocabulary;
 the BST layers are `(0, 2, 3)`, BRECT's recurrent layer is 1). At each prefix length P:
 
-- **decode**: a jitted `lax.scan` of `lm.step` over 32 tokens after the cache that
-  `lm.prefill` leaves after P tokens (`generate`'s loop after the prompt), per token;
+- **decode**: a jitted `lax.scan` of the public `lm.step` over 32 tokens after the
+  cache that `lm.prefill` leaves after P tokens, per token (`generate`'s loop after the
+  prompt, but with `step`'s per-token checks, which that loop leaves out, and without
+  sampling);
 - **recompute**: the jitted forward pass `lm(tokens[:P])`, what each new token costs
   without a cache;
 - **cache**: the bytes the decoding cache holds, for `max_length` the power of two
