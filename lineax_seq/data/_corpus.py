@@ -174,7 +174,8 @@ def _excluded(exclude: object) -> frozenset[str]:
             f"exclude must be a sequence of paths (str or os.PathLike), got exclude={exclude!r}"
         )
     for path in exclude:
-        if not os.fspath(check_path("exclude", path)):  # pathlib reads "" as "."
+        check_path("exclude", path)
+        if not os.fspath(path):  # pathlib reads "" as ".", the working directory
             raise ValueError("exclude holds '', which is not a path")
     return frozenset(os.path.realpath(path) for path in exclude)
 
