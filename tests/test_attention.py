@@ -85,6 +85,9 @@ def test_relative_position_bias_offset_and_shape(key):
     # Queries 6..9 against all keys equal the bottom rows of the full matrix.
     np.testing.assert_allclose(rpb(4, 10, query_offset=6), full[:, 6:], rtol=0, atol=0)
     np.testing.assert_allclose(full[:, 5, 2], rpb.embedding[3], rtol=0, atol=0)  # distance 3
+    # The table starts small, normal with standard deviation 0.02.
+    table = ls.RelativePositionBias(64, key=key).embedding
+    assert abs(float(jnp.mean(table))) < 0.002 and 0.018 < float(jnp.std(table)) < 0.022
 
 
 def test_multi_head_attention_matches_softmax_reference(getkey):
@@ -348,6 +351,22 @@ def test_cudnn_attention_matches_xla(getkey):
             np.testing.assert_allclose(f32(g), f32(w), rtol=5e-2, atol=5e-2 * np.abs(f32(w)).max())
 
 
+def test_sliding_window_module_matches_dense_reference(getkey):
+    """The module is its projections around plain softmax attention over the `window`
+    latest tokens, with its T5 bias at the true distances (the bias table is redrawn
+    at scale 1, so that a misplaced or missing bias shows)."""
+    layer = ls.SlidingWindowAttention(8, 2, 4, key=getkey())
+    table = jr.normal(getkey(), layer.relative_bias.embedding.shape)
+    layer = eqx.tree_at(lambda m: m.relative_bias.embedding, layer, table)
+    x = jr.normal(getkey(), (16, 8))
+    q = layer.attention.queries(x)
+    k, v = layer.attention.keys_values(x)
+    lag = np.arange(16)[:, None] - np.arange(16)[None, :]
+    allowed = jnp.asarray((lag >= 0) & (lag < 4))
+    dense = softmax_attention(q, k, v, allowed, layer.relative_bias(16, 16))
+    np.testing.assert_allclose(layer(x), layer.attention.merge_heads(dense), rtol=1e-5, atol=1e-5)
+
+
 def test_sliding_window_module_is_causal(getkey):
     layer = ls.SlidingWindowAttention(8, 2, 4, key=getkey())
     x = jr.normal(getkey(), (16, 8))
@@ -389,6 +408,17 @@ def test_attention_bad_input(key):
         ls.relative_position_bucket(
             jnp.arange(-40, 0), bidirectional=False, num_buckets=32, max_distance=8
         )
+    # max_distance must exceed the exact buckets' range (num_buckets / 2, or / 4 when
+    # bidirectional): at equality the log-spaced buckets would divide by log(1) = 0.
+    for bidirectional, exact in ((False, 16), (True, 8)):
+        with pytest.raises(ValueError, match=f"`max_distance` must exceed.*got {exact} "):
+            ls.RelativePositionBias(
+                2, num_buckets=32, max_distance=exact, bidirectional=bidirectional, key=key
+            )
+        rpb = ls.RelativePositionBias(
+            2, num_buckets=32, max_distance=exact + 1, bidirectional=bidirectional, key=key
+        )
+        assert bool(jnp.all(jnp.isfinite(rpb(40, 40))))
 
 
 def test_sliding_window_attention_checks_without_jaxtyping(no_jaxtyping):

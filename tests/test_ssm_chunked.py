@@ -143,6 +143,19 @@ def test_chunked_conv_bad_inputs(systems):
             ls.chunked_conv(u, abar, cb, reverse=reverse)
 
 
+def test_chunked_conv_checks_system_shapes_without_jaxtyping(systems, no_jaxtyping):
+    """One shared `abar` with per-channel `cb` would silently use `cb[0]` only."""
+    _, abar, cb = systems[CHANNELS]
+    with pytest.raises(
+        ValueError, match=rf"cb must have the shape of abar=\(1, 4\).*\({CHANNELS}, 4\)"
+    ):
+        ls.chunked_conv(jnp.ones((10, CHANNELS)), abar[:1], cb)
+    with pytest.raises(
+        ValueError, match=rf"abar must have shape \(kc, modes\).*channels={CHANNELS}"
+    ):
+        ls.chunked_conv(jnp.ones((10, CHANNELS)), abar[:2], cb[:2])
+
+
 def test_chunked_conv_refuses_a_complex_skip(systems, no_jaxtyping):
     """`D` is real: a complex one's imaginary part used to be dropped silently (the
     annotations refuse it first when jaxtyping checks)."""

@@ -160,6 +160,13 @@ def test_parameters_real_and_init_statistics(getkey):
     for part in (kernel.c_real, kernel.c_imag):
         assert abs(float(jnp.var(part)) - 0.5) < 0.05
     assert float(kernel.log_dt.min()) >= np.log(1e-3) and float(kernel.log_dt.max()) <= np.log(1e-1)
+    # S4D's step sizes: log dt uniform on [log dt_min, log dt_max] (not dt uniform, whose
+    # median would be 5e-2 here instead of 1e-2).
+    wide = ls.S4DKernel(2, 4096, dt_min=1e-3, dt_max=1e-1, key=getkey())
+    quartiles = np.quantile(np.asarray(wide.log_dt), [0.25, 0.5, 0.75])
+    np.testing.assert_allclose(
+        quartiles, np.log(1e-3) + np.log(100) * np.array([0.25, 0.5, 0.75]), atol=0.15
+    )
     # Any value of the stored log keeps Re(A) < 0: the discrete system stays stable.
     for shift in (-3.0, 3.0):
         bumped = eqx.tree_at(lambda k: k.log_neg_real_a, kernel, kernel.log_neg_real_a + shift)
@@ -439,6 +446,10 @@ def test_fft_conv_bad_inputs(getkey):
             conv(jnp.ones(10), jnp.ones((1, 10)))
     with pytest.raises(ValueError, match=r"k must have shape \(kc, length=10\)"):
         unchecked(u, jnp.ones((3, 5)), jnp.ones((3, 5)))  # would misplace the backward lags
+    with pytest.raises(
+        ValueError, match=r"k_backward must have the shape of k=\(3, 10\).*\(3, 9\)"
+    ):
+        unchecked(u, jnp.ones((3, 10)), jnp.ones((3, 9)))  # would shift the backward lags
     with pytest.raises(TypeError, match="u must have a floating dtype"):
         unchecked(jnp.ones((10, 3), jnp.int32), jnp.ones((3, 10)))
     with pytest.raises(TypeError, match="k must have a real floating dtype.*complex64"):

@@ -59,6 +59,12 @@ def test_s4d_equals_explicit_recurrence(getkey):
     np.testing.assert_allclose(out, np.stack(expected), atol=1e-4)
 
 
+def test_s4d_skip_starts_standard_normal(getkey):
+    """`D ~ N(0, 1)` per feature, S4D's initialisation."""
+    skip = ls.S4D(dim=512, state_size=4, key=getkey()).skip
+    assert abs(float(jnp.mean(skip))) < 0.15 and 0.85 < float(jnp.std(skip)) < 1.15
+
+
 def test_s4d_causal(getkey):
     layer = ls.S4D(2, state_size=4, activation=jax.nn.gelu, glu=True, key=getkey())
     x = jr.normal(getkey(), (40, 2))
@@ -254,6 +260,20 @@ def test_hyena_filter_precision_follows_parameters():
     with jax.enable_x64(True):
         assert half(300).dtype == jnp.bfloat16
         np.testing.assert_allclose(half(300).astype(np.float64), h[:, :300], atol=0.05)
+    # Positions stay float32: bfloat16 would round positions above 256 together.
+    tau = half.positional_encoding(1000)[:, 0]
+    assert tau.dtype == jnp.float32 and bool(jnp.all(jnp.diff(tau) > 0))
+
+
+def test_hyena_positional_encoding_at_the_default_width(getkey):
+    """Hyena's features at the default `emb_dim=33`: `tau`, then 16 bands at frequencies
+    `linspace(1e-4, 15, 16)`."""
+    filt = ls.HyenaFilter(2, order=4, max_length=64, key=getkey())
+    assert filt.emb_dim == 33
+    t = np.arange(100) / 64
+    phase = 2 * np.pi * t[:, None] * np.linspace(1e-4, 15, 16)
+    want = np.concatenate([t[:, None], np.cos(phase), -np.sin(phase)], -1)
+    np.testing.assert_allclose(filt.positional_encoding(100), want, atol=1e-4)
 
 
 def test_hyena_filter_positional_form(getkey):
@@ -275,6 +295,12 @@ def test_hyena_filter_checks_its_decay_arguments(getkey, no_jaxtyping):
         make(target="x")
     with pytest.raises(ValueError, match="fast_decay <= slow_decay"):
         make(fast_decay=2.0, slow_decay=1.0)
+    for target in (1.0, 2.0):  # target >= 1 would make the envelope grow
+        with pytest.raises(ValueError, match=rf"target must be in \(0, 1\), got target={target}"):
+            make(target=target)
+    # Equal decay lengths are allowed: every channel then decays alike.
+    same = make(fast_decay=1.0, slow_decay=1.0, target=0.01)
+    np.testing.assert_allclose(same.decay, np.full(3, np.log(100)), rtol=1e-6)
 
 
 def test_hyena_filter_extrapolates_beyond_max_length(getkey):

@@ -159,7 +159,8 @@ class RelativePositionBias(eqx.Module):
         - `num_buckets`: number of distance buckets (T5: 32).
         - `max_distance`: distance beyond which all keys share the last bucket (T5: 128).
         - `bidirectional`: separate buckets for keys after the query (encoders).
-        - `key`: PRNG key for the (small, normal) initialisation.
+        - `key`: PRNG key for the table's initialisation (normal, standard deviation
+            0.02).
         """
         check_key("key", key)
         num_heads = check_int("num_heads", num_heads)
