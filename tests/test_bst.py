@@ -168,8 +168,11 @@ def _block_loop_reference(layer, x):
             out = x[block] + jax.vmap(mha.output_proj)(heads.reshape(W, DIM))
         else:
             if layer.context_kind == "mf":
-                ctx = layer.context.initial if b == 0 else y[b * W - 1]
-                ck, cv = layer.context._kv(ctx)
+                # The S filter outputs at the end of block b - 1, lifted, plus the IDs.
+                mf = layer.context
+                ctx = mf.initial if b == 0 else y[b * W - 1]
+                z = _dense(mf.lift, ctx) + mf.context_ids
+                ck, cv = split(_dense(mf.key_proj, z)), split(_dense(mf.value_proj, z))
                 c_allowed = jnp.ones((W, ck.shape[0]), bool)
             else:
                 ck, cv = layer.context._kv(y[block])
@@ -262,6 +265,11 @@ def test_generate_compiles_once_per_power_of_two_and_extends_samples(sh_lm, getk
     assert "jit(_generate)" not in compiled
     for out in longer:
         np.testing.assert_array_equal(out[:10], first)
+    # Position p is drawn with jax.random.fold_in(key, p - 1) from the logits at p - 1.
+    logits = _forward_pair(sh_lm, jnp.stack([longer[1], longer[1]]))[0]  # 16 tokens
+    for p in range(5, 16):
+        draw = jr.categorical(jr.fold_in(key, p - 1), logits[p - 1])  # temperature 1
+        assert int(longer[1][p]) == int(draw), p
     for n, out in zip((6, 7), other, strict=True):
         assert out.shape == (16,)
         np.testing.assert_array_equal(out[:n], tokens[:n])
@@ -525,6 +533,16 @@ def test_tied_head_starts_near_uniform(sh_lm, getkey):
     assert float(logits.std()) < 0.1
     mean_nll = float(-jax.nn.log_softmax(logits).mean())
     assert abs(mean_nll - math.log(VOCAB)) < 0.01
+    # The tied head is the embedding matrix itself (no scale, no bias): an untied head
+    # holding a copy of it gives the same logits.
+    head = eqx.nn.Linear(DIM, VOCAB, key=getkey())
+    copy = (sh_lm.embedding.weight, jnp.zeros(VOCAB))
+    head = eqx.tree_at(lambda lin: (lin.weight, lin.bias), head, copy)
+    untied = eqx.tree_at(lambda m: m.head, sh_lm, head, is_leaf=lambda x: x is None)
+    tokens = jr.randint(getkey(), (2, L), 0, VOCAB)
+    np.testing.assert_allclose(
+        _forward_pair(untied, tokens), _forward_pair(sh_lm, tokens), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_brect_starts_as_meliad():
@@ -580,6 +598,15 @@ def test_variants_and_layer_placement(key):
             key=key,
         )
         assert {type(layer) for layer in lm.layers} == expected
+    # Without `bst_layers` the LM itself places the BST layers as the paper does.
+    for n, want in ((12, (1, 7, 9)), (6, (1, 4, 5))):
+        lm = eqx.filter_eval_shape(
+            ls.BlockStateTransformerLM, VOCAB, DIM, n, num_heads=HEADS, window=W, key=key
+        )
+        got = tuple(
+            i for i, m in enumerate(lm.layers) if isinstance(m, ls.BlockStateTransformerLayer)
+        )
+        assert got == want
 
 
 def test_ssm_step_size_range_reaches_the_kernels(key):

@@ -83,6 +83,35 @@ def test_unroll_matches_step_by_step(model, controlled, mlp_dynamics, k):
     np.testing.assert_allclose(zs, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_learned_step_size_and_decoder_bias_reach_every_path(model, mlp_dynamics):
+    """A trained model has `delta != dt` and a nonzero decoder bias (they start at `dt` and
+    0, where leaving either out changes nothing): every unroll must use both."""
+    x0, bias = jnp.array([0.5, -0.4]), jnp.array([0.3, -0.2])
+    delta = jnp.asarray(0.03)  # 3 dt
+    lin = eqx.tree_at(
+        lambda m: (m.dynamics.log_delta, m.decoder.bias), model, (jnp.log(delta), bias)
+    )
+    K = lin.dynamics.K
+    np.testing.assert_allclose(lin.dynamics.generator(), 3 * K, rtol=1e-6)
+    for k in (None, 5):  # the reference takes its Tustin steps with delta, not dt
+        expected = reference_unroll(lin, x0, None, STEPS, k)
+        for method in ("parallel", "sequential"):
+            got = ls.unroll(lin, x0, steps=STEPS, reencode_every=k, method=method)
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=method)
+    # In the data's time units the latent flow is exp(t (delta / dt) K).
+    ts = jnp.linspace(0.0, 0.2, 11)
+    z0 = lin.encode(x0)
+    want = jax.vmap(lambda t: lin.decode(jsl.expm(t * 3 * K) @ z0))(ts)
+    for exact in (False, True):
+        got = ls.unroll_continuous(lin, x0, ts, exact=exact)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"exact={exact}")
+    # MLP dynamics: an Euler step of delta, a field of (delta / dt) mlp(z).
+    dyn = eqx.tree_at(lambda d: d.log_delta, mlp_dynamics.dynamics, jnp.log(jnp.asarray(0.05)))
+    z = jr.normal(jr.key(41), (dyn.latent_dim,))
+    np.testing.assert_allclose(dyn(z), z + 0.05 * dyn.mlp(z), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dyn.vector_field(z), 5 * dyn.mlp(z), rtol=1e-5, atol=1e-6)
+
+
 def test_reencode_is_decode_then_encode(model, mlp_dynamics):
     """`reencode` is `phi(psi(z))`, and an unroll with `reencode_every=k` is the plain
     step loop that calls it every `k` steps (before which the latent is recorded)."""

@@ -52,7 +52,41 @@ def test_samplers_follow_the_paper(key):
     assert jnp.max(jnp.abs(x[:, 0])) > math.radians(4.5)
     x = ls.Lorenz63().sample_initial(key, 2000)
     assert jnp.allclose(jnp.mean(x, axis=0), jnp.array([0.0, 1.0, 1.05]), atol=0.1)
+    assert jnp.allclose(jnp.std(x, axis=0), 1.0, atol=0.1)  # + N(0, 1) per coordinate
+    system = ls.ControlledPendulum(max_torque=1.5)
+    x = system.sample_initial(key, 500)  # theta ~ U[-pi, pi], omega ~ U[-1, 1]
+    assert jnp.all(jnp.abs(x[:, 0]) <= math.pi) and jnp.all(jnp.abs(x[:, 1]) <= 1.0)
+    assert jnp.min(x[:, 0]) < -0.9 * math.pi and jnp.max(x[:, 0]) > 0.9 * math.pi
+    u = system.sample_actions(key, 50, 10)  # U[-max_torque, max_torque]
+    assert jnp.all(jnp.abs(u) <= 1.5) and jnp.min(u) < -1.35 and jnp.max(u) > 1.35
     assert ls.Lorenz63().dt == 0.02 and ls.Duffing().dt == 0.01
+
+
+def test_vector_fields_at_a_point():
+    """Each field at one state, with parameters all different from one another (at the
+    defaults, e.g. the four Lotka-Volterra rates are equal), against its formula."""
+    cases = [
+        (ls.ParabolicAttractor(mu=-0.3, lam=-2.0), [0.5, 1.0], None, [-0.15, -1.5]),
+        (ls.Duffing(), [2.0, 0.5], None, [0.5, 2.0 - 8.0]),
+        (
+            ls.LotkaVolterra(alpha=1.0, beta=2.0, gamma=3.0, delta=4.0),
+            [1.0, 2.0],
+            None,
+            [-3.0, 2.0],
+        ),
+        (ls.Lorenz63(sigma=2.0, rho=5.0, beta=0.5), [1.0, 2.0, 3.0], None, [2.0, 0.0, 0.5]),
+        (ls.Pendulum(g=2.0, length=0.5), [math.pi / 2, 0.3], None, [0.3, -4.0]),
+        (
+            ls.ControlledPendulum(g=2.0, length=0.5, damping=0.5),
+            [math.pi / 2, 2.0],
+            [0.3],
+            [2.0, -4.0 - 1.0 + 0.3],
+        ),
+    ]
+    for system, x, u, want in cases:
+        args = None if u is None else jnp.array(u)
+        got = system.vector_field(0.0, jnp.array(x), args)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=type(system).__name__)
 
 
 def test_parabolic_attractor_matches_closed_form():
