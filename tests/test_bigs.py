@@ -410,6 +410,75 @@ def test_heads_shapes_and_real_token_pooling(mods, getkey):
     assert ls.MaskedLMHead(DIM, VOCAB, tied=False, key=getkey()).decoder.shape == (VOCAB, DIM)
 
 
+def test_encoder_composes_embeddings_norms_and_layers(getkey):
+    """The encoder is `LN_emb(E[tok] + P[:L] + T[types])`, zeroed at pads, its layers one
+    by one, then `LN_final`, zeroed at pads (random weights, norms included)."""
+    abstract = eqx.filter_eval_shape(
+        ls.BiGS, VOCAB, DIM, 2, max_length=20, num_token_types=2, num_heads=2, key=jr.key(0)
+    )
+    model = _random_params(abstract, 11)
+    tokens = jr.randint(getkey(), (12,), 0, VOCAB)
+    types = jr.randint(getkey(), (12,), 0, 2)
+    mask = jnp.arange(12) < 9
+
+    @eqx.filter_jit
+    def both(model, tokens, types, mask):
+        got = model(tokens, mask, types, inference=True)
+        h = model.token_embedding.weight[tokens] + model.position_embedding.weight[:12]
+        h = h + model.token_type_embedding.weight[types]
+        h = jnp.where(mask[:, None], jax.vmap(model.embedding_norm)(h), 0)
+        for i in range(model.num_layers):
+            h = model.layer(i)(h, mask, inference=True)
+        return got, jnp.where(mask[:, None], jax.vmap(model.final_norm)(h), 0)
+
+    got, want = both(model, tokens, types, mask)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_masks_are_placed_and_drawn_independently(getkey):
+    """Embedding dropout acts after the embedding LayerNorm; a STACK layer's branches and a
+    multiple-choice head's choices each draw their own mask."""
+    p = 0.5
+    # An encoder whose one layer adds nothing (W_o = 0): the output is dropout(LN(h)).
+    model = ls.BiGS(VOCAB, DIM, 1, max_length=20, dropout=p, final_norm=False, key=getkey())
+    model = eqx.tree_at(
+        lambda m: (m.layers.out_proj.weight, m.layers.out_proj.bias),
+        model,
+        (jnp.zeros_like(model.layers.out_proj.weight), jnp.zeros_like(model.layers.out_proj.bias)),
+    )
+    tokens = jr.randint(getkey(), (20,), 0, VOCAB)
+    out = eqx.filter_jit(lambda m, t, k: m(t, key=k))(model, tokens, getkey())
+    h = model.token_embedding.weight[tokens] + model.position_embedding.weight
+    normed = jax.vmap(model.embedding_norm)(h)
+    dropped = out == 0
+    assert 0.4 < float(dropped.mean()) < 0.6
+    np.testing.assert_allclose(out[~dropped], normed[~dropped] / (1 - p), rtol=1e-5, atol=1e-6)
+    # STACK: the attention branch adds exactly 1 and the MLP exactly 2 before dropout; with
+    # independent masks the sum takes each of 0, 2, 4, 6 (x 1 / (1 - p)) about 1/4 of the time.
+    layer = ls.StackLayer(8, routing="attention", num_heads=2, dropout=p, key=getkey())
+    attention_out = layer.routing_blocks[0].attention.output_proj
+    constant = lambda lin, c: (jnp.zeros_like(lin.weight), jnp.full_like(lin.bias, c))
+    layer = eqx.tree_at(
+        lambda m: (
+            m.routing_blocks[0].attention.output_proj.weight,
+            m.routing_blocks[0].attention.output_proj.bias,
+            m.mlp_out.weight,
+            m.mlp_out.bias,
+        ),
+        layer,
+        (*constant(attention_out, 1.0), *constant(layer.mlp_out, 2.0)),
+    )
+    added = eqx.filter_jit(lambda m, x, k: m(x, key=k))(layer, jnp.zeros((64, 8)), getkey())
+    values, counts = np.unique(np.round(np.asarray(added), 4), return_counts=True)
+    np.testing.assert_array_equal(values, [0.0, 2.0, 4.0, 6.0])
+    assert counts.min() > 0.15 * added.size
+    # Multiple choice: four identical choices get four different dropout masks.
+    mc = ls.MultipleChoiceHead(DIM, dropout=p, key=getkey())
+    x = jnp.broadcast_to(jr.normal(getkey(), (6, DIM)), (4, 6, DIM))
+    scores = eqx.filter_jit(lambda h, x, k: h(x, key=k, inference=False))(mc, x, getkey())
+    assert len(set(np.asarray(scores).tolist())) == 4
+
+
 def test_inference_mode_disables_dropout(mods, getkey):
     """`eqx.nn.inference_mode` switches dropout off everywhere (no key needed), as for
     `eqx.nn.Dropout`; an explicit `inference=` still wins."""

@@ -680,6 +680,12 @@ def test_trajectory_integer_and_real_arguments(trajectories):
     )
     assert len(everything) == 10 * 9  # every trajectory: windows start at 0..8
     assert len(ls.split_trajectories(10, "train", valid_fraction=0, test_fraction=0)) == 10
+    # The documented assignment: a default_rng(split_seed) permutation, valid first, then test.
+    perm = np.random.default_rng(3).permutation(20)
+    parts = {"valid": perm[:2], "test": perm[2:6], "train": perm[6:]}
+    for name, want in parts.items():
+        got = ls.split_trajectories(20, name, valid_fraction=0.1, test_fraction=0.2, split_seed=3)
+        np.testing.assert_array_equal(got, np.sort(want), err_msg=name)
     with pytest.raises(ValueError, match="stride must be a positive integer, got stride=True"):
         ls.trajectory_windows(states, length=2, stride=True)
     split = inspect.unwrap(ls.split_trajectories)  # as without jaxtyping's import hook

@@ -1,6 +1,7 @@
 """Text pipelines: corpus + split, tokenizers, causal-LM windows, MLM masking, the loader."""
 
 import copy
+import hashlib
 import inspect
 import json
 import pickle
@@ -66,6 +67,11 @@ def test_user_corpus_and_deterministic_split(corpus_dir):
     ids = [f"doc{i}" for i in range(4000)]
     frac = np.mean([split_of(d, valid_fraction=0.2, test_fraction=0.1) == "valid" for d in ids])
     assert abs(frac - 0.2) < 0.03
+    # The documented rule: u = blake2b-64(id) / 2^64; [0, valid) valid, then test, then train.
+    for d in ids[:400]:
+        u = int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8).digest(), "little") / 2**64
+        want = "valid" if u < 0.2 else "test" if u < 0.3 else "train"
+        assert split_of(d, valid_fraction=0.2, test_fraction=0.1) == want, d
 
 
 def test_jsonl_lines_without_ids_keep_their_split(tmp_path):
@@ -280,6 +286,9 @@ def test_byte_tokenizer_roundtrip_and_ids():
         assert tok.decode(ids) == text
         assert tok.decode(np.concatenate([[1, 4], ids, [2, 0, 0]])) == text
     assert list(tok.encode("A")) == [65 + 7]
+    # Every code point below 256 (NUL and two-byte UTF-8 among them) comes back.
+    text = "".join(map(chr, range(256)))
+    assert tok.decode(tok.encode(text)) == text
     for bad in (263, -1):
         with pytest.raises(
             ValueError, match=f"ids must be in \\[0, vocab_size=263\\), got id {bad}"
@@ -381,6 +390,16 @@ def test_lm_windows_match_reference(length, stride):
         assert ex["inputs"].shape == ex["targets"].shape == (length,)
         np.testing.assert_array_equal(ex["inputs"], w[:-1])
         np.testing.assert_array_equal(ex["targets"], w[1:])
+
+
+def test_lm_windows_take_a_document_of_exactly_length_plus_one_tokens():
+    """`<bos> abc <eos>` is 5 tokens: one window at length 4, none from shorter ones."""
+    tok = ls.ByteTokenizer()
+    ds = ls.lm_windows(["ab", "abc"], tok, length=4)
+    assert len(ds) == 1
+    seq = [tok.bos_id, *tok.encode("abc"), tok.eos_id]
+    np.testing.assert_array_equal(ds[0]["inputs"], seq[:-1])
+    np.testing.assert_array_equal(ds[0]["targets"], seq[1:])
 
 
 def test_lm_dataset_batches_any_length():
