@@ -341,6 +341,38 @@ def test_ablation_writes_after_every_variant(tmp_path, monkeypatch):
     assert ran == []
 
 
+def test_ablation_rows_report_the_held_out_metrics(monkeypatch):
+    """A variant's row reads the last *eval* records of pretraining and fine-tuning (the
+    training records, logged alongside, would flatter every variant)."""
+    import types
+
+    def run(model, history):
+        return types.SimpleNamespace(model=model, history=history)
+
+    pretrain = [
+        {"split": "train", "step": 1, "loss": 1.0, "accuracy": 0.9, "tokens_per_s": 5.0},
+        {"split": "eval", "step": 1, "loss": 2.5, "accuracy": 0.3},
+    ]
+    finetune = [
+        {"split": "train", "step": 1, "loss": 0.1, "accuracy": 0.95},
+        {"split": "eval", "step": 1, "loss": 0.7, "accuracy": 0.6},
+    ]
+    monkeypatch.setattr(_bigs_ablation, "pretrain_mlm", lambda mlm, *a, **k: run(mlm, pretrain))
+    monkeypatch.setattr(
+        _bigs_ablation, "finetune_classifier", lambda clf, *a, **k: run(clf, finetune)
+    )
+    cfg = _bigs_ablation.effective_settings(_parse(["ablation", "--quick"]))
+    base = dict(vocab_size=40, dim=cfg["dim"], num_layers=cfg["layers"], dropout=0.1)
+    abstract = eqx.filter_eval_shape(lambda: ls.BiGS(**base, key=jr.key(0)))
+    target = _bigs_ablation.parameter_counts(abstract)["params_non_embedding"]
+    row, _ = _bigs_ablation._run_variant(
+        "gated", "ssm", cfg, base=base, target_params=target, corpus=([], []),
+        tok=ls.ByteTokenizer(), task=([], [], 2),
+    )  # fmt: skip
+    assert (row["mlm_loss"], row["mlm_accuracy"]) == (2.5, 0.3)
+    assert (row["finetune_loss"], row["finetune_accuracy"]) == (0.7, 0.6)
+
+
 def test_kernels_out_may_be_any_existing_directory(tmp_path, monkeypatch):
     """`kernels` writes `kernels.png` into an existing `--out` directory whatever its
     name; the up-front check refused one named like a file (`maps.png`)."""

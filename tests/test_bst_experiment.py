@@ -53,8 +53,38 @@ def test_summary_goals():
     bad = _bst.summarise(_payload([6.0], 7.0))
     assert "does NOT beat" in bad["lines"][0]
     assert "NOT within" in bad["lines"][1]
+    # The issue's 5% bound: 4.19 / 4 - 1 = 4.75% is within, 4.25 / 4 - 1 = 6.25% is not.
+    assert "is within 5%" in _bst.summarise(_payload([4.0], 4.19))["lines"][1]
+    assert "NOT within" in _bst.summarise(_payload([4.0], 4.25))["lines"][1]
     rows = _bst.table(_payload([4.0], 4.1)).splitlines()
     assert len(rows) == 4 and "ppl @ 1024 (L)" in rows[0] and "±" not in rows[3]
+
+
+def test_default_evaluation_lengths_are_the_papers():
+    """Fig. 2.3's study: L / 2, L, 4 L and 16 L."""
+    cfg = _bst.Config()
+    n = cfg.train_length
+    assert cfg.eval_lengths() == [n // 2, n, 4 * n, 16 * n]
+
+
+def test_perplexity_is_exp_of_the_nll_at_each_length(monkeypatch):
+    """Each length is evaluated at that length, and reported as exp(mean NLL)."""
+    cfg = dataclasses.replace(_bst.small_config(), eval_multipliers=(0.5, 1.0))
+    n = cfg.train_length
+    nll = {n // 2: 1.0, n: 2.0}
+    monkeypatch.setattr(_bst, "train_lm", lambda model, *a, **k: (model, [1.0] * 4, [1, 2, 3, 4]))
+    monkeypatch.setattr(_bst, "evaluate_lm", lambda model, heldout, length: nll[length])
+    got = _bst._train_and_evaluate("SLIDE", None, None, None, cfg, 0)["perplexity"]
+    assert got == pytest.approx({str(n // 2): np.e, str(n): np.e**2})
+
+
+def test_matched_widths_bring_every_model_to_the_largest():
+    """Parameter matching grows the smaller models' MLPs toward the largest model."""
+    cfg = _bst.small_config()
+    widths = _bst.matched_mlp_dims(300, cfg)
+    base = 4 * cfg.dim
+    assert set(widths) == set(cfg.models) and min(widths.values()) >= base
+    assert max(widths.values()) > base  # someone was smaller than the largest
 
 
 def test_summary_over_seeds_is_the_mean_and_paired():

@@ -103,6 +103,12 @@ def test_best_period_selection():
     assert kx.mse_at(np.array([1.0, 3.0, np.nan]), 3) == math.inf
 
 
+def test_table_scale_is_x100_except_lorenz():
+    """Table 1.1: MSE x100, Lorenz unscaled."""
+    assert kx.scale_of("lorenz") == 1.0
+    assert all(kx.scale_of(s) == 100.0 for s in kx.SYSTEM_NAMES if s != "lorenz")
+
+
 def test_evaluate_maps_standardised_predictions_back(key):
     # evaluate() unrolls in standardised coordinates; its curves must be the errors of
     # the de-standardised unrolls against the raw truth, mode by mode.

@@ -303,7 +303,9 @@ def mse_at(curve: np.ndarray, horizon: int) -> float:
 
 def best_period(curves: dict, horizon: int, periods=PERIODS) -> tuple[float, int]:
     """`(mse, k)` of the reencoding period with the lowest MSE over `horizon` steps, as in
-    Table 1.1 (the search includes k = 1, reencoding every step); ties go to the smaller k."""
+    Table 1.1 (the search includes k = 1, reencoding every step); ties go to the smaller k.
+    Like the paper's "searching over reencoding periods", the pick is made on the curves
+    it reports (the evaluation trajectories): an optimistic choice among a few periods."""
     scores = {k: mse_at(curves[f"k={k}"], horizon) for k in periods}
     best = min(periods, key=lambda k: (scores[k], k))
     return scores[best], best
