@@ -431,8 +431,9 @@ def test_training_objective_with_reencoding_and_action_head():
     def objective(m, xs, us):
         loss, terms = ls.koopman_loss(m, xs, us, reencode_every=2, **weights)
         # The step size is trained in log space: the loss depends on log_delta.
-        grads = eqx.filter_grad(lambda m: ls.koopman_loss(m, xs, us, reencode_every=2)[0])(m)
-        return loss, terms, grads
+        default = lambda m: ls.koopman_loss(m, xs, us, reencode_every=2)[0]
+        grads = eqx.filter_grad(default)(m)
+        return loss, terms, grads, default(m)
 
     @eqx.filter_jit
     def hand_computed(m, xs, us, zhat):
@@ -446,13 +447,18 @@ def test_training_objective_with_reencoding_and_action_head():
             "action": sum(jnp.linalg.norm(us[i] - m.predict_action(zs[i])) for i in range(6)),
         }
 
-    loss, terms, grads = objective(m, xs, us)
+    loss, terms, grads, default_loss = objective(m, xs, us)
     zhat = reference_unroll(m, xs[0], us, 6, 2, latents=True)  # before reencoding
     expected = hand_computed(m, xs, us, zhat)
     assert set(terms) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(terms[name], value, rtol=1e-4, err_msg=name)
     np.testing.assert_allclose(loss, sum(weights[n] * v for n, v in expected.items()), rtol=1e-4)
+    # The documented defaults: alignment 1, reconstruction 1, prediction 0, sparsity 1e-3,
+    # and the action head's term 1 when there is one.
+    defaults = dict(alignment=1.0, reconstruction=1.0, prediction=0.0, sparsity=1e-3, action=1.0)
+    want = sum(defaults[n] * v for n, v in expected.items())
+    np.testing.assert_allclose(default_loss, want, rtol=1e-4)
     assert jnp.isfinite(grads.dynamics.log_delta) and grads.dynamics.log_delta != 0
 
 

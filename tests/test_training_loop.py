@@ -808,6 +808,33 @@ def test_truncated_checkpoint_is_reported_and_previous_loads(saved, tmp_path):
             ls.load_checkpoint(directory / "step_00000002", model=model, opt_state=opt_state)
 
 
+def test_grad_norm_is_the_global_norm_before_clipping():
+    """`metrics["grad_norm"]` is the gradient's global L2 norm, taken before clipping."""
+    loss = lambda model, batch, key: (jnp.sum(model["w"] * batch), None)
+    opt = ls.make_optimizer(0.1, clip_norm=1.0)
+    step = ls.make_train_step(loss, opt, donate=False)
+    model = {"w": jnp.ones(3)}
+    _, _, metrics = step(model, opt.init(model), jnp.array([3.0, 4.0, 12.0]), jr.key(0))
+    assert float(metrics["grad_norm"]) == pytest.approx(13.0)
+
+
+def test_flipped_bit_is_caught_by_the_checksum(saved, tmp_path):
+    """Corruption that keeps the file's size (one bit flipped) is caught by its SHA-256:
+    the step is refused by name, and the latest loadable one loads instead."""
+    src, model, opt_state, _ = saved
+    directory = tmp_path / "c"
+    shutil.copytree(src, directory)
+    arrays = directory / "step_00000003/arrays.eqx"
+    data = bytearray(arrays.read_bytes())
+    data[len(data) // 2] ^= 1
+    arrays.write_bytes(bytes(data))
+    with pytest.raises(ls.CheckpointError, match=rf"{arrays} is corrupt: its SHA-256"):
+        ls.load_checkpoint(directory / "step_00000003", model=model, opt_state=opt_state)
+    with pytest.warns(UserWarning, match="Skipping checkpoint"):
+        ckpt = ls.load_latest_checkpoint(directory, model=model, opt_state=opt_state)
+    assert ckpt.step == 2
+
+
 def test_mismatched_model_shape_is_reported(saved, tmp_path):
     directory, _, _, _ = saved
     other = eqx.nn.MLP(4, 2, 16, 2, key=jr.key(0))  # width 16 instead of 8

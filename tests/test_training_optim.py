@@ -212,11 +212,11 @@ def test_groups_match_separate_adamw(toy):
     grads = [_grads(toy, s) for s in range(4)]
     got = _update(opt, toy, grads)
 
-    def oracle(lr, wd, select):
+    def oracle(lr, wd, select, **adam):
         sched = optax.join_schedules(
             [optax.linear_schedule(0.0, lr, 2), optax.linear_schedule(lr, 0.1 * lr, 8)], [2]
         )
-        tx = optax.adamw(sched, weight_decay=wd)
+        tx = optax.adamw(sched, weight_decay=wd, **adam)
         p = select(_params(toy))
         state = tx.init(p)
         update = jax.jit(tx.update)
@@ -233,6 +233,24 @@ def test_groups_match_separate_adamw(toy):
         _assert_tree_close(u.dynamics, d, rtol=1e-6, atol=1e-12)
         _assert_tree_close(u.encoder, e, rtol=1e-6, atol=1e-12)
     assert np.abs(np.asarray(got[-1].dynamics)).max() < 1e-4  # tiny lr really applied
+    # A group inherits what it leaves at None (its lr alone: the base decay; its decay
+    # alone: the base lr), lr = 0 freezes it, and b1, b2, eps reach every group.
+    adam = dict(b1=0.5, b2=0.9, eps=1e-4)
+    dynamics = lambda m: m.dynamics
+    for group, lr, wd in [
+        (ls.ParamGroup(where=dynamics, learning_rate=1e-2), 1e-2, 0.1),
+        (ls.ParamGroup(where=dynamics, weight_decay=0.5), 2e-3, 0.5),
+        (ls.ParamGroup(where=dynamics, learning_rate=0.0), 0.0, 0.1),
+    ]:
+        opt = ls.make_optimizer(
+            2e-3, weight_decay=0.1, clip_norm=None, groups={"dyn": group}, **kw, **adam
+        )
+        got = _update(opt, toy, grads)
+        dyn = oracle(lr, wd, lambda t: t.dynamics, **adam)
+        enc = oracle(2e-3, 0.1, lambda t: t.encoder, **adam)
+        for u, d, e in zip(got, dyn, enc, strict=True):
+            _assert_tree_close(u.dynamics, d, rtol=1e-6, atol=1e-12)
+            _assert_tree_close(u.encoder, e, rtol=1e-6, atol=1e-12)
 
 
 def test_clipping_and_accumulation(toy):
