@@ -131,6 +131,9 @@ def test_unigram_baseline_matches_entropy():
     assert acc == pytest.approx(0.5)
     with pytest.raises(ValueError, match="targets"):
         _bigs_ablation.unigram_baseline(train, np.array([], int), vocab_size=4)
+    # The fine-tuning baseline answers the *training* split's majority class.
+    majority = _bigs_ablation.majority_accuracy(np.array([0, 0, 1]), np.array([1, 1, 0]))
+    assert majority == pytest.approx(1 / 3)
 
 
 # ----------------------------------------------------------------- kernels (Figure 3)

@@ -86,6 +86,43 @@ def test_train_writes_metrics_checkpoints_and_plot(full_run):
     assert result.step == 12 and result.resumed_from is None
 
 
+def test_keys_and_logged_means_follow_the_documentation(tmp_path):
+    """Step s draws `fold_in(train_key, s)` and eval batch i after n steps
+    `fold_in(fold_in(eval_key, n), i)`; a train record is the mean of its window's
+    steps; a resumed run takes the checkpoint's key, not the one it is given."""
+
+    def loss_fn(model, batch, key):
+        draw = jr.uniform(key)
+        return jnp.sum(model["w"] * batch["x"]), {"draw": draw, "value": batch["x"][0]}
+
+    data = [{"x": jnp.full((2,), float(i))} for i in range(6)]
+    kw = dict(
+        steps=6, eval_data=data[:2], eval_fn=loss_fn, eval_every=3, log_every=3,
+        checkpoint_every=3, progress=False,
+    )  # fmt: skip
+    run = lambda out, **more: ls.train(
+        {"w": jnp.zeros(2)}, optax.sgd(0.1), loss_fn, data, out_dir=tmp_path / out, **kw | more
+    )
+    result = run("whole", key=jr.key(0))
+    train_key, eval_key = jr.split(jr.key(0))
+    uniform = lambda key: float(jr.uniform(key))
+    train = [r for r in result.history if r["split"] == "train"]
+    evals = [r for r in result.history if r["split"] == "eval"]
+    for r, window in zip(train, (range(0, 3), range(3, 6)), strict=True):
+        assert r["value"] == pytest.approx(np.mean(window))  # batch i holds i
+        want = np.mean([uniform(jr.fold_in(train_key, s)) for s in window])
+        assert r["draw"] == pytest.approx(want)
+    for r in evals:
+        keys = [jr.fold_in(jr.fold_in(eval_key, r["step"]), i) for i in range(2)]
+        assert r["draw"] == pytest.approx(np.mean([uniform(k) for k in keys]))
+    # Stopped at step 3, then resumed with another key: the same draws as the whole run.
+    run("resumed", key=jr.key(0), steps=3)
+    resumed = run("resumed", key=jr.key(5))
+    assert jnp.array_equal(jr.key_data(resumed.key), jr.key_data(jr.key(0)))
+    draws = lambda history: [(r["step"], r["split"], r["draw"]) for r in history]
+    assert draws(resumed.history) == draws(result.history)
+
+
 def test_train_step_compiles_once_per_run_and_not_again(data):
     """The train step is one compiled program for every step of a run, and a second run
     with the same loss and optimiser compiles it no more (its own jit, without

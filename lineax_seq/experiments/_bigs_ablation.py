@@ -224,6 +224,12 @@ def unigram_baseline(
     return float(-log_p[targets].mean()), float(np.mean(targets == np.argmax(counts)))
 
 
+def majority_accuracy(train_labels: np.ndarray, eval_labels: np.ndarray) -> float:
+    """Held-out accuracy of always answering the training labels' most common class
+    (the fine-tuning task's context-free baseline; ties go to the smaller class)."""
+    return float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
+
+
 # ---------------------------------------------------------------------------------------
 # Ablation bookkeeping
 # ---------------------------------------------------------------------------------------
@@ -528,7 +534,7 @@ def ablation(args: argparse.Namespace) -> dict[str, Any]:
     )
     train_labels = np.asarray([ft_train[i]["label"] for i in range(len(ft_train))])
     eval_labels = np.asarray([ft_eval[i]["label"] for i in range(len(ft_eval))])
-    majority = float(np.mean(eval_labels == np.bincount(train_labels).argmax()))
+    majority = majority_accuracy(train_labels, eval_labels)
     variants = [tuple(v.split("/")) for v in cfg["variants"]]
     results, kernel_panels = [], {}
     payload: dict[str, Any] = {}
