@@ -136,6 +136,19 @@ def test_unigram_baseline_matches_entropy():
     assert majority == pytest.approx(1 / 3)
 
 
+def test_unigram_reference_scores_the_masked_targets_only():
+    """The held-out MLM targets of a text of one repeated byte are that byte: the baseline
+    is its smoothed unigram log-probability, and the most frequent byte is right always."""
+    tok = ls.ByteTokenizer()
+    train = ["ab" * 30 + "a" * 20]
+    loss, acc = _bigs_ablation.unigram_reference(
+        train, ["a" * 200] * 4, tok, length=32, batch_size=2, seed=0, eval_batches=3
+    )
+    counts = np.bincount(tok.encode(train[0]), minlength=tok.vocab_size) + 1.0
+    assert loss == pytest.approx(-np.log(counts[tok.encode("a")[0]] / counts.sum()))
+    assert acc == 1.0
+
+
 # ----------------------------------------------------------------- kernels (Figure 3)
 
 

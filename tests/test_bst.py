@@ -552,6 +552,26 @@ def test_brect_starts_as_meliad():
     assert 0.06 < float(jnp.std(layer.gate_bias)) < 0.14
 
 
+@pytest.mark.parametrize("streams", [1, 3])  # the chunked (SH) and the FFT path
+def test_context_ssm_skip_starts_at_one(streams, getkey):
+    """With the kernels' `C` zeroed, an `"s4"` ContextSSM returns its initial skip `D = 1`
+    times the down-projected input, in every stream; `"unstruct"` skips with Hyena's bias."""
+    ssm = ls.ContextSSM(DIM, 4, streams, state_size=4, key=getkey())
+    assert ssm.skip is not None
+    np.testing.assert_array_equal(ssm.skip, np.ones(streams * 4))
+    silent = eqx.tree_at(
+        lambda m: (m.kernel.c_real, m.kernel.c_imag),
+        ssm,
+        (jnp.zeros_like(ssm.kernel.c_real), jnp.zeros_like(ssm.kernel.c_imag)),
+    )
+    x = jr.normal(getkey(), (L, DIM))
+    u = x @ ssm.down.weight.T + ssm.down.bias
+    want = np.broadcast_to(np.asarray(u)[:, None, :], (L, streams, 4))
+    np.testing.assert_allclose(silent(x), want, rtol=1e-5, atol=1e-6)
+    hyena = ls.ContextSSM(DIM, 4, streams, ssm="unstruct", max_length=L, key=getkey())
+    assert hyena.skip is None and hyena._skip() is hyena.kernel.bias
+
+
 @pytest.mark.parametrize("variant", ["slide", "brect", "sh:s4", "mh:s4", "mf:s4"])
 def test_decoding_cache_does_not_grow_with_the_prefix(zoo, variant):
     """Per-token decoding works on a fixed-size state (attention frame, S4D state, BRECT

@@ -333,6 +333,24 @@ def test_a_variant_subset_draws_what_the_full_run_draws(tmp_path, monkeypatch):
     assert len({bytes(np.asarray(v[0])) for v in full.values()}) == len(full)
 
 
+def test_floor_is_in_the_tables_units(tmp_path, monkeypatch):
+    """The floor column is scaled like every other cell (x100 for Duffing)."""
+
+    def diverging_train(*args, **kwargs):
+        raise FloatingPointError("not trained in this test")  # skips the evaluation
+
+    monkeypatch.setattr(kx, "build_model", lambda kind, *args, **kwargs: kind)
+    monkeypatch.setattr(kx, "train_model", diverging_train)
+    monkeypatch.setattr(kx, "plot_portraits", lambda *a, **k: tmp_path / "p.png")
+    monkeypatch.setattr(kx, "plot_curves", lambda *a, **k: tmp_path / "c.png")
+    curve = lambda system, test_xs, **kwargs: np.linspace(0.0, 1.0, test_xs.shape[1] - 1)
+    monkeypatch.setattr(kx, "sensitivity_floor", curve)
+    args = _parse("--small", "--horizons", "11")
+    res = kx.run_system("duffing", args, kx.system_key(0, "duffing"), tmp_path)
+    assert kx.scale_of("duffing") == 100
+    assert res["floor"]["horizons"] == {"11": pytest.approx(100 * 0.5)}  # mean of the ramp
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     return kx.parse_args(list(argv))
 

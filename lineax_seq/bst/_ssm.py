@@ -160,7 +160,8 @@ class ContextSSM(eqx.Module):
     Multi-Filter), copied to `streams` streams (1 for SH, `num_heads` for MH, `S` filters
     for MF), and each of the `streams * features` channels is convolved over the whole
     sequence with its own kernel by FFT (as [`lineax_seq.fft_conv`][], but the down-projected
-    input is transformed once and shared by all streams), plus a per-channel skip `D * u`.
+    input is transformed once and shared by all streams), plus a per-channel skip `D * u`
+    (`skip`, starting at 1 for `"s4"`; the Hyena filter's own `bias` for `"unstruct"`).
     A single `"s4"` stream (SH) is convolved by [`lineax_seq.chunked_conv`][] instead:
     the same numbers, from matrix products.
 
