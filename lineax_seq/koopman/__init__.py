@@ -9,9 +9,10 @@ bilinear or exact discretisation, [`MLPDynamics`][lineax_seq.MLPDynamics]), the
 """
 
 from ._autoencoder import KoopmanAutoencoder, MLPBaseline, UnitNormLinear
+from ._continuous import unroll_continuous
 from ._dynamics import AbstractLatentDynamics, LinearKoopmanDynamics, MLPDynamics
 from ._losses import koopman_loss, mlp_baseline_loss
-from ._unroll import unroll, unroll_continuous, unroll_latents
+from ._unroll import unroll, unroll_latents
 
 __all__ = [
     "AbstractLatentDynamics",
