@@ -71,14 +71,8 @@ from ._checkpoint import (
 )
 from ._optim import ParamGroup, make_optimizer, make_schedule, param_labels
 from ._sharding import make_mesh, param_sharding, shard_batch, shard_params
-from ._train import (
-    NonFiniteError,
-    TrainResult,
-    make_eval_step,
-    make_train_step,
-    plot_metrics,
-    train,
-)
+from ._step import make_eval_step, make_train_step
+from ._train import NonFiniteError, TrainResult, plot_metrics, train
 
 __all__ = [
     "Checkpoint",
