@@ -9,9 +9,11 @@ import warnings
 import diffrax
 import equinox as eqx
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
+import jax.test_util
 import jaxtyping
 import numpy as np
 import pytest
@@ -303,6 +305,36 @@ def test_gradients_through_diffrax_match_finite_differences():
     eps = 1e-2
     fd = (loss(K + eps * direction) - loss(K - eps * direction)) / (2 * eps)
     np.testing.assert_allclose(jnp.vdot(grad, direction), fd, rtol=2e-2, atol=1e-4)
+
+
+def test_gradients_of_the_discrete_unrolls_match_finite_differences():
+    """Reverse-mode gradients of `unroll` (in every parameter and in x0) against central
+    differences in float64: parallel (powers of Kbar, with and without actions) and
+    sequential, with and without periodic reencoding, and the MLP dynamics."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        models = [
+            ls.KoopmanAutoencoder(2, 4, width=5, key=jr.key(0)),
+            ls.KoopmanAutoencoder(2, 4, action_dim=1, width=5, key=jr.key(1)),
+            ls.KoopmanAutoencoder(2, 4, dynamics="mlp", decoder="mlp", width=5, key=jr.key(2)),
+        ]
+        params, static = eqx.partition(models, eqx.is_inexact_array)
+        flat, unravel = jax.flatten_util.ravel_pytree(params)
+        assert flat.dtype == jnp.float64
+        actions = 0.3 * jr.normal(jr.key(3), (7, 1), jnp.float64)
+
+        @jax.jit
+        def paths(flat, x0):
+            free, forced, mlp = eqx.combine(unravel(flat), static)
+            return [
+                ls.unroll(m, x0, us, steps=7, reencode_every=k, method=method)
+                for m, us in ((free, None), (forced, actions), (mlp, None))
+                for k in (None, 3)
+                for method in ("parallel", "sequential")
+                if m is free or method == "parallel"
+            ]
+
+        x0 = jnp.array([0.3, -0.2])
+        jax.test_util.check_grads(paths, (flat, x0), order=1, modes="rev", eps=1e-6)
 
 
 def test_losses_match_hand_computation(model):
