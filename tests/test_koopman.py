@@ -897,6 +897,30 @@ def test_unroll_continuous_with_controls_is_the_zero_order_hold_flow():
         assert np.all(np.isfinite(grads)) and np.any(grads != 0)
 
 
+def test_unroll_continuous_segments_that_end_on_a_jump(model):
+    """A segment the solver covers in one step and that ends on a change of control (one
+    interval, reencoding at every output time, a last segment of one interval) or on a
+    `jump_ts` of the user's: diffrax steps past a jump at the segment's end and never
+    saved there (NaN states, or a max_steps error from the next segment)."""
+    m = ls.KoopmanAutoencoder(
+        2, 6, action_dim=1, action_latent_dim=3, width=8, discretization="exact",
+        key=jr.key(1),
+    )  # fmt: skip
+    dt, x0 = m.dynamics.dt, jnp.array([0.3, -0.2])
+    for steps, k in ((1, None), (3, 1), (8, 7)):
+        actions = jr.normal(jr.key(steps), (steps, 1))
+        ts = 0.5 + dt * jnp.arange(steps + 1.0)
+        reencode_dt = None if k is None else k * dt
+        got = ls.unroll_continuous(m, x0, ts, actions, reencode_dt=reencode_dt)
+        want = ls.unroll(m, x0, actions, steps=steps, reencode_every=k)
+        np.testing.assert_allclose(got, jnp.concatenate([m(x0)[None], want]), atol=1e-6)
+    ts = 0.01 * jnp.arange(5.0)
+    jumps = diffrax.ClipStepSizeController(diffrax.PIDController(rtol=1e-7, atol=1e-9), jump_ts=ts)
+    got = ls.unroll_continuous(model, x0, ts, reencode_dt=0.01, stepsize_controller=jumps)
+    want = ls.unroll_continuous(model, x0, ts, reencode_dt=0.01, exact=True)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_unroll_continuous_controls_far_from_zero_and_at_one_time(controlled):
     """float32 times at 1e4 with a controller of the user's that has `step_ts` of its
     own: they are shifted to each segment's time with the controls' jumps (in absolute

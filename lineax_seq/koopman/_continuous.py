@@ -342,8 +342,9 @@ def unroll_continuous(
     Controls: the field jumps at every `ts[i]`, and the solver steps onto those times
     (the adaptive controller is wrapped in `diffrax.ClipStepSizeController` with
     `jump_ts` at `ts`; a `ClipStepSizeController` given keeps its own `step_ts` and
-    `jump_ts` and gains `ts`), so no step straddles a change of control. Fixed steps
-    (`ConstantStepSize`, `StepTo`) cannot do this and are refused with `actions`.
+    `jump_ts` and gains `ts`), so no step straddles a change of control. Each segment's
+    solve takes the `jump_ts` inside it: a segment ends on its last time anyway. Fixed
+    steps (`ConstantStepSize`, `StepTo`) cannot do this and are refused with `actions`.
 
     Compilation: with concrete `ts` the solve is compiled for the number of reencoding
     segments and the most output times in one segment (rounded up to a power of two);
@@ -639,15 +640,23 @@ def _exact_flow(model, x0, steps, jump_index, offsets, index, seg, reencode: boo
 
 
 def _segment_controller(
-    controller: diffrax.AbstractStepSizeController, start: Array, jumps: Array | None
+    controller: diffrax.AbstractStepSizeController,
+    start: Array,
+    jumps: Array | None,
+    t0: Array,
+    t1: Array,
 ) -> diffrax.AbstractStepSizeController:
-    """`controller` for a segment solved in the time `t - start`: a
-    `ClipStepSizeController`'s own `step_ts` and `jump_ts` shifted by `start`, and the
-    controls' `jumps` (already shifted; `None` without controls) added to its `jump_ts`,
-    or to those of a `ClipStepSizeController` wrapped around an adaptive controller."""
+    """`controller` for the segment `(t0, t1)` solved in the time `t - start` (`t0`, `t1`
+    shifted already): a `ClipStepSizeController`'s own `step_ts` and `jump_ts` shifted by
+    `start` (its jumps outside the segment dropped, see `_inner_jumps`), and the controls'
+    `jumps` (shifted and dropped already; `None` without controls) added to its
+    `jump_ts`, or to those of a `ClipStepSizeController` wrapped around an adaptive
+    controller."""
     if isinstance(controller, diffrax.ClipStepSizeController):
         shift = lambda ts: None if ts is None else ts.astype(start.dtype) - start
         step_ts, jump_ts = shift(controller.step_ts), shift(controller.jump_ts)
+        if jump_ts is not None:
+            jump_ts = _inner_jumps(jump_ts, t0, t1)
         if jumps is not None:
             jump_ts = jumps if jump_ts is None else jnp.concatenate([jump_ts, jumps])
         return diffrax.ClipStepSizeController(
@@ -660,6 +669,17 @@ def _segment_controller(
     if jumps is not None and isinstance(controller, diffrax.AbstractAdaptiveStepSizeController):
         return diffrax.ClipStepSizeController(controller, jump_ts=jumps)
     return controller
+
+
+def _inner_jumps(jumps: Array, t0: Array, t1: Array) -> Array:
+    """The sorted times `jumps` with those not inside `(t0, t1)`, to a few units of
+    rounding, moved to -inf (before) or +inf (after): still sorted, and a field that
+    looks its control up in them reads the same one between `t0` and `t1`. diffrax (0.7)
+    steps to just before a jump and restarts just after it, so a jump at `t1` ended the
+    solve past `t1` without its save there (left at inf; the solve reported success)."""
+    edge = _ULPS * _eps(jumps.dtype) * jnp.maximum(jnp.abs(t0), jnp.abs(t1))
+    inf = jnp.asarray(jnp.inf, jumps.dtype)
+    return jnp.where(jumps <= t0 + edge, -inf, jnp.where(jumps >= t1 - edge, inf, jumps))
 
 
 def _controlled_field(t, z, args):
@@ -723,9 +743,10 @@ def _solve(
             n = jnp.maximum(jnp.round(ratio), 1)
             close = jnp.abs(ratio - n) <= 64 * jnp.finfo(ratio.dtype).eps * n
             step = jnp.where(close, (t1 - t0) / n, constant_dt0)
-        # The solver steps onto every change of control (see `_controlled_field`).
-        jumps = None if vs is None else ts - start
-        controller = _segment_controller(stepsize_controller, start, jumps)
+        # The solver steps onto every change of control inside the segment (see
+        # `_controlled_field`).
+        jumps = None if vs is None else _inner_jumps(ts - start, t0 - start, t1 - start)
+        controller = _segment_controller(stepsize_controller, start, jumps, t0 - start, t1 - start)
         args = model.dynamics if vs is None else (model.dynamics, vs, jumps)
         sol = diffrax.diffeqsolve(
             term,
