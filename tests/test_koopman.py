@@ -921,6 +921,17 @@ def test_unroll_continuous_segments_that_end_on_a_jump(model):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_unroll_continuous_takes_integer_times(model):
+    """Integer `ts` (exact) give what the same float times give, on every path."""
+    x0, ts = jnp.array([0.3, -0.2]), np.arange(4)
+    for options in ({}, {"exact": True}):
+        floats = ls.unroll_continuous(model, x0, ts.astype(np.float32), reencode_dt=1, **options)
+        for given in (ts, jnp.asarray(ts, jnp.int32)):
+            got = ls.unroll_continuous(model, x0, given, reencode_dt=1, **options)
+            assert got.dtype == jnp.float32
+            np.testing.assert_allclose(got, floats, rtol=1e-6, atol=1e-7)
+
+
 def test_unroll_continuous_controls_far_from_zero_and_at_one_time(controlled):
     """float32 times at 1e4 with a controller of the user's that has `step_ts` of its
     own: they are shifted to each segment's time with the controls' jumps (in absolute

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, Float, Real, jaxtyped
 
 from .._checks import (
     IntLike,
@@ -281,7 +281,7 @@ def _check_no_solve_options(**options: object) -> None:
 def unroll_continuous(
     model: KoopmanAutoencoder,
     x0: Float[Array | np.ndarray, " state_dim"],
-    ts: Float[Array | np.ndarray, " times"],
+    ts: Real[Array | np.ndarray, " times"],
     actions: Float[Array | np.ndarray, "intervals action_dim"] | None = None,
     *,
     reencode_dt: RealScalar | None = None,
@@ -360,7 +360,8 @@ def unroll_continuous(
     - `model`: a [`KoopmanAutoencoder`][lineax_seq.KoopmanAutoencoder].
     - `x0`: initial state `(state_dim,)`, finite (a JAX or NumPy array).
     - `ts`: finite, strictly increasing output times `(times,)` (a JAX or NumPy
-        array); `ts[0]` is the initial time.
+        array, floating or integer; integers are exact); `ts[0]` is the initial time.
+        They are computed in the model's dtype.
     - `actions`: for a controlled model (`action_dim > 0`, else `None`), the finite
         controls `(times - 1, action_dim)`: `actions[i]` acts on `[ts[i], ts[i + 1])`.
     - `reencode_dt`: reencoding interval, a positive, finite Python, NumPy or (concrete)
@@ -443,12 +444,10 @@ def unroll_continuous(
     given_dtype = _given_dtype(ts)
     actions = None if actions is None else jnp.asarray(actions)
     actions = _check_actions(model, actions, np.shape(ts)[0] - 1)
-    x0, ts, actions = promote(
-        model,
-        _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model"),
-        jnp.asarray(ts),
-        actions,
-    )
+    x0 = _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model")
+    # Integer times are exact: they take the states' dtype (no int-float promotion).
+    ts = jnp.asarray(ts) if given_dtype is not None else jnp.asarray(ts).astype(x0.dtype)
+    x0, ts, actions = promote(model, x0, ts, actions)
     out_dtype = ts.dtype
     # Times are known to the dtype they were given in, or are promoted to if coarser
     # (a half-precision model's), whatever they are then computed in.
