@@ -124,10 +124,11 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
     tolerance = (rounding + interval) / reencode_dt
     unresolved = (tolerance[-1] >= 0.5) & (ts[-1] - ts[0] > reencode_dt)
     times = (
-        f"{np.dtype(rounding_dtype)} times this far from 0 are known only to within half an "
-        f"interval ({_ULPS} machine epsilons): pass times of a wider dtype (float64 needs "
-        "jax_enable_x64), or ts - ts[0] (the model is autonomous: the same states)"
+        f"{np.dtype(rounding_dtype)} times are known only to {_ULPS} machine epsilons of "
+        "their size, half an interval or more here: pass times of a wider dtype (float64 "
+        "needs jax_enable_x64)"
     )
+    shifted = "ts - ts[0] (the model is autonomous: the same states)"
     interval_dt = (
         f"a float32 reencode_dt summed over this many intervals is known only to within "
         f"half an interval ({_ULPS} float32 units of the span): pass it as a Python float"
@@ -136,10 +137,15 @@ def _tolerance(ts, rounding_dtype, reencode_dt: float, reencode_eps: float):
         f"reencode_dt={reencode_dt!r} cannot place the reencoding times among the output times: "
     )
     if xp is jnp:
-        fail_if(unresolved, f"{intro}{times}; or {interval_dt}")
+        fail_if(
+            unresolved, f"{intro}{times}, or, if they start far from 0, {shifted}; or {interval_dt}"
+        )
         return tolerance
     if unresolved:
-        cause = interval_dt if interval[-1] > rounding[-1] else times
+        # Shifted to start at 0, the times' rounding is that of their span.
+        shift_helps = _ULPS * eps * (ts[-1] - ts[0]) + interval[-1] < 0.5 * reencode_dt
+        cause = times + (f", or {shifted}" if shift_helps else "")
+        cause = interval_dt if interval[-1] > rounding[-1] else cause
         raise ValueError(f"{intro}{cause} (ts from {ts[0]:.9g} to {ts[-1]:.9g})")
     return tolerance
 
@@ -443,7 +449,7 @@ def unroll_continuous(
     ts_host = _concrete(ts)
     given_dtype = _given_dtype(ts)
     actions = None if actions is None else jnp.asarray(actions)
-    actions = _check_actions(model, actions, np.shape(ts)[0] - 1)
+    actions = _check_actions(model, actions, np.shape(ts)[0] - 1, "len(ts) - 1")
     x0 = _diffeq.check_x0(jnp.asarray(x0), model.state_dim, "the model")
     # Integer times are exact: they take the states' dtype (no int-float promotion).
     ts = jnp.asarray(ts) if given_dtype is not None else jnp.asarray(ts).astype(x0.dtype)

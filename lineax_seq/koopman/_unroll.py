@@ -54,7 +54,9 @@ def promote(model: eqx.Module, *arrays: Array | None) -> tuple[Array | None, ...
     return tuple(None if a is None else a.astype(dtype) for a in arrays)
 
 
-def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
+def _check_actions(
+    model, actions: Array | None, steps: int, steps_name: str = "steps"
+) -> Array | None:
     if model.action_dim == 0:
         if actions is not None:
             raise ValueError(
@@ -64,7 +66,7 @@ def _check_actions(model, actions: Array | None, steps: int) -> Array | None:
         return None
     if actions is None:
         raise ValueError(f"the model has action_dim={model.action_dim}: actions are required")
-    return _diffeq.check_actions(actions, steps, model.action_dim)
+    return _diffeq.check_actions(actions, steps, model.action_dim, steps_name)
 
 
 def _powers(Kbar: Array, length: int) -> Array:

@@ -20,12 +20,14 @@ def check_x0(x0: Array, state_dim: int, owner: str) -> Array:
     return check_finite("x0", x0)
 
 
-def check_actions(actions: Array | np.ndarray, steps: int, action_dim: int) -> Array:
+def check_actions(
+    actions: Array | np.ndarray, steps: int, action_dim: int, steps_name: str = "steps"
+) -> Array:
     """`actions` as a JAX array, checked to have shape `(steps, action_dim)` and to be
-    finite."""
+    finite; the message calls `steps` by `steps_name` (the caller's argument)."""
     if actions.shape != (steps, action_dim):
         raise ValueError(
-            f"actions has shape {actions.shape}, expected (steps, action_dim) = "
+            f"actions has shape {actions.shape}, expected ({steps_name}, action_dim) = "
             f"{(steps, action_dim)}"
         )
     return check_finite("actions", jnp.asarray(actions))
