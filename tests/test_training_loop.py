@@ -138,6 +138,47 @@ def test_train_step_compiles_once_per_run_and_not_again(data):
     assert first.count("jit(train_step)") == 1 and "jit(train_step)" not in second
 
 
+def test_batch_numbers_are_traced_and_strings_named(data, tmp_path):
+    """A batch's Python numbers are arrays to the train and eval steps, with or without a
+    mesh: a new value compiles nothing (as a static leaf it compiled every step). A
+    string leaf is a TypeError naming it, before any step."""
+    scaled = lambda model, batch, key: common.loss_fn(model, batch["xy"], key)
+    batches = [{"xy": xy, "scale": i + 1} for i, xy in enumerate(data[:4])]
+    with compilations() as compiled:
+        ls.train(
+            common.make_model(), common.optimizer(), scaled, batches, steps=4, key=jr.key(0),
+            eval_data=batches[:2], log_every=1,
+        )  # fmt: skip
+    assert compiled.count("jit(train_step)") == 1 and compiled.count("jit(_eval_step)") == 1
+    step = ls.make_train_step(scaled, common.optimizer(), donate=False)
+    model = common.make_model()
+    opt_state = _opt_state(model)
+    with compilations() as compiled:
+        for batch in batches:
+            step(model, opt_state, batch, jr.key(0))
+    assert compiled.count("jit(train_step)") <= 1
+    texts = [{**batch, "text": np.array(["a"] * 8)} for batch in batches]
+    for run in (
+        lambda: ls.train(
+            common.make_model(), common.optimizer(), scaled, texts, steps=2, key=jr.key(0)
+        ),
+        lambda: step(model, opt_state, texts[0], jr.key(0)),
+        lambda: ls.make_eval_step(scaled)(model, texts[0], jr.key(0)),
+    ):
+        with pytest.raises(TypeError, match=r"batch leaf \['text'\] must be a numeric or bool"):
+            run()
+
+
+def test_keep_checkpoints_none_keeps_all(data, tmp_path):
+    ls.train(
+        common.make_model(), common.optimizer(), common.loss_fn, data, steps=4, key=jr.key(0),
+        out_dir=tmp_path, checkpoint_every=1, keep_checkpoints=None, progress=False,
+    )  # fmt: skip
+    assert [p.name for p in ls.list_checkpoints(tmp_path / "checkpoints")] == [
+        f"step_{s:08d}" for s in (1, 2, 3, 4)
+    ]
+
+
 def test_progress_bar_shows_loss_and_throughput(data, capsys):
     ls.train(
         common.make_model(),

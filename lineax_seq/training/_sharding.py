@@ -139,13 +139,7 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
         _check_own_shards(mesh, axis)
 
     def put(path, leaf):
-        x = np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf
-        if isinstance(x, np.ndarray) and x.dtype.kind in "OSU":  # objects, bytes, strings
-            raise TypeError(
-                f"batch leaf {jax.tree_util.keystr(path)} must be a numeric or bool array, "
-                f"got {short_repr(leaf)} (dtype {x.dtype}); drop it from the batch (e.g. a text "
-                "field) before sharding"
-            )
+        x = _batch_leaf(path, leaf)
         if x.ndim == 0:
             return jax.device_put(x, NamedSharding(mesh, P()))
         if x.shape[0] % local_split != 0:
@@ -160,6 +154,25 @@ def shard_batch(batch: PyTree, mesh: Mesh, *, axis: str = DATA) -> PyTree:
         return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
     return jax.tree_util.tree_map_with_path(put, batch)
+
+
+def _batch_leaf(path: tuple, leaf: object) -> jax.Array | np.ndarray:
+    """A batch leaf as an array (a Python or NumPy number as a 0-d NumPy array), or a
+    `TypeError` naming it if it is not numeric or bool (a string, an object)."""
+    x = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
+    if isinstance(x, np.ndarray) and x.dtype.kind in "OSU":  # objects, bytes, strings
+        raise TypeError(
+            f"batch leaf {jax.tree_util.keystr(path)} must be a numeric or bool array, "
+            f"got {short_repr(leaf)} (dtype {x.dtype}); drop it from the batch (e.g. a text "
+            "field)"
+        )
+    return x
+
+
+def batch_arrays(batch: PyTree) -> PyTree:
+    """`batch` with every leaf an array (see `_batch_leaf`), so that a jitted step traces
+    numbers instead of compiling anew for each value, and names a leaf it cannot take."""
+    return jax.tree_util.tree_map_with_path(_batch_leaf, batch)
 
 
 def _check_own_shards(mesh: Mesh, axis: str) -> None:

@@ -25,7 +25,7 @@ from .._checks import (
     check_int,
     short_repr,
 )
-from ._sharding import check_mesh, shard_params
+from ._sharding import batch_arrays, check_mesh, shard_params
 
 LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array] | None]]
 """`loss_fn(model, batch, key) -> (loss, aux)`: scalar loss and a dict of scalar metrics."""
@@ -265,7 +265,9 @@ def make_train_step(
 
     `step(model, opt_state, batch, key) -> (model, opt_state, metrics)`, where
     `metrics` holds `"loss"`, `"grad_norm"` (before clipping) and the aux metrics,
-    all as scalar arrays. Where dispatch is asynchronous (GPU, TPU) the step returns
+    all as scalar arrays. The batch's Python and NumPy numbers are taken as arrays
+    (traced: a new value compiles nothing); a string or object leaf is a `TypeError`
+    naming it. Where dispatch is asynchronous (GPU, TPU) the step returns
     before the device has run it (an `eqx.filter_jit` call would wait), so the next
     batch loads meanwhile; reading `metrics` waits, and raises any run-time check's
     error.
@@ -308,6 +310,7 @@ def _indexed_train_step(
     jitted = _train_step if donate else _train_step_no_donation
 
     def step(model, opt_state, batch, key, index):
+        batch = batch_arrays(batch)
         inputs = _StepInputs(loss_fn, optimizer, mesh, min_shard_size, batch, key, index)
         return jitted(inputs, model, opt_state)
 
@@ -333,4 +336,8 @@ def make_eval_step(
     `eval_step(model, batch, key) -> metrics`, a dict of scalar arrays with `"loss"`.
     """
     _check_callable("loss_fn", loss_fn)
-    return ft.partial(_eval_step, loss_fn)
+
+    def eval_step(model, batch, key):
+        return _eval_step(loss_fn, model, batch_arrays(batch), key)
+
+    return eval_step

@@ -610,7 +610,7 @@ def train(
     log_every: IntLike = 10,
     out_dir: str | os.PathLike | None = None,
     checkpoint_every: IntLike = 0,
-    keep_checkpoints: IntLike = 3,
+    keep_checkpoints: IntLike | None = 3,
     resume: bool = True,
     unit: str = "samples",
     mesh: jax.sharding.Mesh | None = None,
@@ -660,7 +660,9 @@ def train(
         on resume, so they must be deterministic. Resume with the pipeline the run was
         started with: a changed worker layout is an error, but a grain state is a
         position in the pipeline, which another batch size or shuffle seed reads as
-        another place in the data, silently.
+        another place in the data, silently. A batch is a PyTree of numeric or bool
+        arrays: Python and NumPy numbers are taken as arrays (traced, so a new value
+        compiles nothing), and a string or object leaf is a `TypeError` naming it.
     - `steps`: total number of train steps (micro-batches) of the run.
     - `key`: PRNG key of the run, `jax.random.key(seed)` (or a raw `uint32` key of
         `jax.random.PRNGKey`); ignored on resume: the checkpoint's key is used (this
@@ -680,11 +682,14 @@ def train(
         if `eval_data` is given).
     - `eval_batches`: number of evaluation batches per evaluation (default: all, which
         needs a finite `eval_data`, e.g. a `lineax_seq.*_dataset` with `num_epochs=1`).
-    - `log_every`: write a train record (metrics averaged over the last `log_every`
-        steps) and refresh the progress bar every this many steps.
+    - `log_every`: write a train record and refresh the progress bar every this many
+        steps, and also before every evaluation and checkpoint; a record averages the
+        metrics of the steps since the previous one. The first record after a start or
+        resume leaves out the compiling step's time: if it holds only that step, it has
+        no throughput field.
     - `out_dir`: directory for metrics, checkpoints and plots (`None`: nothing written).
     - `checkpoint_every`: checkpoint every this many steps and at the end (0: never).
-    - `keep_checkpoints`: number of checkpoints kept.
+    - `keep_checkpoints`: number of checkpoints kept (`None`: all).
     - `resume`: continue from the newest intact checkpoint in `out_dir` if any.
     - `unit`: throughput unit: `"samples"` (leading size of the first batch leaf) or
         `"tokens"` (the largest product of a batch leaf's first two dimensions, e.g.
@@ -718,7 +723,7 @@ def train(
     eval_every = check_int("eval_every", eval_every, minimum=0)
     checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=0)
     log_every = check_int("log_every", log_every)
-    keep_checkpoints = check_int("keep_checkpoints", keep_checkpoints)
+    keep_checkpoints = check_optional_int("keep_checkpoints", keep_checkpoints)
     eval_batches = check_optional_int("eval_batches", eval_batches)
     min_shard_size = check_int("min_shard_size", min_shard_size, minimum=0)
     _check_train_args(
