@@ -325,6 +325,12 @@ def test_attention_implementation_is_checked(key):
     assert mha.implementation == "cudnn"
     with pytest.raises(TypeError, match='implementation="cudnn".*got q.dtype=float32'):
         mha(jnp.ones((4, 8)))
+    # Half precision without cuDNN (no NVIDIA GPU): JAX's "cuDNN is not detected", with
+    # the option named and the way out.
+    if jax.default_backend() == "cpu":
+        half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, mha)
+        with pytest.raises(RuntimeError, match='implementation="cudnn".*cannot run here.*"xla"'):
+            half(jnp.ones((4, 8), jnp.bfloat16))
 
 
 @needs_cuda

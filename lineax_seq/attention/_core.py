@@ -55,7 +55,8 @@ def fused_attention(
     clipped at half its lowest value.
 
     `"cudnn"` takes float16 / bfloat16 inputs only: others raise a `TypeError` here,
-    before JAX's own lowering error. Under `jax.vmap`, JAX's cuDNN rule takes only
+    before JAX's own lowering error; where cuDNN is missing (no NVIDIA GPU), JAX's
+    `RuntimeError` is raised again with the way out. Under `jax.vmap`, JAX's cuDNN rule takes only
     leading vmapped axes, so `q`, `k`, `v` are first laid out with theirs leading (a
     flatten and reshape: free without `vmap`); it also needs `q`, `k` and `v` all
     vmapped, and `bias` / `mask` not.
@@ -70,9 +71,19 @@ def fused_attention(
     if bias is not None:
         # A blocked key's bias is -inf in float16: kept finite (a row of -inf is 0 / 0).
         bias = jnp.maximum(bias.astype(q.dtype), jnp.finfo(q.dtype).min / 2)
-    return jax.nn.dot_product_attention(
-        q, k, v, bias=bias, mask=mask, implementation=implementation
-    )
+    try:
+        return jax.nn.dot_product_attention(
+            q, k, v, bias=bias, mask=mask, implementation=implementation
+        )
+    except RuntimeError as e:  # JAX checks for cuDNN as it traces the call
+        if implementation != "cudnn" or "cuDNN" not in str(e):
+            raise
+        raise RuntimeError(
+            f'implementation="cudnn" (cuDNN flash attention) cannot run here: {e} It needs '
+            "an NVIDIA GPU with cuDNN; elsewhere build the model with the attention "
+            'implementation "xla" (or None: implementation / attention_implementation) and '
+            "load its weights into that one."
+        ) from e
 
 
 def masked_bias(
