@@ -1100,6 +1100,17 @@ def test_resume_takes_options_given_at_their_defaults(pretrained, capsys):
     assert _bigs._resume_options(_parse(given[:4])).length == 32
 
 
+def test_resume_compares_paths_as_recorded(tmp_path, monkeypatch):
+    """A corpus given again by a relative path is the recorded (absolute) one: no note of
+    a changed option; another file is one."""
+    monkeypatch.chdir(tmp_path)
+    recorded = {"corpus": str(tmp_path / "data" / "c.txt")}
+    for given, changed in (("data/c.txt", []), ("data/d.txt", ["--corpus data/d.txt"])):
+        args = argparse.Namespace(corpus=pathlib.Path(given), **{_bigs._GIVEN: ("corpus",)})
+        _, taken, notes = _bigs._with_recorded(args, recorded, ("corpus",))
+        assert taken == [] and [n.split(" (recorded")[0] for n in notes] == changed
+
+
 def test_resume_and_init_from_keep_the_runs_packing(pretrained, tmp_path, capsys):
     out, _, _ = pretrained
     config = json.loads((out / "config.json").read_text())
@@ -1223,12 +1234,31 @@ def test_finetune_input_errors_are_usage_errors(pretrained, tmp_path, capsys):
             ["--task", "listops", "--train", "{t}/tiny.csv", "--regression"],
             r"--task listops: --train and --regression apply to --task file only",
         ),
+        # Options of the other task: refused, not ignored (even at their defaults).
+        (["--task", "listops", "--truncation", "end"], r"--task listops: --truncation applies"),
+        (
+            ["--train", "{t}/tiny.csv", "--listops-examples", "4000"],
+            r"--task file: --listops-examples applies to --task listops only",
+        ),
     ):
         argv = [*ft, *(a.format(t=tmp_path) for a in extra)]
         err = _cli_error(argv, capsys)
         assert err.startswith("python -m lineax_seq bigs finetune: error: "), err
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_finetune_notes_pairs_without_segment_embeddings(pretrained, tmp_path, capsys):
+    """`bigs pretrain` builds no token-type embeddings: a pair file says how its two texts
+    are told apart (the batches' token_types reach only an encoder that has them)."""
+    out, _, _ = pretrained
+    pairs = [(f"a{i}", f"b{i}", i % 2) for i in range(20)]
+    for rows, noted in ((pairs, True), ([(a, c) for a, _, c in pairs], False)):
+        path = write_rows(rows, tmp_path / "p.csv")
+        argv = ["finetune", "--checkpoint", str(out), "--train", str(path), "--batch-size", "2"]
+        _bigs._finetune_inputs(_parse(argv))
+        printed = capsys.readouterr().out
+        assert ("sentence pairs, and the encoder has no token-type" in printed) == noted
 
 
 def test_finetune_notes_unused_class_ids(pretrained, tmp_path, capsys):

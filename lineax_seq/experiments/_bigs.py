@@ -159,11 +159,16 @@ def _pretrain_problem(args: argparse.Namespace) -> str | None:
 
 
 def _finetune_problem(args: argparse.Namespace) -> str | None:
+    given_options = getattr(args, _GIVEN, ())
     if args.task == "file" and args.train is None:
         return "--task file needs --train PATH (a CSV or JSONL file)"
+    if args.task == "file" and "listops_examples" in given_options:
+        return "--task file: --listops-examples applies to --task listops only"
     if args.task == "listops":
         given = [f for f, v in (("--train", args.train), ("--eval", args.eval)) if v is not None]
         given += ["--regression"] if args.regression else []
+        # (ListOps records that do not fit --length are left out, never cut.)
+        given += ["--truncation"] if "truncation" in given_options else []
         if given:
             verb = "apply" if given[1:] else "applies"
             return f"--task listops: {' and '.join(given)} {verb} to --task file only"
@@ -435,10 +440,16 @@ def _with_recorded(
             if merged[name] != value:
                 taken.append(option(value))
             merged[name] = value
-        elif merged[name] != value:
+        elif _same_option(merged[name]) != _same_option(value):
             was = option(value) if isinstance(value, bool) else value
             changed.append(f"{option(merged[name])} (recorded: {was})")
     return argparse.Namespace(**merged), taken, changed
+
+
+def _same_option(value: Any) -> Any:
+    """`value` as `_settings` records it: a path absolute, so that a relative path given
+    again (from anywhere) compares equal to the recorded one."""
+    return os.path.abspath(value) if isinstance(value, pathlib.Path) else value
 
 
 def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, Any]:
@@ -446,11 +457,7 @@ def _settings(args: argparse.Namespace, *, from_checkpoint: bool) -> dict[str, A
     when it continues a checkpoint, whose own are in the config. Paths are made
     absolute, so that a `--resume` from another directory reads the same corpus."""
     skip = (*_MODEL_OPTIONS, _GIVEN) if from_checkpoint else (_GIVEN,)
-    return {
-        k: os.path.abspath(v) if isinstance(v, pathlib.Path) else v
-        for k, v in vars(args).items()
-        if k not in skip
-    }
+    return {k: _same_option(v) for k, v in vars(args).items() if k not in skip}
 
 
 def pretrain(args: argparse.Namespace) -> dict[str, Any]:
@@ -563,6 +570,13 @@ def _finetune_inputs(args: argparse.Namespace) -> tuple[MaskedLM, ls.Tokenizer, 
             raise UsageError(
                 f"--length {args.length}: --train {args.train} has sentence pairs, which "
                 f"need at least {_PAIR_MIN_LENGTH} tokens (<cls>, text, <sep>, text, <sep>)"
+            )
+        if "text_pair" in train_records[0] and not mlm.encoder.num_token_types:
+            print(
+                f"note: --train {args.train} has sentence pairs, and the encoder has no "
+                "token-type (segment) embeddings (bigs pretrain builds none): <sep> alone "
+                "tells the two texts apart",
+                flush=True,
             )
     where = "--listops-examples" if args.task == "listops" else "--train"
     if len(train_records) < args.batch_size:
@@ -913,14 +927,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fin.add_argument(
         "--truncation",
+        action=_Given,
         choices=("longest_first", "end"),
         default="longest_first",
-        help="how an example longer than --length is cut: keeping <cls> and every <sep> "
-        "and shortening the longer text of a pair first (BERT's, the default), or cutting "
-        "the encoded example at the end",
+        help="how an example of --task file longer than --length is cut: keeping <cls> and "
+        "every <sep> and shortening the longer text of a pair first (BERT's, the default), "
+        "or cutting the encoded example at the end",
     )
     fin.add_argument(
-        "--listops-examples", type=positive_int, default=4000, help="ListOps training rows"
+        "--listops-examples",
+        action=_Given,
+        type=positive_int,
+        default=4000,
+        help="ListOps training rows (--task listops)",
     )
     _optim_arguments(fin, lr=3e-4, steps=500, batch=32, length=128, warmup=0.1, schedule="linear")
     _path(
