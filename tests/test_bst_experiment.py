@@ -198,6 +198,11 @@ def test_cli_corpus_errors(tmp_path, capsys):
         "no document of max(--eval-multipliers) x --train-length + 1 = 1025 tokens (its "
         "longest has 317); use a smaller --train-length or --eval-multipliers, or more text"
     )
+    # The train split's documents too short for --train-length: named by that option.
+    cfg = _bst.Config(train_length=8192, window=128)
+    with pytest.raises(ValueError, match=r"the train split has no document of --train-length "
+                       r"\+ 1 = 8193 tokens \(its longest has \d+\); use a smaller"):  # fmt: skip
+        _bst.train_batches(str(book), ls.ByteTokenizer(), cfg, seed=0)
 
 
 @pytest.mark.parametrize(

@@ -699,18 +699,25 @@ def test_loader_flags_and_options_are_checked(no_jaxtyping):
 
 
 def test_documents_must_be_strings():
-    """A grain source of bytes, records or None was passed through `str()` and trained on
-    as "b'...'" / "{'text': ...}" / "None"."""
+    """A grain source of bytes or records was passed through `str()` and trained on as
+    "b'...'" / "{'text': ...}"; so was None in a list. In a `grain.MapDataset` None is an
+    item its `.filter` dropped (grain's own iteration skips it): left out."""
     tok = ls.ByteTokenizer()
-    for docs, got in (
-        ([b"hello world"], "bytes"),
-        (["ok", None], "NoneType"),
-        ([{"text": "a"}], "dict"),
-    ):
+    for docs, got in (([b"hello world"], "bytes"), ([{"text": "a"}], "dict")):
         with pytest.raises(TypeError, match=f"texts must hold strings .* got {got} at texts"):
             ls.lm_windows(grain.MapDataset.source(docs), tok, length=4)
         with pytest.raises(TypeError, match=f"got {got}"):
             ls.mlm_examples(grain.MapDataset.source(docs), tok, length=4)
+    with pytest.raises(TypeError, match="texts"):  # (beartype's, or ours at texts[1])
+        ls.lm_windows(["hello", None], tok, length=4)
+    docs = ["a long enough document", "short", "another long document"]
+    kept = grain.MapDataset.source(docs).filter(lambda d: len(d) > 5)
+    assert [kept[i] for i in range(3)] == [docs[0], None, docs[2]]
+    for make in (ls.lm_windows, ls.mlm_examples):
+        got, want = make(kept, tok, length=4), make([docs[0], docs[2]], tok, length=4)
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     with pytest.raises(TypeError, match=r"texts\[0\] \(decode bytes first"):
         ls.lm_windows(grain.MapDataset.source([b"hello world"]), tok, length=4)
     source = grain.MapDataset.source([np.str_("hello world")])  # a str subclass: fine

@@ -517,7 +517,9 @@ class ListOpsTokenizer(_SpecialIds):
     """Whitespace tokenizer for ListOps: 7 special tokens, digits, 4 operators and `]`.
 
     Ids: specials 0-6 (as every tokenizer here), digits `0`-`9` are 7-16, `[MIN` 17,
-    `[MAX` 18, `[MED` 19, `[SM` 20, `]` 21; `vocab_size` is 22.
+    `[MAX` 18, `[MED` 19, `[SM` 20, `]` 21; `vocab_size` is 22. The text of
+    [`lineax_seq.listops`][]; LRA's released ListOps files also hold `(` and `)`, which
+    its own pipeline deletes: delete them first (here they would be `<unk>`).
     """
 
     _index = {tok: i for i, tok in enumerate(_LISTOPS_TOKENS)}

@@ -19,10 +19,15 @@ PyTorch's and Hugging Face's losses."""
 
 
 def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
+    """The documents of `texts`, checked to be strings; the items a `grain.MapDataset`
+    has filtered out (`.filter`, which reads them as `None`) are left out."""
     check_texts(texts)
     # Random access: iterating a MapDataset would start grain's threaded reader.
     docs = [texts[i] for i in range(len(texts))]
+    filtered = isinstance(texts, grain.MapDataset)
     for i, doc in enumerate(docs):
+        if doc is None and filtered:
+            continue
         if not isinstance(doc, str):  # str() would train on a repr: "b'...'", "{'text'..."
             hint = (
                 " (decode bytes first, e.g. `.map(bytes.decode)`)" if isinstance(doc, bytes) else ""
@@ -31,7 +36,7 @@ def _as_strings(texts: grain.MapDataset | Sequence[str]) -> list[str]:
                 f"texts must hold strings (documents' text), got {type(doc).__name__} at "
                 f"texts[{i}]{hint}"
             )
-    return [str(doc) for doc in docs]
+    return [str(doc) for doc in docs if doc is not None]
 
 
 def tokenize_documents(
@@ -112,7 +117,8 @@ def lm_windows(
     **Arguments:**
 
     - `texts`: documents, e.g. [`lineax_seq.text_corpus`][] (a sequence of strings: a
-        single `str` is a `TypeError`).
+        single `str` is a `TypeError`; the items a `grain.MapDataset.filter` dropped
+        are left out).
     - `tokenizer`: any [`lineax_seq.Tokenizer`][].
     - `length`: `L`, the model's input length.
     - `stride`: distance between window starts (default `length`).
@@ -332,7 +338,8 @@ def mlm_examples(
 
     **Arguments:**
 
-    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][].
+    - `texts`: documents, e.g. [`lineax_seq.text_corpus`][] (as for
+        [`lineax_seq.lm_windows`][]).
     - `tokenizer`: any [`lineax_seq.Tokenizer`][].
     - `length`: sequence length (>= 3).
     - `pack`: chunk the joined stream instead of each document.

@@ -820,8 +820,9 @@ def _corpus_arguments(
         "--corpus",
         type=existing_path,
         default=None,
-        help="a .txt / .py file, a .jsonl file (a document per line) or a directory of "
-        "such files, --out skipped (default: the stdlib .py sources)",
+        help='a .txt / .py file, a .jsonl file (a document per line, its text in a "text" '
+        "field) or a directory of such files, --out skipped (default: the stdlib .py "
+        "sources)",
     )
     add(
         "--max-files",

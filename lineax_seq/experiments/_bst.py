@@ -176,13 +176,22 @@ def train_batches(
     """`(batch_size, L)` causal-LM windows from the `"train"` split
     ([`lineax_seq.lm_dataset`][]; without the paths in `exclude`), shuffled by `seed`: the
     same order for every model."""
-    return ls.lm_dataset(
-        ls.text_corpus(corpus, split="train", exclude=exclude),
-        tokenizer,
-        length=cfg.train_length,
-        batch_size=cfg.batch_size,
-        seed=seed,
-    )
+    try:
+        return ls.lm_dataset(
+            ls.text_corpus(corpus, split="train", exclude=exclude),
+            tokenizer,
+            length=cfg.train_length,
+            batch_size=cfg.batch_size,
+            seed=seed,
+        )
+    except ValueError as e:  # named by the option that sets the length
+        if not (found := re.search(r"longest document has (\d+) tokens", str(e))):
+            raise
+        raise ValueError(
+            f"the train split has no document of --train-length + 1 = "
+            f"{cfg.train_length + 1} tokens (its longest has {found[1]}); use a smaller "
+            "--train-length, or more text"
+        ) from e
 
 
 def heldout_windows(
@@ -585,7 +594,8 @@ def plot(payload: dict, path: pathlib.Path) -> None:
             capsize=3,
             label=name,
         )
-        ax_t.plot(r["train_loss_steps"], np.exp(r["train_loss"]), label=name)
+        steps = r["train_loss_steps"]  # (one record, at few steps: a marker shows it)
+        ax_t.plot(steps, np.exp(r["train_loss"]), marker="." if len(steps) == 1 else "", label=name)
     ax_l.axvline(train_length, color="grey", ls=":", label="training length")
     ax_l.set_xscale("log", base=2)
     ax_l.set_xlabel("evaluation sequence length (tokens)")
@@ -597,7 +607,8 @@ def plot(payload: dict, path: pathlib.Path) -> None:
     ax_t.set_title(f"training at L = {train_length}, W = {payload['config']['window']}")
     for ax in (ax_l, ax_t):
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # (none if every run diverged)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -673,8 +684,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--corpus",
         type=existing_path,
         default=None,
-        help="a .txt / .py file, a .jsonl file (a document per line) or a directory of such "
-        "files, --out skipped (default: the stdlib .py sources)",
+        help='a .txt / .py file, a .jsonl file (a document per line, its text in a "text" '
+        "field) or a directory of such files, --out skipped (default: the stdlib .py "
+        "sources)",
     )
     flag("--models", nargs="+", choices=MODELS)
     flag("--train-length", type=positive_int)
