@@ -20,6 +20,7 @@ suffix (see `output_stem`: the second command above writes `bst_lm_50steps.*`).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -27,7 +28,7 @@ import pathlib
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -176,7 +177,7 @@ def train_batches(
     """`(batch_size, L)` causal-LM windows from the `"train"` split
     ([`lineax_seq.lm_dataset`][]; without the paths in `exclude`), shuffled by `seed`: the
     same order for every model."""
-    try:
+    with _short_documents("the train split", "--train-length", cfg.train_length, "--train-length"):
         return ls.lm_dataset(
             ls.text_corpus(corpus, split="train", exclude=exclude),
             tokenizer,
@@ -184,13 +185,21 @@ def train_batches(
             batch_size=cfg.batch_size,
             seed=seed,
         )
-    except ValueError as e:  # named by the option that sets the length
+
+
+@contextlib.contextmanager
+def _short_documents(split: str, options: str, length: int, smaller: str) -> Iterator[None]:
+    """The `ValueError` of windows longer than every document of `split`, named by the
+    `options` that set their `length` (the library's message names `length=`), with the
+    advice to make `smaller` smaller."""
+    try:
+        yield
+    except ValueError as e:
         if not (found := re.search(r"longest document has (\d+) tokens", str(e))):
             raise
         raise ValueError(
-            f"the train split has no document of --train-length + 1 = "
-            f"{cfg.train_length + 1} tokens (its longest has {found[1]}); use a smaller "
-            "--train-length, or more text"
+            f"{split} has no document of {options} + 1 = {length + 1} tokens (its longest "
+            f"has {found[1]}); use a smaller {smaller}, or more text"
         ) from e
 
 
@@ -204,16 +213,10 @@ def heldout_windows(
     shorter sequences."""
     longest = max(cfg.eval_lengths())
     valid = ls.text_corpus(corpus, split="valid", exclude=exclude)
-    try:
+    options = "max(--eval-multipliers) x --train-length"
+    smaller = "--train-length or --eval-multipliers"
+    with _short_documents("the held-out (valid) split", options, longest, smaller):
         windows = ls.lm_windows(valid, tokenizer, length=longest)
-    except ValueError as e:  # named by the options that set the length
-        if not (found := re.search(r"longest document has (\d+) tokens", str(e))):
-            raise
-        raise ValueError(
-            f"the held-out (valid) split has no document of max(--eval-multipliers) x "
-            f"--train-length + 1 = {longest + 1} tokens (its longest has {found[1]}); use a "
-            "smaller --train-length or --eval-multipliers, or more text"
-        ) from e
     count = min(len(windows), max(1, cfg.eval_tokens // longest))
     picks = np.unique(np.linspace(0, len(windows) - 1, count).round().astype(int))
     return np.stack(
