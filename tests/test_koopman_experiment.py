@@ -154,8 +154,8 @@ def test_format_table_ours_beside_paper():
     assert rows[0].split(" | ")[1:3] == ["2 / 0.1152", "0.5 / 0.0112"]
     assert rows[0].endswith("| 3 / 0.405 | 0.25 |")  # the MLP, then the floor
     assert rows[0].count("- / ") == 6  # variants not run
-    assert rows[1].split(" | ")[1] == "x / 20.54"  # exploded
-    assert rows[1].endswith("| x / 22.45 | 7 |")
+    assert rows[1].split(" | ")[1] == "1e+09 / 20.54"  # large, but finite: as in the JSON
+    assert rows[1].endswith("| x / 22.45 | 7 |")  # exploded (inf; null in the JSON)
     parabolic = next(line for line in table.splitlines() if line.startswith("| parabolic"))
     assert parabolic.endswith("| 3 / 0.2674 | - |")  # no floor recorded
     # the paper has no 1000-step parabolic row, so neither does the table
@@ -493,6 +493,12 @@ def test_exploded_cells_are_json_null(tmp_path):
     cell = payload["systems"]["duffing"]["variants"][kx.LABELS[kx.VARIANTS[0]]]["horizons"]
     assert cell["100"]["none"] is None and cell["100"]["periodic"] is None
     assert "| duffing | x / 0.1152 | x / 0.0112 |" in (tmp_path / "koopman_table.md").read_text()
+    # Large but finite is a number in both files (the table wrote "x" above 1e6), and a
+    # float32 curve of large finite errors averages to a finite MSE (its float32 sum
+    # overflowed: null).
+    kx.save_results({"duffing": _fake_row(6.4e6)}, _parse("--small"), tmp_path)
+    assert "| duffing | 6.4e+06 / 0.1152 |" in (tmp_path / "koopman_table.md").read_text()
+    assert kx.mse_at(np.full(1000, 3e36, np.float32), 1000) == pytest.approx(3e36, rel=1e-6)
 
 
 def test_runs_into_the_committed_results_keep_them(tmp_path, monkeypatch, capsys):
