@@ -259,6 +259,16 @@ def test_out_files_are_checked_before_training(tmp_path, capsys):
     for setup, message in (
         (lambda: table.write_text("not json"), r"koopman_table.json: .*move it away"),
         (lambda: table.write_text("[1, 2]"), r"is not a koopman table"),
+        # Rows the run would fail to merge or print, after training (a KeyError, a TypeError).
+        (lambda: table.write_text('{"systems": {"lorenz": {}}}'), r"KeyError: 'variants'"),
+        (
+            lambda: table.write_text(
+                json.dumps({"systems": {"duffing": _fake_row(1.0)}}).replace(
+                    '"none": 1.0', '"none": "1.0"'
+                )
+            ),
+            r"a row of .* cannot be read \(Type",  # (TypeCheckError under the test hook)
+        ),  # fmt: skip
         (lambda: figure.mkdir(), r"koopman_fig_horizon_duffing.png is a directory"),
     ):
         setup()

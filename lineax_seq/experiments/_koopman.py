@@ -1128,10 +1128,24 @@ def _outputs_problem(out: pathlib.Path, names, suffix: str) -> str | None:
     if table.is_file():
         try:
             with reading_inputs(f"--out {out}: {table.name}"):
-                load_table(table)
+                _readable_table(table)
         except UsageError as e:
             return f"{e} (the run merges its rows into it; move it away or choose another --out)"
     return None
+
+
+def _readable_table(path: pathlib.Path) -> None:
+    """A `ValueError` unless `path` loads as a table whose rows the run can merge and
+    print (`format_table` reads every cell of every row)."""
+    systems = load_table(path)
+    try:
+        format_table(systems)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        first = (str(e).splitlines() or [""])[0]  # (a type checker's message runs on)
+        raise ValueError(
+            f"a row of {path} cannot be read ({type(e).__name__}: {first}): not a koopman "
+            "table this command wrote"
+        ) from e
 
 
 def run(args: argparse.Namespace) -> int:
