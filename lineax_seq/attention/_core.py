@@ -56,10 +56,10 @@ def fused_attention(
 
     `"cudnn"` takes float16 / bfloat16 inputs only: others raise a `TypeError` here,
     before JAX's own lowering error; where cuDNN is missing (no NVIDIA GPU), JAX's
-    `RuntimeError` is raised again with the way out. Under `jax.vmap`, JAX's cuDNN rule takes only
-    leading vmapped axes, so `q`, `k`, `v` are first laid out with theirs leading (a
-    flatten and reshape: free without `vmap`); it also needs `q`, `k` and `v` all
-    vmapped, and `bias` / `mask` not.
+    `RuntimeError` is raised again with the way out. Under `jax.vmap`, JAX's cuDNN rule
+    takes only leading vmapped axes, so `q`, `k`, `v` are first laid out with theirs
+    leading (a flatten and reshape: free without `vmap`); it also needs `q`, `k` and `v`
+    all vmapped, and `bias` / `mask` not.
     """
     if implementation == "cudnn" and q.dtype not in (jnp.float16, jnp.bfloat16):
         raise TypeError(

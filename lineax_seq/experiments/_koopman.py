@@ -296,8 +296,9 @@ def evaluate(model, test_xs: np.ndarray, *, steps: int, periods=PERIODS, mean=0.
 
 def mse_at(curve: np.ndarray, horizon: int) -> float:
     """Mean squared error over the first `horizon` predicted steps (`inf` if exploded)."""
-    with np.errstate(over="ignore", invalid="ignore"):  # summed in float64: finite
-        value = float(np.mean(curve[:horizon], dtype=np.float64))  # float32 curves overflow
+    # Summed in float64: a float32 sum of large finite errors overflows.
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = float(np.mean(curve[:horizon], dtype=np.float64))
     return value if math.isfinite(value) else math.inf
 
 

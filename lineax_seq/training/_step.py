@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools as ft
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import equinox.internal as eqxi
@@ -17,14 +17,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree, Scalar
 
-if TYPE_CHECKING:  # imported where it plots: `import lineax_seq` loads no matplotlib
-    pass
-
-from .._checks import (
-    check_bool,
-    check_int,
-    short_repr,
-)
+from .._checks import check_bool, check_int, short_repr
 from ._sharding import batch_arrays, check_mesh, shard_params
 
 LossFn = Callable[[PyTree, Any, PRNGKeyArray], tuple[Scalar, Mapping[str, Array] | None]]
